@@ -1,0 +1,108 @@
+"""The failpoint action grammar, in the spirit of fail-rs and gofail.
+
+    chain := term ("->" term)*
+    term  := [P "%"] [N "*"] action
+    action:= "kill" | "pause" | "hang" | "off" | "sleep(" MS ")"
+
+A term with a count applies to that many hits, then the chain moves on; a term without a count
+applies to every later hit. ``2*off->kill``: the first two hits do nothing, the third kills.
+``P%`` makes a term fire on a hit with that probability (drawn from the run's seed); a hit that does
+not fire still uses up one of the term's count.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+ACTIONS = ("kill", "pause", "hang", "off", "sleep")
+
+
+class InvalidAction(ValueError):
+    """The text of a failpoint action is not in the grammar."""
+
+
+@dataclass(frozen=True)
+class Term:
+    action: str  # one of ACTIONS
+    count: int | None = None  # None: every later hit
+    probability: float | None = None  # percent, None: always
+    arg: int | None = None  # sleep milliseconds
+
+    def __str__(self) -> str:
+        text = f"sleep({self.arg})" if self.action == "sleep" else self.action
+        if self.count is not None:
+            text = f"{self.count}*{text}"
+        if self.probability is not None:
+            text = f"{_fmt_percent(self.probability)}%{text}"
+        return text
+
+
+def _fmt_percent(p: float) -> str:
+    return str(int(p)) if p == int(p) else repr(p)
+
+
+@dataclass(frozen=True)
+class Chain:
+    terms: tuple[Term, ...]
+
+    def __str__(self) -> str:
+        return "->".join(str(t) for t in self.terms)
+
+    def term_for(self, hit: int) -> Term | None:
+        """The term that governs the ``hit``-th hit (1-based) of the point, or None past the chain."""
+        seen = 0
+        for term in self.terms:
+            if term.count is None:
+                return term
+            seen += term.count
+            if hit <= seen:
+                return term
+        return None
+
+    @property
+    def fires(self) -> bool:
+        """Whether any term of the chain can do something (a chain of ``off`` never fires)."""
+        return any(t.action != "off" for t in self.terms)
+
+
+_TERM = re.compile(
+    r"^(?:(?P<p>\d+(?:\.\d+)?)%)?(?:(?P<n>\d+)\*)?(?P<action>[a-z_]+)(?:\((?P<arg>[^)]*)\))?$")
+
+
+def parse_term(text: str) -> Term:
+    m = _TERM.match(text.strip())
+    if not m:
+        raise InvalidAction(f"cannot read failpoint action {text!r}: expected [P%][N*]ACTION "
+                            f"with ACTION one of kill, pause, hang, off, sleep(MS)")
+    action, arg = m["action"], m["arg"]
+    if action not in ACTIONS:
+        raise InvalidAction(f"unknown failpoint action {action!r} in {text!r}: "
+                            f"use one of kill, pause, hang, off, sleep(MS)")
+    if action == "sleep":
+        if arg is None or not arg.strip().isdigit():
+            raise InvalidAction(f"sleep needs a whole number of milliseconds, as in sleep(50), not {text!r}")
+        arg_value: int | None = int(arg)
+    else:
+        if arg is not None:
+            raise InvalidAction(f"{action!r} takes no argument, in {text!r}")
+        arg_value = None
+    count = int(m["n"]) if m["n"] is not None else None
+    if count == 0:
+        raise InvalidAction(f"a count must be at least 1, in {text!r}")
+    p = float(m["p"]) if m["p"] is not None else None
+    if p is not None and not 0 < p <= 100:
+        raise InvalidAction(f"a probability must be in (0, 100], in {text!r}")
+    return Term(action, count, p, arg_value)
+
+
+def parse(text: str) -> Chain:
+    """Parse an action chain such as ``2*off->kill``; raise :class:`InvalidAction` naming the bad part."""
+    if not text or not text.strip():
+        raise InvalidAction("empty failpoint action: use one of kill, pause, hang, off, sleep(MS)")
+    terms = tuple(parse_term(part) for part in text.split("->"))
+    for term in terms[:-1]:
+        if term.count is None:
+            raise InvalidAction(f"{str(term)!r} applies to every hit, so nothing after it in "
+                                f"{text!r} could run: give it a count, as in 2*{term}")
+    return Chain(terms)

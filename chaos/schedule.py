@@ -1,0 +1,105 @@
+"""Schedules: which worker does what at which crash point of which step.
+
+Text form, which round-trips through :func:`parse` and ``str``::
+
+    A@charge.after_call:kill,B@charge.before_commit#2:pause
+
+``worker@[step.]point[#hit]:actions``. Without a step the fault applies at any step; ``#hit`` makes
+the action chain start at that hit of the point (earlier hits do nothing).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from chaos.actions import Chain, InvalidAction, parse as parse_chain
+from chaos.points import POINTS
+
+
+class InvalidSchedule(ValueError):
+    """The text of a schedule is not in the grammar; the message points at the bad part."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    worker: str
+    point: str
+    actions: Chain
+    step: str | None = None
+    hit: int = 1
+
+    def __str__(self) -> str:
+        where = f"{self.step}.{self.point}" if self.step else self.point
+        hit = f"#{self.hit}" if self.hit != 1 else ""
+        return f"{self.worker}@{where}{hit}:{self.actions}"
+
+    def matches(self, point: str, step: str | None) -> bool:
+        return point == self.point and (self.step is None or self.step == step)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    faults: tuple[Fault, ...] = ()
+
+    def __str__(self) -> str:
+        return ",".join(str(f) for f in self.faults)
+
+    def __bool__(self) -> bool:
+        return bool(self.faults)
+
+    def for_worker(self, worker: str) -> tuple[tuple[int, Fault], ...]:
+        return tuple((i, f) for i, f in enumerate(self.faults) if f.worker == worker)
+
+    @property
+    def workers(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(f.worker for f in self.faults))
+
+
+_NAME = r"[A-Za-z][A-Za-z0-9_-]*"
+_FAULT = re.compile(rf"^(?P<worker>{_NAME})@(?:(?P<step>{_NAME})\.)?(?P<point>{_NAME})"
+                    rf"(?:#(?P<hit>\d+))?:(?P<actions>.+)$")
+
+
+def _split(text: str) -> list[str]:
+    """Split on commas that are not inside parentheses (``sleep(10)`` has none, but be safe)."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += ch == "("
+        depth -= ch == ")"
+        if ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return parts
+
+
+def parse_fault(text: str, *, points: frozenset[str] | None = None) -> Fault:
+    part = text.strip()
+    m = _FAULT.match(part)
+    if not m:
+        raise InvalidSchedule(f"cannot read fault {part!r}: expected WORKER@[STEP.]POINT[#HIT]:ACTIONS, "
+                              f"as in A@charge.after_call:kill")
+    known = POINTS if points is None else points
+    if m["point"] not in known:
+        raise InvalidSchedule(f"unknown crash point {m['point']!r} in {part!r}: "
+                              f"valid points are {', '.join(sorted(known))}")
+    hit = int(m["hit"]) if m["hit"] else 1
+    if hit < 1:
+        raise InvalidSchedule(f"hit numbers start at 1, in {part!r}")
+    try:
+        chain = parse_chain(m["actions"])
+    except InvalidAction as exc:
+        raise InvalidSchedule(f"in fault {part!r}: {exc}") from None
+    return Fault(m["worker"], m["point"], chain, m["step"], hit)
+
+
+def parse(text: str, *, points: frozenset[str] | None = None) -> Schedule:
+    """Parse a schedule; the empty string (or ``none``) is the schedule without faults.
+
+    ``points`` is the set of crash-point names allowed (the built-in ones by default; a target may
+    add its own).
+    """
+    if text is None or not text.strip() or text.strip() == "none":
+        return Schedule()
+    return Schedule(tuple(parse_fault(p, points=points) for p in _split(text)))

@@ -1,0 +1,58 @@
+"""The invariant checkers and the one function that turns a history into a verdict.
+
+``check_all`` never lets a broken checker pass a run: a checker that raises gives an unknown result,
+and unknown outranks valid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from types import MappingProxyType
+from typing import Iterable, Mapping
+
+from harness.checkers.base import Checker, Result, Verdict, Violation, rank
+from harness.checkers.invariants import (CHECKERS, effects_accounted, intent_conflict,
+                                         legal_transitions, manual_stable, no_duplicate_effects,
+                                         retry_budget, stale_writes_rejected, stuck_detected,
+                                         terminates, version_chain)
+from harness.history import History
+
+# name -> checker, in the order of DESIGN section 7; read-only so no caller can change it for others.
+ALL: Mapping[str, Checker] = MappingProxyType({c.__name__: c for c in CHECKERS})
+
+
+def _named(checkers: Mapping[str, Checker] | Iterable[Checker] | None) -> list[tuple[str, Checker]]:
+    if checkers is None:
+        return list(ALL.items())
+    if isinstance(checkers, Mapping):
+        return list(checkers.items())
+    return [(getattr(c, "__name__", repr(c)), c) for c in checkers]
+
+
+def check_all(history: History, checkers: Mapping[str, Checker] | Iterable[Checker] | None = None,
+              schedule: str = "") -> Verdict:
+    """Run each checker on the history and rank the results (False > None > True).
+
+    ``schedule`` (default: the history's own) is written into every violation so that a violation
+    read on its own still says how to replay it.
+    """
+    schedule = schedule or history.schedule
+    results: list[Result] = []
+    for name, checker in _named(checkers):
+        try:
+            result = checker(history)
+        except Exception as exc:  # a broken checker must give unknown, never valid
+            result = Result(name, None, False, (),
+                            f"checker raised: {type(exc).__name__}: {exc}")
+        if schedule:
+            result = dataclasses.replace(result, violations=tuple(
+                dataclasses.replace(v, schedule=schedule) for v in result.violations))
+        results.append(result)
+    unknown = tuple(f"{r.invariant}: {r.detail}" for r in results if r.valid is None)
+    return Verdict(rank(r.valid for r in results), tuple(results), unknown)
+
+
+__all__ = ["ALL", "Checker", "Result", "Verdict", "Violation", "check_all", "rank",
+           "no_duplicate_effects", "effects_accounted", "stale_writes_rejected", "version_chain",
+           "legal_transitions", "manual_stable", "intent_conflict", "retry_budget", "terminates",
+           "stuck_detected"]

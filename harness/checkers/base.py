@@ -1,0 +1,60 @@
+"""What a checker returns, and how results compose into a verdict.
+
+A checker is a pure function ``History -> Result``. Valid is three-valued: True, False, or None
+(unknown: the checker could not judge). Verdicts rank False > None > True, and a checker that raises
+gives None, never True.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from harness.history import History
+
+
+@dataclass(frozen=True)
+class Violation:
+    invariant: str
+    instance: str | None
+    step: str | None
+    detail: str
+    events: tuple[int, ...] = ()  # indexes into History.events that prove it
+    schedule: str = ""
+
+    def to_json(self) -> dict:
+        return {"invariant": self.invariant, "schedule": self.schedule, "instance": self.instance,
+                "step": self.step, "detail": self.detail, "events": list(self.events)}
+
+
+@dataclass(frozen=True)
+class Result:
+    invariant: str
+    valid: bool | None
+    checked: bool  # the history had something for this invariant to judge
+    violations: tuple[Violation, ...] = ()
+    detail: str = ""
+
+
+Checker = Callable[[History], Result]
+
+
+def rank(values) -> bool | None:
+    """Combine validities: any False wins, then any None, else True."""
+    values = list(values)
+    if any(v is False for v in values):
+        return False
+    if any(v is None for v in values):
+        return None
+    return True
+
+
+@dataclass(frozen=True)
+class Verdict:
+    valid: bool | None
+    results: tuple[Result, ...] = ()
+    unknown_reasons: tuple[str, ...] = field(default=())
+
+    @property
+    def violations(self) -> tuple[Violation, ...]:
+        return tuple(v for r in self.results for v in r.violations)

@@ -1,0 +1,172 @@
+"""The history of one run: every recorded operation, from every source, in one order.
+
+A history merges four sources, ordered by ``CLOCK_MONOTONIC`` (``time.monotonic_ns()``, which
+is one clock for every process on a Linux machine):
+
+* **worker journals** (``process`` = the worker incarnation, e.g. ``"A"``, ``"B"``, ``"A.2"``):
+  operations as Jepsen writes them, an ``invoke`` then ``ok`` / ``fail``; when the worker died
+  before it saw the answer, :func:`merge` closes the operation with ``info`` (indeterminate).
+  Kinds: ``claim``, ``call``, ``receipt``, ``commit`` (op kinds) and ``point`` (type ``event``:
+  a failpoint hit, ``data`` = point, instance, step, hit, action -- ``action`` is ``None`` when
+  nothing fired), ``recover`` (type ``event``: evidence and the action decided), ``heartbeat_stopped``.
+  ``call`` invoke data: instance, step, resource, key, intent_hash, fence, attempt, direction.
+* **store events** (``process`` = ``"store"``, type ``event``): the append-only event table.
+  ``kind`` is one of ``created``, ``claimed``, ``committed``, ``commit_rejected``,
+  ``receipt_recorded``, ``stuck_flagged``, ``operator_resolved``, ``approved``. ``data`` has
+  instance, step, worker, from_state, to_state, state_version (after the event), fence (the lease
+  version the writer held), lease_version (the step's current one after the event), attempt,
+  actor and evidence (operator events) and any extra detail.
+  Accepted transitions are ``claimed``, ``committed``, ``operator_resolved``, ``approved``;
+  ``commit_rejected`` changes nothing.
+* **the downstream ledger** (``process`` = ``"downstream"``, kind ``request``, type ``event``): one
+  row per request, applied or not. ``data``: seq, resource, key (``None`` for legacy), scope,
+  fence, intent_hash, params, meta (instance, step, worker, attempt, direction), status (HTTP
+  code), outcome (``applied``, ``declined``, ``replay``, ``conflict``, ``in_flight``,
+  ``missing_key``, ``stale_fence``, ``error``, ``dropped``), applied (bool: a new effect happened).
+  ``dropped`` means applied but the answer was never sent (so ``applied`` is true).
+* **harness actions** (``process`` = ``"harness"``, type ``event``): ``spawn`` (worker, pid),
+  ``kill`` / ``stop`` / ``cont`` (worker, pid, signal, reason), ``exit`` (worker, pid, code,
+  signal), ``bound_hit``, ``downstream_restart``.
+
+Checkers only ever see a :class:`History`; they never do I/O.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator, Mapping
+
+OP_KINDS = frozenset({"claim", "call", "receipt", "commit"})
+ACCEPTED_TRANSITIONS = frozenset({"claimed", "committed", "operator_resolved", "approved"})
+
+
+@dataclass(frozen=True)
+class Event:
+    index: int
+    time: int  # CLOCK_MONOTONIC nanoseconds
+    process: str
+    kind: str
+    type: str  # invoke | ok | fail | info | event
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.data.get(key, default)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"index": self.index, "time": self.time, "process": self.process,
+                "kind": self.kind, "type": self.type, "data": dict(self.data)}
+
+
+@dataclass(frozen=True)
+class StepConfig:
+    """What the checkers need to know about one step of one instance."""
+
+    instance: str
+    step: str
+    resource: str | None  # None: a pure step with no downstream effect
+    key: str | None  # the forward idempotency key (None for legacy or pure steps)
+    legacy: bool = False
+    max_attempts: int = 3
+    compensation_key: str | None = None
+
+
+@dataclass(frozen=True)
+class History:
+    events: tuple[Event, ...]
+    steps: tuple[StepConfig, ...] = ()
+    # final rows of the steps table: instance, step, state, state_version, attempt, lease_version, owner
+    final: tuple[Mapping[str, Any], ...] = ()
+    schedule: str = ""
+    # quiescent: the run ended with every worker exited and nothing left to do.
+    quiescent: bool = True
+    bound_hit: bool = False
+    stuck_bound_ms: float = 1000.0
+    stuck_slack_ms: float = 500.0
+
+    def __iter__(self) -> Iterator[Event]:
+        return iter(self.events)
+
+    def of(self, process: str | None = None, kind: str | None = None) -> list[Event]:
+        return [e for e in self.events
+                if (process is None or e.process == process) and (kind is None or e.kind == kind)]
+
+    def step_config(self, instance: str, step: str) -> StepConfig | None:
+        for s in self.steps:
+            if s.instance == instance and s.step == step:
+                return s
+        return None
+
+    def final_state(self, instance: str, step: str) -> str | None:
+        for row in self.final:
+            if row["instance"] == instance and row["step"] == step:
+                return row["state"]
+        return None
+
+
+def build(raw: Iterable[tuple[int, str, str, str, Mapping[str, Any]]], **meta: Any) -> History:
+    """Make a history from (time, process, kind, type, data) tuples, ordered by time.
+
+    Handy for hand-written histories in tests: indexes are assigned in time order.
+    """
+    ordered = sorted(raw, key=lambda r: r[0])
+    return History(tuple(Event(i, t, p, k, ty, dict(d)) for i, (t, p, k, ty, d) in enumerate(ordered)),
+                   **meta)
+
+
+def read_journal(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Read a worker journal: JSON lines, a torn last line (the worker was killed mid-write) tolerated."""
+    entries: list[dict[str, Any]] = []
+    with open(path, "rb") as fh:
+        lines = fh.read().split(b"\n")
+    for n, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            entries.append(json.loads(line))
+        except ValueError:
+            if n == len(lines) - 1:
+                break  # torn last line: the write the kill interrupted
+            raise
+    return entries
+
+
+def merge(journals: Mapping[str, list[dict[str, Any]]], store_events: Iterable[Mapping[str, Any]],
+          ledger: Iterable[Mapping[str, Any]], harness: Iterable[Mapping[str, Any]],
+          dead: Iterable[str] = (), **meta: Any) -> History:
+    """Merge the four sources into one history.
+
+    Journal entries are ``{"t": ns, "kind": ..., "type": ..., "op": id, ...data}``; an op's
+    invoke and completion share ``op``. Every invoke of a worker in ``dead`` that has no
+    completion gets an ``info`` completion at the worker's death (its last harness ``exit``).
+    """
+    raw: list[tuple[int, str, str, str, dict[str, Any]]] = []
+    harness = list(harness)
+    death = {h["worker"]: h["t"] for h in harness if h.get("kind") == "exit"}
+    dead = set(dead)
+    for worker, entries in journals.items():
+        open_ops: dict[Any, dict[str, Any]] = {}
+        for e in entries:
+            data = {k: v for k, v in e.items() if k not in ("t", "kind", "type")}
+            raw.append((e["t"], worker, e["kind"], e["type"], data))
+            if e["type"] == "invoke":
+                open_ops[e.get("op")] = e
+            elif e["type"] in ("ok", "fail", "info"):
+                open_ops.pop(e.get("op"), None)
+        if worker in dead:
+            end = death.get(worker, max((e["t"] for e in entries), default=0) + 1)
+            for op, e in open_ops.items():
+                data = {k: v for k, v in e.items() if k not in ("t", "kind", "type")}
+                data["indeterminate"] = True
+                raw.append((end, worker, e["kind"], "info", data))
+    for s in store_events:
+        data = {k: v for k, v in s.items() if k not in ("t", "kind")}
+        raw.append((s["t"], "store", s["kind"], "event", data))
+    for row in ledger:
+        data = {k: v for k, v in row.items() if k not in ("t",)}
+        raw.append((row["t"], "downstream", "request", "event", data))
+    for h in harness:
+        data = {k: v for k, v in h.items() if k not in ("t", "kind")}
+        raw.append((h["t"], "harness", h["kind"], "event", data))
+    return build(raw, **meta)

@@ -1,0 +1,409 @@
+"""One run: a store, the downstream, N worker processes forked from this warm parent, a schedule.
+
+The run loop is the only place that starts processes. Workers are forked (the ``multiprocess``
+package, fork start method), so a worker costs a fork, not an interpreter start, and a target may be
+any function, even one defined inside a test. Every process started here is ended here, by PID.
+
+Workers start in name order: B starts once every fault scheduled for A has fired (or A is gone), so
+a scheduled fault lands where it was asked to. A worker killed by a fault is replaced at once, by a
+fresh identity or, drawn from the seed, by one with the same identity; a fault that killed is spent
+and is not inherited. A paused worker (SIGSTOP) is resumed once another worker has moved its step on.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import random
+import select
+import shutil
+import signal
+import string
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import multiprocess
+
+import chaos
+from chaos.journal import Journal
+from chaos.points import Failpoints
+from chaos.schedule import Schedule
+from harness import downstream as ds
+from harness import history as hist
+from harness.checkers import check_all
+from harness.checkers.base import Verdict
+from harness.store import open_store
+from harness.store.base import Store
+from harness.targets import Target, resolve
+from harness.worker import DONE, Heartbeat, Timing, WorkerContext, plan
+from harness.workload import WORKLOADS, Workload
+
+_FORK = multiprocess.get_context("fork")
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    schedule: Schedule = field(default_factory=Schedule)
+    target: "str | Target" = "reference"
+    workload: str = "orders"
+    workers: int = 2
+    seed: int = 0
+    store: str = "sqlite"
+    timing: Timing = field(default_factory=Timing)
+    bound_s: float = 30.0
+    same_identity: float = 0.5  # chance that a killed worker comes back under its own identity
+
+    @property
+    def target_name(self) -> str:
+        t = self.target
+        return t if isinstance(t, str) else f"{getattr(t, '__module__', '?')}:{getattr(t, '__qualname__', '?')}"
+
+
+@dataclass
+class RunResult:
+    config: RunConfig
+    run_id: str
+    history: hist.History
+    verdict: Verdict
+    fired: dict[str, int]  # fault text -> times an action fired
+    unfired: tuple[str, ...]
+    spawned: int
+    duration_s: float
+    run_dir: str
+
+    @property
+    def valid(self) -> bool | None:
+        return self.verdict.valid
+
+    @property
+    def schedule(self) -> str:
+        return str(self.config.schedule)
+
+
+@dataclass
+class _Worker:
+    label: str  # the incarnation: A, A.2, C ...
+    worker_id: str  # the identity the store sees
+    proc: Any
+    events: int  # read end: messages from the worker
+    control: int  # write end: resume byte
+    journal: str
+    buf: bytes = b""
+    state: str = "running"  # running | paused | hung | exited
+    paused: tuple[str, str, int] | None = None  # (instance, step, state_version) at pause
+    exitcode: int | None = None
+
+
+def _die_with_parent() -> None:
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
+def _worker_main(target: Target, ctx_args: dict[str, Any], faults, hits, seed: int,
+                 events_fd: int, control_fd: int) -> None:
+    """The body of a worker process (runs in the forked child)."""
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the harness decides when workers end
+    journal = Journal(ctx_args["journal"])
+    journal.write("start", pid=os.getpid(), worker=ctx_args["worker_id"])
+    chaos.points.install(Failpoints(list(faults), journal, seed, events_fd, control_fd, dict(hits)))
+    store: Store = ctx_args["store"]
+    client = ds.DownstreamClient(ctx_args["url"], ctx_args["run_id"])
+    ctx = WorkerContext(ctx_args["worker_id"], store, client, journal, ctx_args["workload"],
+                        ctx_args["timing"])
+    ctx.heartbeat = Heartbeat(store, journal, ctx.timing)
+    target(ctx)
+    journal.write("finish")
+    os._exit(0)
+
+
+class Session:
+    """Services shared by many runs: the downstream process and a folder for run files.
+
+    Use it as a context manager: leaving it ends every process it started.
+    """
+
+    def __init__(self, base_dir: str | None = None, *, keep: bool = False):
+        self._own_dir = base_dir is None
+        self.base_dir = base_dir or tempfile.mkdtemp(prefix="killpoint-")
+        os.makedirs(self.base_dir, exist_ok=True)
+        self.keep = keep
+        self.downstream = ds.start(os.path.join(self.base_dir, "downstream-ledger.sqlite"))
+        self._runs = 0
+        self._live: dict[int, _Worker] = {}
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for w in list(self._live.values()):
+            _kill(w)
+        self._live.clear()
+        self.downstream.stop()
+        if self._own_dir and not self.keep:
+            shutil.rmtree(self.base_dir, ignore_errors=True)
+
+    def run(self, config: RunConfig) -> RunResult:
+        self._runs += 1
+        run_id = f"run{self._runs:04d}-s{config.seed}"
+        return _Run(self, config, run_id).execute()
+
+
+def _kill(w: _Worker) -> None:
+    """SIGKILL a worker by PID (resuming it first if stopped) and reap it."""
+    pid = w.proc.pid
+    if pid is None or w.state == "exited":
+        return
+    for sig in (signal.SIGKILL, signal.SIGCONT):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+    w.proc.join(5)
+    w.state = "exited"
+    for fd in (w.events, w.control):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+class _Run:
+    def __init__(self, session: Session, config: RunConfig, run_id: str):
+        self.s = session
+        self.config = config
+        self.run_id = run_id
+        self.run_dir = os.path.join(session.base_dir, run_id)
+        os.makedirs(self.run_dir, exist_ok=True)
+        self.workload: Workload = WORKLOADS[config.workload](config.seed)
+        self.target = resolve(config.target)
+        self.rng = random.Random(config.seed)
+        self.harness_events: list[dict[str, Any]] = []
+        self.workers: list[_Worker] = []
+        self.schedule = config.schedule
+        self.hits: dict[int, int] = {}
+        self.fired: dict[int, int] = {}
+        self.spent: set[int] = set()  # faults whose action killed their worker
+        self.names = [string.ascii_uppercase[i] for i in range(config.workers)]
+        self.started_names: list[str] = []
+        self.incarnations: dict[str, int] = {}
+        self.next_fresh = config.workers
+
+    def note(self, kind: str, **data: Any) -> None:
+        self.harness_events.append({"t": time.monotonic_ns(), "kind": kind, **data})
+
+    # -- processes --------------------------------------------------------------------------------
+    def spawn(self, worker_id: str) -> _Worker:
+        n = self.incarnations[worker_id] = self.incarnations.get(worker_id, 0) + 1
+        label = worker_id if n == 1 else f"{worker_id}.{n}"
+        faults = [(i, f) for i, f in self.schedule.for_worker(worker_id) if i not in self.spent]
+        events_r, events_w = os.pipe()
+        control_r, control_w = os.pipe()
+        journal = os.path.join(self.run_dir, f"journal-{label}.jsonl")
+        ctx_args = {"worker_id": worker_id, "store": self.store, "url": self.s.downstream.url,
+                    "run_id": self.run_id, "workload": self.workload, "timing": self.config.timing,
+                    "journal": journal}
+        seed = hash((self.config.seed, label)) & 0xFFFFFFFF
+        proc = _FORK.Process(target=_worker_main, name=f"killpoint-worker-{label}",
+                             args=(self.target, ctx_args, faults, self.hits, seed, events_w, control_r))
+        proc.start()
+        os.close(events_w)
+        os.close(control_r)
+        w = _Worker(label, worker_id, proc, events_r, control_w, journal)
+        self.workers.append(w)
+        self.s._live[proc.pid] = w
+        self.note("spawn", worker=label, identity=worker_id, pid=proc.pid)
+        return w
+
+    def live(self) -> list[_Worker]:
+        return [w for w in self.workers if w.state != "exited"]
+
+    def start_gated(self) -> None:
+        """Start the next named worker once all faults of the workers before it have fired."""
+        for name in self.names:
+            if name in self.started_names:
+                continue
+            for earlier in self.started_names:
+                pending = [i for i, _ in self.schedule.for_worker(earlier)
+                           if i not in self.fired and any(w.worker_id == earlier and w.state != "exited"
+                                                          for w in self.workers)]
+                if pending:
+                    return
+            self.started_names.append(name)
+            self.spawn(name)
+
+    def replace(self, dead: _Worker) -> None:
+        if self.rng.random() < self.config.same_identity:
+            self.spawn(dead.worker_id)
+        else:
+            fresh = string.ascii_uppercase[self.next_fresh % 26] + ("" if self.next_fresh < 26
+                                                                     else str(self.next_fresh // 26))
+            self.next_fresh += 1
+            self.spawn(fresh)
+
+    # -- messages ---------------------------------------------------------------------------------
+    def read_messages(self, w: _Worker) -> None:
+        try:
+            chunk = os.read(w.events, 65536)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            return
+        w.buf += chunk
+        *lines, w.buf = w.buf.split(b"\n")
+        for line in lines:
+            if line:
+                self.on_message(w, json.loads(line))
+
+    def on_message(self, w: _Worker, msg: dict[str, Any]) -> None:
+        if "hit" in msg:
+            self.hits[msg["hit"]] = self.hits.get(msg["hit"], 0) + 1
+        elif "fired" in msg:
+            i = msg["fired"]
+            self.fired[i] = self.fired.get(i, 0) + 1
+            if msg["action"] == "kill":
+                self.spent.add(i)
+            elif msg["action"] == "hang":
+                w.state = "hung"
+        elif "paused" in msg:
+            instance, step = msg.get("instance"), msg.get("step")
+            row = self.step_row(instance, step)
+            os.kill(w.proc.pid, signal.SIGSTOP)
+            w.state = "paused"
+            w.paused = (instance, step, row["state_version"] if row else 0)
+            self.note("stop", worker=w.label, pid=w.proc.pid, signal="SIGSTOP", instance=instance,
+                      step=step, reason="pause")
+
+    def step_row(self, instance: str | None, step: str | None) -> dict[str, Any] | None:
+        for row in self.store.steps():
+            if row["instance"] == instance and row["step"] == step:
+                return row
+        return None
+
+    def maybe_resume(self, w: _Worker, others_active: bool) -> None:
+        instance, step, version = w.paused  # type: ignore[misc]
+        row = self.step_row(instance, step)
+        moved_on = row is None or row["state_version"] >= version + 2 or \
+            (row["state_version"] > version and row["owner_worker"] is None)
+        if moved_on or not others_active:
+            os.kill(w.proc.pid, signal.SIGCONT)
+            os.write(w.control, b"r")
+            w.state = "running"
+            w.paused = None
+            self.note("cont", worker=w.label, pid=w.proc.pid, signal="SIGCONT",
+                      reason="its step moved on" if moved_on else "no other worker can move")
+
+    def on_exit(self, w: _Worker) -> None:
+        w.proc.join()
+        code = w.proc.exitcode
+        self.read_messages(w)
+        w.state = "exited"
+        w.exitcode = code
+        self.s._live.pop(w.proc.pid, None)
+        sig = -code if code is not None and code < 0 else None
+        self.note("exit", worker=w.label, pid=w.proc.pid, code=code,
+                  signal=signal.Signals(sig).name if sig else None)
+        for fd in (w.events, w.control):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        if code != 0 and len(self.workers) < self.spawn_cap:
+            self.replace(w)
+
+    # -- the loop ---------------------------------------------------------------------------------
+    def execute(self) -> RunResult:
+        started = time.monotonic()
+        self.store = open_store(self.config.store, self.run_dir, self.run_id)
+        self.store.setup(self.workload.checkpoints())
+        client = ds.DownstreamClient(self.s.downstream.url, self.run_id)
+        client.configure(self.workload.downstream_config())
+        self.spawn_cap = 4 * self.config.workers + 2 * len(self.schedule.faults) + 4
+        bound_hit = quiescent = False
+        deadline = started + self.config.bound_s
+        try:
+            self.start_gated()
+            while True:
+                live = self.live()
+                active = [w for w in live if w.state == "running"]
+                if not active:
+                    paused = [w for w in live if w.state == "paused"]
+                    if paused:
+                        for w in paused:
+                            self.maybe_resume(w, others_active=False)
+                        continue
+                    now, rows = self.store.snapshot()
+                    if plan(rows, now, self.workload) == DONE or len(self.workers) >= self.spawn_cap:
+                        for w in live:  # only hung workers are left: end them
+                            self.note("kill", worker=w.label, pid=w.proc.pid, signal="SIGKILL",
+                                      reason="quiescent: the run is done and this worker hangs")
+                            _kill(w)
+                            self.s._live.pop(w.proc.pid, None)
+                            self.note("exit", worker=w.label, pid=w.proc.pid, code=-9, signal="SIGKILL")
+                        quiescent = plan(rows, now, self.workload) == DONE
+                        break
+                    self.start_gated()
+                    if not self.live() or all(w.state != "running" for w in self.live()):
+                        self.replace(live[-1] if live else self.workers[-1])
+                    continue
+                if time.monotonic() > deadline:
+                    bound_hit = True
+                    self.note("bound_hit", seconds=self.config.bound_s)
+                    for w in live:
+                        self.note("kill", worker=w.label, pid=w.proc.pid, signal="SIGKILL", reason="bound")
+                        _kill(w)
+                        self.s._live.pop(w.proc.pid, None)
+                    break
+                fds = {w.events: w for w in live}
+                sentinels = {w.proc.sentinel: w for w in live}
+                ready, _, _ = select.select(list(fds) + list(sentinels), [], [], 0.02)
+                for fd in ready:
+                    if fd in fds and fds[fd].state != "exited":
+                        self.read_messages(fds[fd])
+                for fd in ready:
+                    if fd in sentinels and sentinels[fd].state != "exited":
+                        self.on_exit(sentinels[fd])
+                self.start_gated()
+                for w in self.live():
+                    if w.state == "paused":
+                        self.maybe_resume(w, others_active=any(o.state == "running" for o in self.live()
+                                                               if o is not w))
+        finally:
+            for w in self.live():
+                _kill(w)
+                self.s._live.pop(w.proc.pid, None)
+        return self.judge(client, started, bound_hit, quiescent)
+
+    # -- judging ------------------------------------------------------------------------------------
+    def judge(self, client: ds.DownstreamClient, started: float, bound_hit: bool,
+              quiescent: bool) -> RunResult:
+        journals = {w.label: hist.read_journal(w.journal) for w in self.workers if os.path.exists(w.journal)}
+        dead = {w.label for w in self.workers if w.exitcode != 0}
+        steps = tuple(hist.StepConfig(inst.id, s.name, s.resource, s.key(inst.id), not s.retry_safe,
+                                      s.max_attempts, s.compensation_key(inst.id))
+                      for inst in self.workload.instances for s in inst.steps)
+        history = hist.merge(journals, self.store.events(), client.ledger(), self.harness_events,
+                             dead=dead, steps=steps, final=tuple(self.store.steps()),
+                             schedule=str(self.schedule), quiescent=quiescent, bound_hit=bound_hit,
+                             stuck_bound_ms=self.config.timing.stuck_bound_ms,
+                             stuck_slack_ms=max(250.0, 2 * self.config.timing.heartbeat_ms
+                                                + 20 * self.config.timing.poll_ms))
+        self.store.close()
+        verdict = check_all(history, schedule=str(self.schedule))
+        unfired = tuple(str(f) for i, f in enumerate(self.schedule.faults) if i not in self.fired)
+        if unfired:
+            reasons = verdict.unknown_reasons + tuple(f"scheduled fault {u} never fired" for u in unfired)
+            valid = False if verdict.valid is False else None
+            verdict = Verdict(valid, verdict.results, reasons)
+        fired = {str(f): self.fired.get(i, 0) for i, f in enumerate(self.schedule.faults)}
+        return RunResult(self.config, self.run_id, history, verdict, fired, unfired, len(self.workers),
+                         time.monotonic() - started, self.run_dir)

@@ -1,0 +1,48 @@
+"""Targets: the worker code under test, named on the command line or in a test."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Callable
+
+from harness.worker import WorkerContext, reference
+
+Target = Callable[[WorkerContext], None]
+
+
+class InvalidTarget(ValueError):
+    """A target name that names no worker we can run."""
+
+
+def mutants() -> dict[str, object]:
+    try:
+        from harness.mutants import MUTANTS
+    except ImportError:
+        return {}
+    return MUTANTS
+
+
+def resolve(target: "str | Target") -> Target:
+    """``reference``, ``mutant:NAME``, ``pkg.module:function``, or a callable taking a WorkerContext."""
+    if callable(target):
+        return target
+    if target == "reference":
+        return reference
+    if target.startswith("mutant:"):
+        name = target.split(":", 1)[1]
+        zoo = mutants()
+        if name not in zoo:
+            known = ", ".join(sorted(zoo)) or "none yet"
+            raise InvalidTarget(f"unknown mutant {name!r}: known mutants are {known}")
+        return zoo[name].target  # type: ignore[attr-defined]
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr:
+        raise InvalidTarget(f"target {target!r}: expected reference, mutant:NAME or pkg.module:function")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise InvalidTarget(f"target {target!r}: cannot import {module_name!r} ({exc})") from None
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise InvalidTarget(f"target {target!r}: {module_name} has no function {attr!r}")
+    return fn

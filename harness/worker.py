@@ -1,0 +1,352 @@
+"""The reference worker: the step protocol of DESIGN section 3, done right.
+
+claim (database time, a new fence) -> call (stable idempotency key, the fence) -> receipt (the
+downstream's answer, durably) -> commit (compare-and-set on state version, fence and owner). A
+worker that finds a step some earlier attempt touched establishes its outcome first, with the pure
+decision table of :mod:`harness.recovery`. Each method is one rule, so a mutant breaks exactly one.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import chaos
+from chaos.journal import Journal
+from harness import recovery, states
+from harness.downstream import DownstreamClient, LostResponse
+from harness.intent import idempotency_key, intent_hash
+from harness.store.base import Claim, Store
+from harness.workload import InstanceSpec, StepSpec, Workload
+
+
+@dataclass(frozen=True)
+class Timing:
+    lease_ttl_ms: float = 120.0
+    heartbeat_ms: float = 30.0
+    stuck_bound_ms: float = 300.0
+    poll_ms: float = 2.0
+
+
+@dataclass
+class WorkerContext:
+    """All a target sees: who it is, the store, the downstream, its journal, points, the heartbeat."""
+
+    worker_id: str
+    store: Store
+    downstream: DownstreamClient
+    journal: Journal
+    workload: Workload
+    timing: Timing = field(default_factory=Timing)
+    heartbeat: "Heartbeat | None" = None
+
+    def point(self, name: str) -> None:
+        chaos.point(name)
+
+
+class Heartbeat:
+    """Renews the lease of the step being worked on, from a thread of its own.
+
+    It proves liveness, not progress: a business thread that hangs while this goes on is what the
+    progress monitor (``flag_stuck``) exists to catch.
+    """
+
+    def __init__(self, store: Store, journal: Journal, timing: Timing):
+        self._store = store.clone()
+        self._journal = journal
+        self._timing = timing
+        self._claim: Claim | None = None
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def hold(self, claim: Claim) -> None:
+        with self._lock:
+            self._claim = claim
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="heartbeat", daemon=True)
+            self._thread.start()
+
+    def release(self) -> None:
+        with self._lock:
+            self._claim = None
+
+    def _loop(self) -> None:
+        while True:
+            self._wake.wait(self._timing.heartbeat_ms / 1000.0)
+            with self._lock:
+                claim = self._claim
+            if claim is None:
+                continue
+            if not self._store.heartbeat(claim, self._timing.lease_ttl_ms):
+                self._journal.write("heartbeat_lost", instance=claim.instance, step=claim.step,
+                                    fence=claim.fence)
+                with self._lock:
+                    if self._claim is claim:
+                        self._claim = None
+
+
+@dataclass(frozen=True)
+class Task:
+    kind: str  # run | compensate | cancel
+    row: dict[str, Any]
+
+
+WAIT = "wait"
+DONE = "done"
+
+
+def _lease_free(row: dict[str, Any], now: float) -> bool:
+    return row["owner_worker"] is None or (row["expires_at"] is not None and row["expires_at"] < now)
+
+
+def plan(rows: list[dict[str, Any]], now: float, workload: Workload) -> Task | str:
+    """What to do next, from a snapshot of the steps: a task, ``WAIT`` or ``DONE``. Pure.
+
+    Steps run in order, each once the one before it succeeded. A failed step cancels the pending
+    steps after it; when it asks for compensation, earlier steps that have one are compensated.
+    Recovery never re-runs a succeeded step and never touches one in manual review.
+    """
+    waiting = False
+    by_instance: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_instance.setdefault(row["instance"], []).append(row)
+    for instance_id, steps in by_instance.items():
+        inst = workload.instance(instance_id)
+        failed = [r for r in steps if r["state"] == states.FAILED]
+        if failed:
+            first_failed = min(r["idx"] for r in failed)
+            compensate = any(inst.step(r["step"]).compensate_on_failure for r in failed)
+            for r in steps:
+                spec = inst.step(r["step"])
+                if r["idx"] > first_failed and r["state"] in (states.PENDING, states.RETRY_SCHEDULED) \
+                        and r["owner_worker"] is None:
+                    return Task("cancel", r)
+                if compensate and spec.compensation and r["idx"] < first_failed and \
+                        r["state"] in (states.SUCCEEDED, states.COMPENSATING):
+                    if _lease_free(r, now):
+                        return Task("compensate", r)
+                    waiting = True
+            continue
+        for r in steps:
+            if r["state"] == states.SUCCEEDED:
+                continue
+            if r["state"] in states.SETTLED:
+                break  # manual review or awaiting approval: nothing after it runs
+            if r["state"] in states.CLAIMABLE and _lease_free(r, now):
+                return Task("run", r)
+            waiting = True
+            break
+    return WAIT if waiting else DONE
+
+
+class ReferenceWorker:
+    """The correct worker. Mutants subclass it and override exactly one method."""
+
+    use_progress_monitor = True
+    check_fence = True
+    check_version = True
+
+    def __init__(self, ctx: WorkerContext):
+        self.ctx = ctx
+        self.store = ctx.store
+        self.journal = ctx.journal
+        self.timing = ctx.timing
+        if ctx.heartbeat is None:
+            ctx.heartbeat = Heartbeat(ctx.store, ctx.journal, ctx.timing)
+        self.heartbeat = ctx.heartbeat
+
+    # -- the loop ---------------------------------------------------------------------------------
+    def run(self) -> None:
+        while True:
+            now, rows = self.store.snapshot()
+            task = plan(rows, now, self.ctx.workload)
+            if task == DONE:
+                return
+            if task == WAIT:
+                self.monitor()
+                time.sleep(self.timing.poll_ms / 1000.0)
+                continue
+            self.execute(task)
+
+    def monitor(self) -> None:
+        """Flag a lease whose heartbeat goes on while its step makes no progress."""
+        self.store.flag_stuck(self.timing.stuck_bound_ms, self.ctx.worker_id,
+                              use_progress=self.use_progress_monitor)
+
+    def execute(self, task: Task) -> None:
+        row = task.row
+        inst = self.ctx.workload.instance(row["instance"])
+        spec = inst.step(row["step"])
+        if task.kind == "cancel":
+            self.store.settle(row["instance"], row["step"], expected_state_version=row["state_version"],
+                              from_state=row["state"], to_state=states.CANCELLED,
+                              worker=self.ctx.worker_id, reason="an earlier step failed")
+            return
+        with chaos.at(inst.id, spec.name):
+            compensation = task.kind == "compensate"
+            chaos.point("before_claim")
+            claim = self.claim(row, compensation)
+            if claim is None:
+                return
+            chaos.point("after_claim")
+            self.heartbeat.hold(claim)
+            try:
+                chaos.point("heartbeat")
+                self.work(inst, spec, claim, compensation)
+            finally:
+                self.heartbeat.release()
+
+    # -- claim --------------------------------------------------------------------------------------
+    def claim(self, row: dict[str, Any], compensation: bool) -> Claim | None:
+        to_state = states.COMPENSATING if compensation else states.RUNNING
+        op = self.journal.invoke("claim", instance=row["instance"], step=row["step"],
+                                 state_version=row["state_version"])
+        claim = self.store.claim(row["instance"], row["step"], self.ctx.worker_id,
+                                 expected_state_version=row["state_version"], from_state=row["state"],
+                                 to_state=to_state, ttl_ms=self.timing.lease_ttl_ms,
+                                 reset_attempt=row["state"] == states.SUCCEEDED)
+        if claim is None:
+            self.journal.complete(op, "claim", "fail", instance=row["instance"], step=row["step"])
+        else:
+            self.journal.complete(op, "claim", "ok", instance=claim.instance, step=claim.step,
+                                  fence=claim.fence, state_version=claim.state_version,
+                                  attempt=claim.attempt)
+        return claim
+
+    # -- one attempt ----------------------------------------------------------------------------
+    def work(self, inst: InstanceSpec, spec: StepSpec, claim: Claim, compensation: bool) -> None:
+        resource = spec.compensation if compensation else spec.resource
+        done_state = states.COMPENSATED if compensation else states.SUCCEEDED
+        if resource is None:  # a pure step: nothing outside to establish, just run it again
+            self.commit(claim, done_state)
+            return
+        key = spec.compensation_key(inst.id) if compensation else spec.key(inst.id)
+        receipt_key = key or idempotency_key(inst.id, spec.name, resource, spec.version)
+        params = self.params(inst, spec, compensation)
+        ihash = intent_hash(params)
+        if claim.attempt > 1 or claim.from_state != (states.SUCCEEDED if compensation else states.PENDING):
+            action = self.decide(inst, spec, claim, key, receipt_key, ihash, compensation)
+            if action == recovery.RECORD_COMPLETION:
+                self.commit(claim, done_state, recovered=True)
+                return
+            if action in (recovery.RECORD_FAILURE, recovery.EXHAUSTED):
+                self.commit(claim, states.MANUAL if compensation else states.FAILED, reason=action)
+                return
+            if action == recovery.MANUAL_REVIEW:
+                self.commit(claim, states.MANUAL, reason="outcome unknown and the activity is not retry-safe")
+                return
+        chaos.point("before_call")
+        answer = self.call(inst, spec, claim, resource, key, params, ihash, compensation)
+        if answer is None:
+            return  # lost answer or stale fence: stop; recovery settles it
+        chaos.point("after_call")
+        outcome = self.classify(answer)
+        if outcome == "transient":
+            if not compensation:
+                self.commit(claim, states.RETRY_SCHEDULED, status=answer.status)
+            return
+        chaos.point("before_receipt")
+        self.record_receipt(claim, receipt_key, ihash, outcome, answer.body)
+        chaos.point("after_receipt")
+        chaos.point("before_commit")
+        if outcome == "succeeded":
+            self.commit(claim, done_state)
+        else:
+            self.commit(claim, states.MANUAL if compensation else states.FAILED,
+                        reason=answer.body.get("error") or answer.body.get("status"))
+        chaos.point("after_commit")
+
+    def params(self, inst: InstanceSpec, spec: StepSpec, compensation: bool) -> dict[str, Any]:
+        if compensation:
+            return {"undo": spec.key(inst.id), **spec.params}
+        return dict(spec.params)
+
+    def decide(self, inst: InstanceSpec, spec: StepSpec, claim: Claim, key: str | None,
+               receipt_key: str, ihash: str, compensation: bool) -> str:
+        """Gather the evidence about earlier attempts and run the decision table on it."""
+        receipt = self.store.receipt(receipt_key)
+        source = "local"
+        if receipt is None and key is not None and spec.queryable:
+            remote = self.ctx.downstream.receipt(key)
+            if remote is not None:
+                source = "downstream"
+                status = self.classify_status(remote["status"])
+                receipt = {"intent_hash": remote["intent_hash"], "status": status,
+                           "response": remote.get("response") or {}}
+                if status != "transient":
+                    self.record_receipt(claim, receipt_key, remote["intent_hash"], status,
+                                        receipt["response"])
+        status = None
+        if receipt is not None:
+            status = receipt["status"]
+            if receipt.get("intent_hash") not in (None, ihash):
+                # The key holds an outcome for another intent: never take it as ours.
+                status = "failed_permanent"
+            if status not in ("succeeded", "failed_permanent"):
+                status = None
+        evidence = recovery.Evidence(lease_expired=True, receipt=status, retry_safe=spec.retry_safe,
+                                     attempts=claim.attempt - 1, max_attempts=spec.max_attempts)
+        action = recovery.recover(evidence)
+        self.journal.write("recover", instance=inst.id, step=spec.name, fence=claim.fence,
+                           source=source if receipt else None, receipt=status,
+                           retry_safe=spec.retry_safe, attempts=evidence.attempts,
+                           max_attempts=spec.max_attempts, action=action)
+        return action
+
+    # -- call -------------------------------------------------------------------------------------
+    def call(self, inst: InstanceSpec, spec: StepSpec, claim: Claim, resource: str, key: str | None,
+             params: dict[str, Any], ihash: str, compensation: bool):
+        meta = {"instance": inst.id, "step": spec.name, "worker": self.ctx.worker_id,
+                "attempt": claim.attempt, "direction": "compensation" if compensation else "forward"}
+        op = self.journal.invoke("call", instance=inst.id, step=spec.name, resource=resource, key=key,
+                                 intent_hash=ihash, fence=claim.fence, attempt=claim.attempt,
+                                 direction=meta["direction"])
+        try:
+            answer = self.ctx.downstream.call(resource, key=key, params=params, meta=meta,
+                                              fence=claim.fence, fence_scope=f"{inst.id}:{spec.name}",
+                                              before_read=lambda: chaos.point("in_call"))
+        except LostResponse as exc:
+            self.journal.complete(op, "call", "info", instance=inst.id, step=spec.name, error=str(exc))
+            return None
+        kind = "ok" if answer.status < 300 else "fail"
+        self.journal.complete(op, "call", kind, instance=inst.id, step=spec.name, status=answer.status,
+                              replay=answer.replay, error=answer.body.get("error"))
+        if answer.status == 409 and answer.body.get("error") == "stale_fence":
+            return None  # a newer lease holder exists: this worker stops working on the step
+        return answer
+
+    @staticmethod
+    def classify_status(status: int) -> str:
+        if status < 300:
+            return "succeeded"
+        if status in (409, 429) or status >= 500:
+            return "transient"
+        return "failed_permanent"  # 402 declined, 422 conflicting intent, 400 bad request
+
+    def classify(self, answer) -> str:
+        return self.classify_status(answer.status)
+
+    # -- receipt and commit -----------------------------------------------------------------------
+    def record_receipt(self, claim: Claim, key: str, ihash: str | None, status: str,
+                       response: dict[str, Any]) -> None:
+        op = self.journal.invoke("receipt", instance=claim.instance, step=claim.step, key=key,
+                                 status=status)
+        self.store.record_receipt(claim, key, ihash, status, response)
+        self.journal.complete(op, "receipt", "ok", instance=claim.instance, step=claim.step)
+
+    def commit(self, claim: Claim, to_state: str, **detail: Any) -> bool:
+        op = self.journal.invoke("commit", instance=claim.instance, step=claim.step, to_state=to_state,
+                                 fence=claim.fence, expected_state_version=claim.state_version)
+        ok = self.store.commit(claim, to_state, check_fence=self.check_fence,
+                               check_version=self.check_version, **detail)
+        self.journal.complete(op, "commit", "ok" if ok else "fail", instance=claim.instance,
+                              step=claim.step, to_state=to_state, fence=claim.fence)
+        return ok
+
+
+def reference(ctx: WorkerContext) -> None:
+    """The reference target."""
+    ReferenceWorker(ctx).run()

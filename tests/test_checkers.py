@@ -1,0 +1,506 @@
+"""The ten invariant checkers, judged on small hand-written histories (no processes, no clock).
+
+Each invariant gets a history where it holds, one where it is violated (naming the right step and
+the proving events) and, where it matters, one with nothing to judge.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from harness.checkers import (ALL, Result, Verdict, Violation, check_all, effects_accounted,
+                              intent_conflict, legal_transitions, manual_stable,
+                              no_duplicate_effects, retry_budget, stale_writes_rejected,
+                              stuck_detected, terminates, version_chain)
+from harness.checkers.base import rank
+from harness.history import History, StepConfig, build
+
+MS = 1_000_000  # nanoseconds per millisecond
+Raw = tuple[int, str, str, str, dict[str, Any]]
+
+# ---------------------------------------------------------------------------------------------
+# compact event makers (times in ms, converted to ns)
+
+
+def store(t: float, kind: str, inst: str, step: str, **data: Any) -> Raw:
+    return (int(t * MS), "store", kind, "event", {"instance": inst, "step": step, **data})
+
+
+def created(t: float, inst: str = "order-1", step: str = "charge", sv: int = 0) -> Raw:
+    return store(t, "created", inst, step, to_state="pending", state_version=sv, lease_version=0)
+
+
+def claimed(t: float, inst: str, step: str, worker: str, fence: int, sv: int,
+            from_state: str = "pending", to_state: str = "running") -> Raw:
+    return store(t, "claimed", inst, step, worker=worker, fence=fence, lease_version=fence,
+                 state_version=sv, from_state=from_state, to_state=to_state)
+
+
+def committed(t: float, inst: str, step: str, worker: str, fence: int, sv: int,
+              from_state: str = "running", to_state: str = "succeeded") -> Raw:
+    return store(t, "committed", inst, step, worker=worker, fence=fence, state_version=sv,
+                 from_state=from_state, to_state=to_state)
+
+
+def rejected(t: float, inst: str, step: str, worker: str, fence: int, current: int) -> Raw:
+    return store(t, "commit_rejected", inst, step, worker=worker, fence=fence,
+                 lease_version=current)
+
+
+def operator(t: float, inst: str, step: str, sv: int, to_state: str, actor: str | None = "ops",
+             evidence: str | None = "ticket-7", from_state: str = "manual_intervention") -> Raw:
+    return store(t, "operator_resolved", inst, step, from_state=from_state, to_state=to_state,
+                 state_version=sv, actor=actor, evidence=evidence)
+
+
+def request(t: float, inst: str = "order-1", step: str = "charge", *, key: str | None = "k1",
+            intent: str = "h1", outcome: str = "applied", applied: bool | None = None,
+            status: int = 200, fence: int | None = None, resource: str = "payment",
+            scope: str | None = None, worker: str = "A", direction: str = "forward",
+            attempt: int = 1) -> Raw:
+    if applied is None:
+        applied = outcome in ("applied", "dropped")
+    return (int(t * MS), "downstream", "request", "event", {
+        "resource": resource, "key": key, "scope": scope, "fence": fence, "intent_hash": intent,
+        "outcome": outcome, "applied": applied, "status": status,
+        "meta": {"instance": inst, "step": step, "worker": worker, "attempt": attempt,
+                 "direction": direction}})
+
+
+def call(t: float, worker: str, inst: str, step: str, attempt: int) -> Raw:
+    return (int(t * MS), worker, "call", "invoke",
+            {"instance": inst, "step": step, "resource": "payment", "attempt": attempt})
+
+
+def point(t: float, worker: str, inst: str, step: str, action: str | None,
+          name: str = "after_call") -> Raw:
+    return (int(t * MS), worker, "point", "event",
+            {"point": name, "instance": inst, "step": step, "hit": 1, "action": action})
+
+
+def harness(t: float, kind: str, **data: Any) -> Raw:
+    return (int(t * MS), "harness", kind, "event", data)
+
+
+def final(*rows: tuple[str, str, str]) -> tuple[dict[str, Any], ...]:
+    return tuple({"instance": i, "step": s, "state": st} for i, s, st in rows)
+
+
+CHARGE = StepConfig("order-1", "charge", "payment", "k1")
+NOTIFY = StepConfig("order-1", "notify", None, None)  # a pure step
+
+
+def only(result: Result) -> Violation:
+    assert result.valid is False and result.checked is True, result
+    assert len(result.violations) == 1, result.violations
+    return result.violations[0]
+
+
+def holds(result: Result) -> None:
+    assert (result.valid, result.checked, result.violations) == (True, True, ()), result
+
+
+def unjudged(result: Result) -> None:
+    assert (result.valid, result.checked, result.violations) == (True, False, ()), result
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. no_duplicate_effects
+
+
+def test_no_duplicate_effects_holds_when_retry_is_a_replay():
+    h = build([request(1), request(2, outcome="replay", applied=False)])
+    holds(no_duplicate_effects(h))
+
+
+def test_no_duplicate_effects_flags_two_applied_effects_for_one_key():
+    h = build([request(1, worker="A"), request(2, worker="B")])
+    v = only(no_duplicate_effects(h))
+    assert (v.instance, v.step, v.events) == ("order-1", "charge", (0, 1))
+    assert "k1" in v.detail and "2 times" in v.detail
+
+
+def test_no_duplicate_effects_counts_a_dropped_answer_as_an_effect():
+    h = build([request(1, outcome="dropped"), request(2)])
+    assert only(no_duplicate_effects(h)).events == (0, 1)
+
+
+def test_no_duplicate_effects_groups_legacy_requests_by_step_and_direction():
+    ok = build([request(1, key=None), request(2, key=None, direction="compensation")])
+    holds(no_duplicate_effects(ok))
+    bad = build([request(1, key=None), request(2, step="ship", key=None), request(3, key=None)])
+    v = only(no_duplicate_effects(bad))
+    assert (v.step, v.events) == ("charge", (0, 2))
+
+
+def test_no_duplicate_effects_unchecked_without_applied_effects():
+    unjudged(no_duplicate_effects(build([request(1, outcome="conflict", status=422)])))
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. effects_accounted
+
+
+def test_effects_accounted_holds_for_one_effect_per_succeeded_step():
+    h = build([created(0), request(1), committed(2, "order-1", "charge", "A", 1, 2)],
+              steps=(CHARGE, NOTIFY), final=final(("order-1", "charge", "succeeded"),
+                                                  ("order-1", "notify", "succeeded")))
+    holds(effects_accounted(h))
+
+
+def test_effects_accounted_flags_a_succeeded_step_without_effect_as_lost():
+    h = build([created(0), committed(2, "order-1", "charge", "A", 1, 2)],
+              steps=(CHARGE,), final=final(("order-1", "charge", "succeeded")))
+    v = only(effects_accounted(h))
+    assert (v.instance, v.step, v.events) == ("order-1", "charge", (1,))
+    assert "lost" in v.detail
+
+
+def test_effects_accounted_flags_an_effect_on_a_failed_step():
+    h = build([request(1), committed(2, "order-1", "charge", "A", 1, 2, to_state="failed")],
+              steps=(CHARGE,), final=final(("order-1", "charge", "failed")))
+    v = only(effects_accounted(h))
+    assert (v.step, v.events) == ("charge", (0, 1))
+    assert "failed" in v.detail and "nobody accounts" in v.detail
+
+
+def test_effects_accounted_allows_in_flight_effects_only_when_not_quiescent():
+    events = [request(1)]
+    running = final(("order-1", "charge", "running"))
+    holds(effects_accounted(build(events, steps=(CHARGE,), final=running, quiescent=False)))
+    assert only(effects_accounted(build(events, steps=(CHARGE,), final=running))).step == "charge"
+
+
+def test_effects_accounted_requires_a_compensation_effect_for_a_compensated_step():
+    h = build([request(1)], steps=(CHARGE,), final=final(("order-1", "charge", "compensated")))
+    assert "compensat" in only(effects_accounted(h)).detail
+    ok = build([request(1), request(2, key="k1-undo", direction="compensation")],
+               steps=(CHARGE,), final=final(("order-1", "charge", "compensated")))
+    holds(effects_accounted(ok))
+
+
+def test_effects_accounted_unchecked_when_nothing_settled_and_no_effects():
+    unjudged(effects_accounted(build([created(0)], steps=(CHARGE,),
+                                     final=final(("order-1", "charge", "pending")))))
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. stale_writes_rejected
+
+
+def _takeover(stale_commit: Raw) -> History:
+    return build([
+        created(0),
+        claimed(1, "order-1", "charge", "A", 1, 1),
+        claimed(5, "order-1", "charge", "B", 2, 2, from_state="running"),  # A's lease expired
+        stale_commit,
+        committed(9, "order-1", "charge", "B", 2, 3),
+    ])
+
+
+def test_stale_writes_rejected_holds_when_the_stale_commit_is_rejected():
+    holds(stale_writes_rejected(_takeover(rejected(7, "order-1", "charge", "A", 1, 2))))
+
+
+def test_stale_writes_rejected_flags_an_accepted_commit_with_an_old_fence():
+    h = _takeover(committed(7, "order-1", "charge", "A", 1, 3))
+    v = only(stale_writes_rejected(h))
+    assert (v.instance, v.step) == ("order-1", "charge")
+    assert v.events == (1, 2, 3)  # A's claim, B's takeover, A's accepted commit
+    assert "fence 1" in v.detail and "2" in v.detail
+
+
+def test_stale_writes_rejected_flags_a_downstream_that_applied_a_lower_fence():
+    h = build([
+        claimed(1, "order-1", "charge", "A", 1, 1),
+        claimed(5, "order-1", "charge", "B", 2, 2, from_state="running"),
+        request(6, worker="B", fence=2, scope="order-1:charge"),
+        request(7, worker="A", key="k2", fence=1, scope="order-1:charge"),
+    ])
+    v = only(stale_writes_rejected(h))
+    assert (v.step, v.events) == ("charge", (2, 3))
+
+
+def test_stale_writes_rejected_unchecked_without_a_takeover():
+    unjudged(stale_writes_rejected(build([
+        created(0), claimed(1, "order-1", "charge", "A", 1, 1),
+        committed(2, "order-1", "charge", "A", 1, 2)])))
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. version_chain
+
+
+def test_version_chain_holds_for_plus_one_steps():
+    holds(version_chain(build([
+        created(0), claimed(1, "order-1", "charge", "A", 1, 1),
+        rejected(2, "order-1", "charge", "Z", 0, 1),  # changes nothing, not in the chain
+        committed(3, "order-1", "charge", "A", 1, 2)])))
+
+
+def test_version_chain_flags_a_fork():
+    v = only(version_chain(build([
+        created(0), claimed(1, "order-1", "charge", "A", 1, 1),
+        claimed(2, "order-1", "charge", "B", 2, 2, from_state="running"),
+        committed(3, "order-1", "charge", "A", 1, 2)])))
+    assert (v.step, v.events) == ("charge", (2, 3))
+    assert "fork" in v.detail
+
+
+def test_version_chain_flags_a_gap():
+    v = only(version_chain(build([
+        created(0), claimed(1, "order-1", "charge", "A", 1, 1),
+        committed(2, "order-1", "charge", "A", 1, 3)])))
+    assert (v.step, v.events) == ("charge", (1, 2))
+    assert "expected 2" in v.detail
+
+
+def test_version_chain_unchecked_with_only_created():
+    unjudged(version_chain(build([created(0)])))
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. legal_transitions
+
+
+def test_legal_transitions_holds_for_the_happy_path():
+    holds(legal_transitions(build([
+        claimed(1, "order-1", "charge", "A", 1, 1),
+        committed(2, "order-1", "charge", "A", 1, 2)])))
+
+
+def test_legal_transitions_flags_rerunning_a_succeeded_step():
+    v = only(legal_transitions(build([
+        claimed(1, "order-1", "charge", "A", 1, 1),
+        committed(2, "order-1", "charge", "A", 1, 2),
+        claimed(3, "order-1", "charge", "B", 2, 3, from_state="succeeded")])))
+    assert (v.step, v.events) == ("charge", (2,))
+    assert "succeeded -> running" in v.detail
+
+
+def test_legal_transitions_ignores_rejected_commits_and_judges_nothing_without_transitions():
+    unjudged(legal_transitions(build([store(1, "commit_rejected", "order-1", "charge",
+                                            from_state="succeeded", to_state="running")])))
+
+
+# ---------------------------------------------------------------------------------------------
+# 6. manual_stable
+
+
+def _to_manual() -> list[Raw]:
+    return [claimed(1, "order-1", "charge", "A", 1, 1),
+            committed(2, "order-1", "charge", "A", 1, 2, to_state="manual_intervention")]
+
+
+def test_manual_stable_holds_when_an_operator_resolves_with_evidence():
+    holds(manual_stable(build([*_to_manual(), operator(3, "order-1", "charge", 3, "failed")])))
+
+
+def test_manual_stable_flags_a_worker_claiming_a_manual_step():
+    v = only(manual_stable(build([
+        *_to_manual(),
+        claimed(3, "order-1", "charge", "B", 2, 3, from_state="manual_intervention")])))
+    assert (v.instance, v.step, v.events) == ("order-1", "charge", (1, 2))
+    assert "claimed by B" in v.detail
+
+
+def test_manual_stable_flags_an_operator_event_without_evidence():
+    v = only(manual_stable(build([*_to_manual(),
+                                  operator(3, "order-1", "charge", 3, "succeeded", evidence="")])))
+    assert v.events == (1, 2) and "evidence" in v.detail
+
+
+def test_manual_stable_unchecked_without_manual_review():
+    unjudged(manual_stable(build(_to_manual()[:1])))
+
+
+# ---------------------------------------------------------------------------------------------
+# 7. intent_conflict
+
+
+def test_intent_conflict_holds_when_another_intent_gets_422():
+    holds(intent_conflict(build([
+        request(1, intent="h1"), request(2, intent="h2", outcome="conflict", status=422),
+        request(3, intent="h1", outcome="replay")])))
+
+
+def test_intent_conflict_flags_a_replayed_success_for_another_intent():
+    v = only(intent_conflict(build([
+        request(1, intent="h1"), request(2, step="charge", intent="h2", outcome="replay")])))
+    assert (v.instance, v.step, v.events) == ("order-1", "charge", (0, 1))
+    assert "replayed success" in v.detail
+
+
+def test_intent_conflict_established_by_the_first_finished_request():
+    # the first request was still in flight: the one that finished first owns the key
+    v = only(intent_conflict(build([
+        request(1, intent="h1", outcome="in_flight", status=409),
+        request(2, intent="h2"), request(3, intent="h1", outcome="replay")])))
+    assert v.events == (1, 2)
+
+
+def test_intent_conflict_unchecked_when_no_key_saw_two_intents():
+    unjudged(intent_conflict(build([request(1), request(2, outcome="replay")])))
+
+
+# ---------------------------------------------------------------------------------------------
+# 8. retry_budget
+
+
+def test_retry_budget_holds_within_max_attempts():
+    holds(retry_budget(build([call(1, "A", "order-1", "charge", 1),
+                              call(2, "B", "order-1", "charge", 2)], steps=(CHARGE,))))
+
+
+def test_retry_budget_flags_an_attempt_beyond_the_step_maximum():
+    cfg = StepConfig("order-1", "charge", "payment", "k1", max_attempts=2)
+    v = only(retry_budget(build([call(1, "A", "order-1", "charge", 1),
+                                 call(2, "B", "order-1", "charge", 3)], steps=(cfg,))))
+    assert (v.step, v.events) == ("charge", (1,))
+    assert "maximum of 2" in v.detail
+
+
+def test_retry_budget_defaults_to_three_attempts_without_config():
+    holds(retry_budget(build([call(1, "A", "order-1", "ship", 3)])))
+    assert only(retry_budget(build([call(1, "A", "order-1", "ship", 4)]))).step == "ship"
+
+
+def test_retry_budget_unchecked_without_retries():
+    unjudged(retry_budget(build([call(1, "A", "order-1", "charge", 1)])))
+
+
+# ---------------------------------------------------------------------------------------------
+# 9. terminates
+
+
+def test_terminates_holds_when_every_step_settled():
+    holds(terminates(build([], final=final(("order-1", "charge", "succeeded"),
+                                          ("order-1", "notify", "manual_intervention")))))
+
+
+def test_terminates_flags_a_step_left_running():
+    h = build([created(0), claimed(1, "order-1", "charge", "A", 1, 1)],
+              final=final(("order-1", "charge", "running"), ("order-1", "notify", "pending"),
+                          ("order-2", "charge", "succeeded")))
+    r = terminates(h)
+    assert r.valid is False and len(r.violations) == 2
+    v = r.violations[0]
+    assert (v.instance, v.step, v.events) == ("order-1", "charge", (1,))
+    assert v.detail == "instance order-1 did not reach a terminal state: step charge is running"
+
+
+def test_terminates_is_unknown_when_the_run_hit_its_bound():
+    r = terminates(build([], final=final(("order-1", "charge", "running")), bound_hit=True,
+                         quiescent=False))
+    assert (r.valid, r.checked, r.detail) == (None, False, "run hit its bound")
+
+
+def test_terminates_holds_despite_the_bound_when_everything_settled():
+    holds(terminates(build([], final=final(("order-1", "charge", "failed")), bound_hit=True)))
+
+
+def test_terminates_unchecked_when_not_quiescent_or_no_steps():
+    unjudged(terminates(build([], final=final(("order-1", "charge", "running")),
+                              quiescent=False)))
+    unjudged(terminates(build([])))
+
+
+# ---------------------------------------------------------------------------------------------
+# 10. stuck_detected (bound 1000 ms + slack 500 ms by default)
+
+
+def test_stuck_detected_holds_when_flagged_within_bound_and_slack():
+    holds(stuck_detected(build([
+        point(1000, "A", "order-1", "charge", "hang"),
+        store(2400, "stuck_flagged", "order-1", "charge", lease_version=2),
+        harness(3000, "kill", worker="A", pid=1, signal=9, reason="stuck")])))
+
+
+def test_stuck_detected_flags_a_hang_never_flagged():
+    v = only(stuck_detected(build([
+        point(1, "A", "order-1", "other", None),
+        point(1000, "A", "order-1", "charge", "hang"),
+        store(1500, "stuck_flagged", "order-1", "ship"),  # another step
+        harness(3000, "bound_hit")])))
+    assert (v.instance, v.step, v.events) == ("order-1", "charge", (1,))
+    assert "never flagged within 1500 ms" in v.detail
+
+
+def test_stuck_detected_flags_a_late_flag():
+    v = only(stuck_detected(build([
+        point(1000, "A", "order-1", "charge", "hang"),
+        store(2600, "stuck_flagged", "order-1", "charge")])))
+    assert v.events == (0, 1) and "only after 1600 ms" in v.detail
+
+
+def test_stuck_detected_cannot_judge_a_hang_when_history_ends_before_deadline():
+    unjudged(stuck_detected(build([point(1000, "A", "order-1", "charge", "hang"),
+                                   harness(2000, "bound_hit")])))
+
+
+def test_stuck_detected_cannot_judge_a_hang_whose_worker_died():
+    unjudged(stuck_detected(build([point(1000, "A", "order-1", "charge", "hang"),
+                                   harness(1200, "exit", worker="A", pid=1, code=None, signal=9),
+                                   harness(5000, "bound_hit")])))
+
+
+# ---------------------------------------------------------------------------------------------
+# check_all, ALL and ranking
+
+
+def test_all_lists_the_ten_invariants_in_design_order():
+    assert list(ALL) == ["no_duplicate_effects", "effects_accounted", "stale_writes_rejected",
+                         "version_chain", "legal_transitions", "manual_stable", "intent_conflict",
+                         "retry_budget", "terminates", "stuck_detected"]
+    assert all(ALL[name].__name__ == name for name in ALL)
+
+
+def test_an_empty_history_is_judged_by_nobody():
+    verdict = check_all(build([]))
+    assert verdict.valid is True
+    assert not any(r.checked for r in verdict.results)
+    assert len(verdict.results) == 10
+
+
+def test_a_checker_that_raises_makes_the_verdict_unknown_never_valid():
+    def broken(history: History) -> Result:
+        raise KeyError("state")
+
+    verdict = check_all(build([]), {"broken": broken, "terminates": terminates})
+    assert verdict.valid is None
+    r = verdict.results[0]
+    assert (r.invariant, r.valid, r.checked) == ("broken", None, False)
+    assert r.detail.startswith("checker raised: KeyError")
+    assert verdict.unknown_reasons and verdict.unknown_reasons[0].startswith("broken:")
+
+
+def test_a_violation_outranks_an_unknown():
+    def broken(history: History) -> Result:
+        raise RuntimeError("boom")
+
+    h = build([request(1), request(2)])
+    assert check_all(h, [broken, no_duplicate_effects]).valid is False
+
+
+def test_rank_orders_false_over_none_over_true():
+    assert rank([True, None, False]) is False
+    assert rank([True, None]) is None
+    assert rank([True, True]) is True
+    assert rank([]) is True
+
+
+def test_check_all_fills_the_schedule_into_every_violation():
+    h = build([request(1), request(2)], schedule="A@charge.after_call:kill")
+    verdict = check_all(h, schedule="B@charge.before_commit#2:pause")
+    assert isinstance(verdict, Verdict) and verdict.valid is False
+    assert verdict.violations
+    assert {v.schedule for v in verdict.violations} == {"B@charge.before_commit#2:pause"}
+    # without an explicit schedule, the history's own is used
+    assert {v.schedule for v in check_all(h).violations} == {"A@charge.after_call:kill"}
+
+
+@pytest.mark.parametrize("name", list(ALL))
+def test_every_checker_names_itself_in_its_result(name):
+    assert ALL[name](build([])).invariant == name
