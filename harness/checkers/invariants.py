@@ -513,12 +513,12 @@ def stuck_detected(history: History) -> Result:
         if None in sid:
             continue
         deadline = e.time + window
-        if any(e.time <= d.time <= deadline for d in deaths.get(e.process, ())):
-            continue  # the worker died: no heartbeat left to be stuck with
         in_time = [f for f in flags.get(sid, ()) if e.time <= f.time <= deadline]
         if in_time:
             checked = True
             continue
+        if any(e.time <= d.time <= deadline for d in deaths.get(e.process, ())):
+            continue  # the worker died unflagged before the deadline: its heartbeat died with it
         if end <= deadline:
             continue  # the history ends before the deadline
         checked = True

@@ -21,4 +21,13 @@ def open_store(spec: str, run_dir: str, run_id: str) -> Store:
     raise InvalidStore(f"--store {spec!r}: expected 'sqlite' or a postgresql:// URL")
 
 
-__all__ = ["Claim", "InvalidStore", "SQLiteStore", "Store", "StoreError", "open_store"]
+def check_store(spec: str) -> None:
+    """Refuse a --store value we cannot use, with one line naming it (before any run starts)."""
+    if spec in ("sqlite", "", None):
+        return
+    if spec.startswith(("postgresql://", "postgres://")):
+        raise InvalidStore(f"--store {spec!r}: the PostgreSQL backend is not built yet; use sqlite")
+    raise InvalidStore(f"--store {spec!r}: expected 'sqlite' or a postgresql:// URL")
+
+
+__all__ = ["check_store", "Claim", "InvalidStore", "SQLiteStore", "Store", "StoreError", "open_store"]

@@ -1,0 +1,1 @@
+"""The subcommands of ``killpoint``, one module each, imported only when chosen."""

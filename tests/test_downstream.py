@@ -1,0 +1,311 @@
+"""The fake downstream: idempotency, fencing, faults, receipts and its durable ledger.
+
+One real server process serves the module; every test uses its own run id. Tests that restart or
+stop a server start their own.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+_ROOT = str(Path(__file__).resolve().parents[1])
+if _ROOT not in sys.path:  # the repository root, for running the tests from a checkout
+    sys.path.insert(0, _ROOT)
+
+from harness.downstream import Answer, DownstreamClient, LostResponse, start  # noqa: E402
+from harness.intent import intent_hash  # noqa: E402
+
+META = {"instance": "order-42", "step": "charge", "worker": "A", "attempt": 1,
+        "direction": "forward"}
+KEY = "order-42:charge:payment-v1"
+
+
+@pytest.fixture(scope="module")
+def downstream(tmp_path_factory):
+    ds = start(str(tmp_path_factory.mktemp("downstream") / "ledger.sqlite"))
+    yield ds
+    ds.stop()
+
+
+@pytest.fixture
+def client(downstream):
+    with DownstreamClient(downstream.url, f"run-{uuid.uuid4().hex[:8]}") as c:
+        yield c
+
+
+def _pay(client: DownstreamClient, key: str | None = KEY, amount: int = 100, **kw) -> Answer:
+    return client.call("payment", key=key, params={"amount": amount, "currency": "EUR"},
+                       meta=META, **kw)
+
+
+def _outcomes(client: DownstreamClient) -> list[str]:
+    return [row["outcome"] for row in client.ledger()]
+
+
+def _effects(client: DownstreamClient) -> int:
+    return sum(1 for row in client.ledger() if row["applied"])
+
+
+def test_new_key_applies_exactly_one_effect(client):
+    a = _pay(client)
+    assert a.status == 200 and not a.replay
+    assert a.body["status"] == "applied" and a.body["key"] == KEY
+    assert a.body["intent_hash"] == intent_hash({"amount": 100, "currency": "EUR"})
+    [row] = client.ledger()
+    assert row["outcome"] == "applied" and row["applied"] and row["key"] == KEY
+    assert row["meta"] == META and row["params"] == {"amount": 100, "currency": "EUR"}
+
+
+def test_same_key_same_intent_replays_stored_answer_without_new_effect(client):
+    first = _pay(client)
+    again = _pay(client)
+    assert again.status == 200 and again.replay
+    assert again.body["effect_id"] == first.body["effect_id"]
+    assert {k: v for k, v in again.body.items() if k != "replay"} == \
+        {k: v for k, v in first.body.items() if k != "replay"}
+    assert _outcomes(client) == ["applied", "replay"]
+    assert _effects(client) == 1
+
+
+def test_same_key_other_intent_is_422_and_never_the_old_result(client):
+    _pay(client, amount=100)
+    other = _pay(client, amount=999)
+    assert other.status == 422 and other.body == {"error": "intent_conflict"}
+    assert not other.replay and "effect_id" not in other.body
+    rows = client.ledger()
+    assert [r["outcome"] for r in rows] == ["applied", "conflict"]
+    assert rows[1]["intent_hash"] != rows[0]["intent_hash"] and not rows[1]["applied"]
+
+
+def test_ignore_intent_mutant_replays_old_result_for_other_intent(client):
+    client.configure({"ignore_intent": True})
+    first = _pay(client, amount=100)
+    other = _pay(client, amount=999)
+    assert other.status == 200 and other.replay
+    assert other.body["effect_id"] == first.body["effect_id"]
+    assert _effects(client) == 1
+
+
+def test_second_request_while_key_in_flight_gets_409(client, downstream):
+    client.configure({"faults": [{"key": KEY, "action": "latency:300"}]})
+    answers: list[Answer] = []
+
+    def slow() -> None:
+        with DownstreamClient(downstream.url, client.run) as other:
+            answers.append(_pay(other))
+
+    t = threading.Thread(target=slow)
+    t.start()
+    time.sleep(0.05)
+    answers.append(_pay(client))
+    t.join()
+    # Whichever request came first sleeps with the key in flight; the other gets 409.
+    assert sorted(a.status for a in answers) == [200, 409]
+    assert [a.body for a in answers if a.status == 409] == [{"error": "in_flight"}]
+    assert sorted(_outcomes(client)) == ["applied", "in_flight"]
+    assert _effects(client) == 1
+    assert _pay(client).replay  # finished now: a plain replay
+
+
+def test_keyed_resource_without_key_is_400_and_no_effect(client):
+    a = _pay(client, key=None)
+    assert a.status == 400 and a.body == {"error": "missing_key"}
+    assert _outcomes(client) == ["missing_key"] and _effects(client) == 0
+
+
+def test_stale_fence_is_409_without_effect_and_equal_fence_passes(client):
+    assert _pay(client, key="k1", fence=5).status == 200
+    stale = _pay(client, key="k1", fence=4)
+    assert stale.status == 409 and stale.body["error"] == "stale_fence"
+    assert _pay(client, key="k1", fence=5).replay  # equal passes (and replays)
+    assert _pay(client, key="k2", fence=3, fence_scope="shared").status == 200
+    assert _pay(client, key="k3", fence=7, fence_scope="shared").status == 200
+    assert _pay(client, key="k4", fence=3, fence_scope="shared").status == 409
+    rows = client.ledger()
+    assert [r["outcome"] for r in rows] == ["applied", "stale_fence", "replay", "applied",
+                                            "applied", "stale_fence"]
+    assert [r["fence"] for r in rows] == [5, 4, 5, 3, 7, 3]
+    assert rows[1]["scope"] == "k1" and rows[5]["scope"] == "shared"
+    assert client.receipt("k4") is None
+
+
+def test_fence_is_ignored_on_a_resource_without_fencing(client):
+    client.configure({"resources": {"payment": {"fencing": False}}})
+    assert _pay(client, key="k1", fence=5).status == 200
+    assert _pay(client, key="k2", fence=1, fence_scope="k1").status == 200
+
+
+def test_receipt_is_200_for_a_finished_key_and_404_otherwise(client):
+    a = _pay(client)
+    r = client.receipt(KEY)
+    assert r == {"key": KEY, "intent_hash": a.body["intent_hash"], "status": 200,
+                 "response": a.body}
+    assert client.receipt("never:seen:key-v1") is None
+
+
+def test_legacy_resource_applies_every_time_without_key_or_receipt(client):
+    client.configure({"resources": {"payment": {"legacy": True, "fencing": False}}})
+    answers = [_pay(client, key=None) for _ in range(3)]
+    assert [a.status for a in answers] == [200, 200, 200]
+    assert len({a.body["effect_id"] for a in answers}) == 3
+    rows = client.ledger()
+    assert [(r["key"], r["outcome"], r["applied"]) for r in rows] == [(None, "applied", True)] * 3
+    assert rows[0]["scope"] == "order-42:charge"
+    _pay(client, key=KEY)  # a key sent to a legacy resource is ignored
+    assert client.ledger()[-1]["key"] is None and client.receipt(KEY) is None
+    assert _effects(client) == 4
+
+
+def test_injected_503_has_no_effect_and_a_retry_applies(client):
+    client.configure({"faults": [{"key": KEY, "action": "status:503", "times": 1}]})
+    assert _pay(client).status == 503
+    assert client.receipt(KEY) is None
+    retry = _pay(client)
+    assert retry.status == 200 and not retry.replay
+    rows = client.ledger()
+    assert [(r["status"], r["outcome"], r["applied"]) for r in rows] == \
+        [(503, "error", False), (200, "applied", True)]
+
+
+def test_faults_match_by_instance_and_step_and_are_consumed_in_order(client):
+    client.configure({"faults": [
+        {"instance": "order-42", "step": "refund", "action": "status:500", "times": 5},
+        {"instance": "order-42", "step": "charge", "action": "status:503", "times": 2},
+        {"key": None, "instance": None, "step": None, "action": "status:502", "times": 1}]})
+    statuses = [_pay(client, key=f"k{i}").status for i in range(5)]
+    assert statuses == [503, 503, 502, 200, 200]
+
+
+def test_dropped_response_is_applied_and_client_raises_lost_response(client):
+    client.configure({"faults": [{"key": KEY, "action": "drop"}]})
+    with pytest.raises(LostResponse):
+        _pay(client)
+    [row] = client.ledger()  # the same client reconnects by itself
+    assert row["outcome"] == "dropped" and row["applied"] and row["status"] == 200
+    receipt = client.receipt(KEY)
+    assert receipt is not None and receipt["response"]["status"] == "applied"
+    again = _pay(client)
+    assert again.replay and again.body["effect_id"] == receipt["response"]["effect_id"]
+    assert _effects(client) == 1
+
+
+def test_before_read_runs_after_the_effect_is_applied(client, downstream):
+    seen: list[list[dict]] = []
+
+    def before_read() -> None:
+        with DownstreamClient(downstream.url, client.run) as spy:
+            seen.append(spy.ledger())
+
+    a = _pay(client, before_read=before_read)
+    assert a.status == 200
+    [[row]] = seen
+    assert row["outcome"] == "applied" and row["applied"]
+
+
+def test_declined_card_is_402_stored_and_replayed_as_402(client):
+    params = {"amount": 100, "card": "declined"}
+    first = client.call("payment", key=KEY, params=params, meta=META)
+    assert first.status == 402 and first.body["status"] == "declined"
+    again = client.call("payment", key=KEY, params=params, meta=META)
+    assert again.status == 402 and again.replay
+    assert client.receipt(KEY)["status"] == 402
+    assert [(r["outcome"], r["applied"]) for r in client.ledger()] == \
+        [("declined", False), ("replay", False)]
+
+
+def test_every_request_is_exactly_one_ledger_row_in_seq_order(client):
+    client.configure({"faults": [{"key": "k503", "action": "status:503"}]})
+    _pay(client)                      # applied
+    _pay(client)                      # replay
+    _pay(client, amount=1)            # conflict
+    _pay(client, key=None)            # missing_key
+    _pay(client, key="k503")          # error
+    _pay(client, key="kf", fence=9)
+    _pay(client, key="kf2", fence=8, fence_scope="kf")  # stale_fence
+    rows = client.ledger()
+    assert [r["seq"] for r in rows] == list(range(1, 8))
+    assert [r["outcome"] for r in rows] == ["applied", "replay", "conflict", "missing_key",
+                                            "error", "applied", "stale_fence"]
+    assert all(rows[i]["t"] < rows[i + 1]["t"] for i in range(len(rows) - 1))
+    assert set(rows[0]) == {"t", "seq", "resource", "key", "scope", "fence", "intent_hash",
+                            "params", "meta", "status", "outcome", "applied"}
+
+
+def test_runs_are_isolated(client, downstream):
+    _pay(client)
+    with DownstreamClient(downstream.url, client.run + "-other") as other:
+        assert other.receipt(KEY) is None and other.ledger() == []
+        assert not _pay(other).replay
+
+
+def test_keys_receipts_fences_and_config_survive_a_restart(tmp_path):
+    with start(str(tmp_path / "ledger.sqlite")) as ds:
+        c = DownstreamClient(ds.url, "r1")
+        c.configure({"resources": {"legacy-mail": {"legacy": True}}})
+        first = _pay(c, fence=3)
+        old_pid = ds.pid
+        ds.restart()
+        assert ds.pid != old_pid
+        c = DownstreamClient(ds.url, "r1")
+        again = _pay(c, fence=3)
+        assert again.replay and again.body["effect_id"] == first.body["effect_id"]
+        assert _pay(c, key="other", fence=2, fence_scope=KEY).status == 409
+        assert c.call("legacy-mail", key=None, params={}, meta=META).status == 200
+        assert c.receipt(KEY)["response"]["effect_id"] == first.body["effect_id"]
+        assert [r["seq"] for r in c.ledger()] == [1, 2, 3, 4]
+        assert _outcomes(c) == ["applied", "replay", "stale_fence", "applied"]
+
+
+def test_key_in_flight_when_the_server_died_is_not_wedged_after_restart(tmp_path):
+    with start(str(tmp_path / "ledger.sqlite")) as ds:
+        # The probe (another step, same key) gets 503s until the slow request holds the key.
+        DownstreamClient(ds.url, "r1").configure({"faults": [
+            {"instance": "order-42", "step": "charge", "action": "latency:5000"},
+            {"instance": "order-42", "step": "probe", "action": "status:503", "times": 1000}]})
+        lost: list[BaseException] = []
+
+        def slow() -> None:
+            try:
+                _pay(DownstreamClient(ds.url, "r1"))
+            except LostResponse as e:
+                lost.append(e)
+
+        t = threading.Thread(target=slow)
+        t.start()
+        probe = DownstreamClient(ds.url, "r1")
+        for _ in range(200):
+            answer = probe.call("payment", key=KEY, params={"amount": 100, "currency": "EUR"},
+                                meta={**META, "step": "probe"})
+            if answer.status == 409:
+                break
+            time.sleep(0.005)
+        else:
+            pytest.fail("the key never went in flight")
+        ds.restart()
+        t.join()
+        assert len(lost) == 1
+        c = DownstreamClient(ds.url, "r1")
+        a = _pay(c)  # the fault was consumed before the crash
+        assert a.status == 200 and not a.replay
+        assert _effects(c) == 1
+
+
+def test_stop_kills_and_reaps_the_server_process(tmp_path):
+    ds = start(str(tmp_path / "ledger.sqlite"))
+    pid = ds.pid
+    os.kill(pid, 0)  # alive
+    c = DownstreamClient(ds.url, "r1", timeout=1.0)
+    assert c.ledger() == []  # an open keep-alive connection
+    ds.stop()
+    with pytest.raises(ProcessLookupError):  # killed and reaped: no zombie left
+        os.kill(pid, 0)
+    ds.stop()  # idempotent
+    with pytest.raises(LostResponse):  # a clear error, not a hang
+        _pay(c)
