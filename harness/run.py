@@ -13,6 +13,7 @@ and is not inherited. A paused worker (SIGSTOP) is resumed once another worker h
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 import os
 import random
@@ -42,6 +43,12 @@ from harness.worker import DONE, Heartbeat, Timing, WorkerContext, plan
 from harness.workload import WORKLOADS, Workload
 
 _FORK = multiprocess.get_context("fork")
+
+
+@functools.lru_cache(maxsize=64)
+def _workload(name: str, seed: int) -> Workload:
+    """Workloads are immutable values of (name, seed); building one with Faker costs milliseconds."""
+    return WORKLOADS[name](seed)
 _PR_SET_PDEATHSIG = 1
 
 
@@ -184,7 +191,7 @@ class _Run:
         self.run_id = run_id
         self.run_dir = os.path.join(session.base_dir, run_id)
         os.makedirs(self.run_dir, exist_ok=True)
-        self.workload: Workload = WORKLOADS[config.workload](config.seed)
+        self.workload: Workload = _workload(config.workload, config.seed)
         self.target = resolve(config.target)
         self.rng = random.Random(config.seed)
         self.harness_events: list[dict[str, Any]] = []
@@ -350,6 +357,10 @@ class _Run:
                             self.s._live.pop(w.proc.pid, None)
                             self.note("exit", worker=w.label, pid=w.proc.pid, code=-9, signal="SIGKILL")
                         quiescent = plan(rows, now, self.workload) == DONE
+                        if not quiescent:  # the workers keep dying: the run could not finish
+                            bound_hit = True
+                            self.note("bound_hit", reason=f"{len(self.workers)} worker processes spawned, "
+                                                          f"the cap; the target keeps failing")
                         break
                     self.start_gated()
                     if not self.live() or all(w.state != "running" for w in self.live()):
@@ -398,6 +409,8 @@ class _Run:
                              stuck_slack_ms=max(250.0, 2 * self.config.timing.heartbeat_ms
                                                 + 20 * self.config.timing.poll_ms))
         self.store.close()
+        if not self.s.keep:  # the history holds all a report needs; the run's tables can go
+            self.store.drop()
         verdict = check_all(history, schedule=str(self.schedule))
         unfired = tuple(str(f) for i, f in enumerate(self.schedule.faults) if i not in self.fired)
         if unfired:

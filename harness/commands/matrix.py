@@ -35,8 +35,9 @@ def run(args: argparse.Namespace) -> int:
     from harness.commands.common import BadInput
 
     points = parse_points(args.points, POINTS)
-    workload = WORKLOADS[args.workload](args.seed) if args.workload in WORKLOADS else None
-    steps = workload.step_names if workload else ()
+    if args.workload not in WORKLOADS:
+        raise BadInput(f"--workload {args.workload!r}: known workloads are {', '.join(WORKLOADS)}")
+    steps = WORKLOADS[args.workload](args.seed).step_names
     if args.steps:
         chosen = tuple(s.strip() for s in args.steps.split(",") if s.strip())
         bad = [s for s in chosen if s not in steps]

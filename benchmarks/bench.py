@@ -1,0 +1,109 @@
+"""Measure a single-crash scenario against its floor on this machine, in one run.
+
+The scenario: one order with one charge step, worker A killed at ``charge.after_call``, worker B
+recovering it (lease takeover, receipt lookup, commit), then the whole history judged.
+
+The floor is what such a scenario cannot avoid: two forks from this warm process with a SIGKILL and
+reaps, the scenario's SQLite transactions on a fresh WAL file, and its loopback HTTP calls. The
+scenario also waits for A's lease to expire (database time), so its lease is set short here.
+
+    python benchmarks/bench.py [--runs 40] [--store sqlite|postgresql://...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import multiprocess  # noqa: E402
+
+import chaos  # noqa: E402
+from harness import downstream as ds  # noqa: E402
+from harness.run import RunConfig, Session  # noqa: E402
+from harness.store.base import Claim  # noqa: E402
+from harness.store.sqlite import SQLiteStore  # noqa: E402
+from harness.worker import Timing  # noqa: E402
+from harness.workload import single_step_workload  # noqa: E402
+
+FORK = multiprocess.get_context("fork")
+TIMING = Timing(lease_ttl_ms=8.0, heartbeat_ms=3.0, stuck_bound_ms=300.0, poll_ms=1.0)
+
+
+def _suicide() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _exit() -> None:
+    os._exit(0)
+
+
+def floor_once(base: str, n: int, url: str) -> float:
+    """Two forks (one SIGKILLed), the scenario's store transactions and HTTP calls."""
+    t = time.perf_counter()
+    for fn in (_suicide, _exit):
+        p = FORK.Process(target=fn)
+        p.start()
+        p.join()
+    store = SQLiteStore(os.path.join(base, f"floor-{n}.sqlite"))
+    store.setup(single_step_workload(0).checkpoints())
+    row = store.steps()[0]
+    a = store.claim("order-1", "charge", "A", expected_state_version=row["state_version"],
+                    from_state="pending", to_state="running", ttl_ms=0)
+    b = store.claim("order-1", "charge", "B", expected_state_version=a.state_version,
+                    from_state="running", to_state="running", ttl_ms=1000) or a
+    store.record_receipt(b, "k", "h", "succeeded", {})
+    store.commit(b, "succeeded")
+    store.events()
+    store.steps()
+    store.drop()
+    client = ds.DownstreamClient(url, f"floor-{n}")
+    client.configure({"resources": {"payment": {"legacy": False, "fencing": True}}})
+    client.call("payment", key="k", params={"amount": 1}, meta={"instance": "order-1", "step": "charge"},
+                fence=1, fence_scope="order-1:charge")
+    client.receipt("k")
+    client.ledger()
+    client.close()
+    return time.perf_counter() - t
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=40)
+    parser.add_argument("--store", default="sqlite")
+    args = parser.parse_args()
+    schedule = chaos.parse("A@charge.after_call:kill")
+    config = RunConfig(schedule=schedule, workload="single", workers=2, store=args.store, timing=TIMING,
+                       same_identity=0.0)
+    with Session() as session, tempfile.TemporaryDirectory() as base:
+        for _ in range(3):  # warm up
+            session.run(config)
+            floor_once(base, -1, session.downstream.url)
+        times, fired = [], 0
+        for _ in range(args.runs):
+            t = time.perf_counter()
+            result = session.run(config)
+            times.append(time.perf_counter() - t)
+            if result.valid is not True:
+                print(f"run {result.run_id} was not valid: {result.verdict.unknown_reasons}", file=sys.stderr)
+                return 1
+            fired += result.fired[str(schedule)]
+        floors = [floor_once(base, n, session.downstream.url) for n in range(args.runs)]
+    scenario, floor = statistics.median(times), statistics.median(floors)
+    print(f"store: {args.store}; runs: {args.runs}; faults fired: {fired}/{args.runs}; "
+          f"lease ttl {TIMING.lease_ttl_ms:g} ms")
+    print(f"single-crash scenario  median {scenario * 1000:7.1f} ms  (p90 "
+          f"{sorted(times)[int(0.9 * len(times))] * 1000:.1f} ms)")
+    print(f"floor                  median {floor * 1000:7.1f} ms  (forks+kill+reap, SQLite tx, HTTP)")
+    print(f"ratio                  {scenario / floor:7.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""The failpoint grammar and the schedule text form: parse, print back, and name what is wrong."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, strategies as st
+
+import chaos
+from chaos.actions import InvalidAction, parse as parse_actions
+from chaos.points import ORDERED_POINTS, POINTS
+
+
+@pytest.mark.parametrize("text", [
+    "kill", "pause", "hang", "off", "sleep(25)", "2*off->kill", "50%kill", "25%3*sleep(5)->hang",
+    "1*pause", "3*off->2*sleep(1)->kill",
+])
+def test_action_chains_print_back_exactly_as_written(text):
+    assert str(parse_actions(text)) == text
+
+
+def test_count_chain_moves_on_after_its_hits():
+    chain = parse_actions("2*off->kill")
+    assert [chain.term_for(n).action for n in (1, 2, 3, 4)] == ["off", "off", "kill", "kill"]
+    assert parse_actions("1*pause").term_for(2) is None  # past the chain: nothing happens
+
+
+@pytest.mark.parametrize("text, named", [
+    ("explode", "explode"), ("sleep(x)", "sleep(x)"), ("kill->off", "kill"), ("0*kill", "0*kill"),
+    ("150%kill", "150%kill"), ("kill(3)", "kill"), ("", "empty"),
+])
+def test_bad_action_text_is_named_in_the_error(text, named):
+    with pytest.raises(InvalidAction) as err:
+        parse_actions(text)
+    assert named in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_schedule_example_from_the_design_round_trips():
+    text = "A@charge.after_call:kill,B@charge.before_commit#2:pause"
+    schedule = chaos.parse(text)
+    assert str(schedule) == text
+    a, b = schedule.faults
+    assert (a.worker, a.step, a.point, a.hit) == ("A", "charge", "after_call", 1)
+    assert (b.worker, b.step, b.point, b.hit) == ("B", "charge", "before_commit", 2)
+
+
+def test_a_fault_without_a_step_applies_at_any_step():
+    fault = chaos.parse("A@after_call:kill").faults[0]
+    assert fault.step is None and fault.matches("after_call", "notify") and not fault.matches("in_call", None)
+
+
+@pytest.mark.parametrize("text, named", [
+    ("A@charge.nonsense:kill", "nonsense"),
+    ("A@charge.after_call:explode", "explode"),
+    ("A@charge.after_call", "A@charge.after_call"),
+    ("A@charge.after_call:kill,,", "''"),
+])
+def test_bad_schedule_text_points_at_the_bad_part(text, named):
+    with pytest.raises(chaos.InvalidSchedule) as err:
+        chaos.parse(text)
+    assert named in str(err.value)
+
+
+def test_unknown_point_error_lists_the_valid_names():
+    with pytest.raises(chaos.InvalidSchedule) as err:
+        chaos.parse("A@bogus:kill")
+    assert all(p in str(err.value) for p in POINTS)
+
+
+def test_a_target_may_declare_its_own_points():
+    schedule = chaos.parse("A@ship.before_label:kill", points=POINTS | {"before_label"})
+    assert schedule.faults[0].point == "before_label"
+
+
+names = st.sampled_from(["A", "B", "C", "W1"])
+steps = st.one_of(st.none(), st.sampled_from(["charge", "reserve", "notify"]))
+terms = st.tuples(st.one_of(st.none(), st.integers(1, 99)), st.one_of(st.none(), st.integers(1, 5)),
+                  st.sampled_from(["kill", "pause", "hang", "off", "sleep(3)"]))
+
+
+def _term(p, n, action):
+    return (f"{p}%" if p else "") + (f"{n}*" if n else "") + action
+
+
+@given(st.lists(st.tuples(names, steps, st.sampled_from(ORDERED_POINTS), st.integers(1, 4),
+                          st.lists(terms, min_size=1, max_size=3)), min_size=1, max_size=4))
+def test_any_schedule_text_round_trips(faults):
+    parts = []
+    for worker, step, point, hit, chain in faults:
+        # every term but the last needs a count (else nothing after it could run)
+        chain = [(p, n or 1, a) for p, n, a in chain[:-1]] + [chain[-1]]
+        where = f"{step}.{point}" if step else point
+        parts.append(f"{worker}@{where}{'#%d' % hit if hit != 1 else ''}:"
+                     + "->".join(_term(*t) for t in chain))
+    text = ",".join(parts)
+    assert str(chaos.parse(text)) == text
+
+
+def test_point_outside_a_harness_does_nothing():
+    chaos.point("after_call")  # no failpoints installed: returns at once
+    with chaos.at("order-1", "charge"):
+        chaos.point("before_commit")

@@ -1,0 +1,69 @@
+"""The command line contract of DESIGN section 10: exit codes, one-line errors, the JSON shape."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from chaos.points import POINTS
+from harness.checkers import ALL
+from harness.cli import main
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_unknown_point_exits_2_with_one_line_naming_it_and_the_valid_names(capsys):
+    code, out, err = run_cli(capsys, "matrix", "--points", "nonsense")
+    assert code == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "nonsense" in lines[0]
+    assert all(p in lines[0] for p in POINTS)
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["matrix", "--store", "mysql://x"], "mysql://x"),
+    (["matrix", "--target", "mutant:nope"], "nope"),
+    (["matrix", "--target", "no_such_module:fn"], "no_such_module"),
+    (["matrix", "--workers", "0"], "0"),
+    (["matrix", "--steps", "ship"], "ship"),
+    (["matrix", "--workload", "bogus"], "bogus"),
+    (["nosuchcommand"], "nosuchcommand"),
+])
+def test_bad_input_exits_2_naming_the_bad_value(capsys, argv, named):
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2
+    assert named in err and len(err.strip().splitlines()) == 1
+
+
+def test_full_single_crash_matrix_is_valid_judges_every_invariant_and_fires_every_point(capsys):
+    code, out, err = run_cli(capsys, "matrix", "--json")
+    report = json.loads(out)
+    assert code == 0 and report["valid"] is True
+    assert report["runs"] >= 27 and report["violations"] == []
+    assert set(report["invariants"]) == set(ALL)
+    assert all(c["checked"] >= 1 and c["violated"] == 0 for c in report["invariants"].values()), \
+        report["invariants"]
+    assert all(r["unfired"] == [] and all(n >= 1 for n in r["fired"].values()) for r in report["results"])
+    fired_points = {s.split(".")[1].split(":")[0] for r in report["results"] for s in r["fired"]}
+    assert fired_points == POINTS
+
+
+def test_json_mode_prints_exactly_one_object_and_no_progress(capsys):
+    code, out, err = run_cli(capsys, "matrix", "--json", "--points", "after_call", "--steps", "charge")
+    assert code == 0
+    report = json.loads(out)  # the whole of stdout is one object
+    assert report["runs"] == 1 and report["results"][0]["schedule"] == "A@charge.after_call:kill"
+    assert err == ""
+
+
+def test_demo_tells_the_story_and_exits_0(capsys):
+    code, out, err = run_cli(capsys, "demo")
+    assert code == 0
+    assert "REFUSED A's commit with fence 1" in out
+    assert "manual_intervention" in out and "flagged A stuck" in out
+    assert out.strip().splitlines()[-1].endswith("valid")

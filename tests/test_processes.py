@@ -1,0 +1,105 @@
+"""Every process a run starts is ended by PID: after a session, a failure or an interruption."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import chaos
+from harness.run import RunConfig, Session
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def children_of(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            out.append(int(entry))
+    return out
+
+
+def marked(marker: str) -> list[int]:
+    """Processes whose environment carries ``marker`` (everything a marked process started)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                if marker.encode() in fh.read():
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def wait_until_gone(marker: str, seconds: float = 5.0) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        left = marked(marker)
+        if not left:
+            return []
+        time.sleep(0.05)
+    return marked(marker)
+
+
+def test_a_session_leaves_no_child_process():
+    before = set(children_of(os.getpid()))
+    with Session() as session:
+        session.run(RunConfig(schedule=chaos.parse("A@charge.heartbeat:hang")))
+        assert set(children_of(os.getpid())) - before  # the downstream is still up inside
+    assert set(children_of(os.getpid())) - before == set()
+
+
+def test_a_failing_test_body_still_ends_every_process():
+    before = set(children_of(os.getpid()))
+    try:
+        with Session() as session:
+            session.run(RunConfig(schedule=chaos.parse("A@charge.after_call:1*pause")))
+            raise AssertionError("a test failing mid-session")
+    except AssertionError:
+        pass
+    assert set(children_of(os.getpid())) - before == set()
+
+
+def _cli(marker: str) -> subprocess.Popen:
+    env = {**os.environ, "KILLPOINT_TEST_MARK": marker, "PYTHONPATH": ROOT}
+    return subprocess.Popen([sys.executable, "-m", "harness.cli", "matrix", "--json"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)
+
+
+def _wait_for_workers(marker: str, cli: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and len(marked(marker)) < 3:  # cli + downstream + a worker
+        time.sleep(0.02)
+    assert len(marked(marker)) >= 3, "the matrix never got going"
+
+
+def test_an_interrupted_matrix_ends_every_process_it_started():
+    marker = f"kp-{uuid.uuid4().hex}"
+    cli = _cli(marker)
+    _wait_for_workers(marker, cli)
+    cli.send_signal(signal.SIGINT)
+    assert cli.wait(20) == 130
+    assert wait_until_gone(marker) == []
+
+
+def test_a_killed_matrix_takes_its_workers_and_downstream_with_it():
+    marker = f"kp-{uuid.uuid4().hex}"
+    cli = _cli(marker)
+    _wait_for_workers(marker, cli)
+    cli.kill()
+    cli.wait(20)
+    assert wait_until_gone(marker) == []

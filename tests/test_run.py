@@ -1,0 +1,129 @@
+"""End-to-end: the real loop (forked workers, the HTTP downstream, the SQLite store) on the
+reference worker and on workers broken inside a test."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import chaos
+from harness.run import RunConfig, Session
+from harness.worker import ReferenceWorker
+
+
+@pytest.fixture(scope="module")
+def session():
+    with Session() as s:
+        yield s
+
+
+def run(session, schedule="", **kw):
+    return session.run(RunConfig(schedule=chaos.parse(schedule), **kw))
+
+
+def checked(result):
+    return {r.invariant for r in result.verdict.results if r.checked}
+
+
+def test_reference_without_faults_is_valid_and_judged(session):
+    result = run(session)
+    assert result.valid is True
+    assert {"no_duplicate_effects", "effects_accounted", "intent_conflict", "retry_budget",
+            "terminates", "version_chain"} <= checked(result)
+    final = {(r["instance"], r["step"]): r["state"] for r in result.history.final}
+    assert final[("order-2", "charge")] == "failed"  # declined card
+    assert final[("order-2", "reserve")] == "compensated"
+    assert final[("order-3", "amend")] == "failed"  # same key, another amount: 422
+    assert final[("order-4", "reserve")] == "succeeded"  # after two 503s
+
+
+def test_kills_are_real_sigkills_of_other_processes_and_leave_one_effect(session):
+    result = run(session, "A@charge.after_call:kill")
+    assert result.valid is True and result.fired == {"A@charge.after_call:kill": 1}
+    spawns = [e for e in result.history.events if e.process == "harness" and e.kind == "spawn"]
+    assert spawns and all(e.get("pid") != os.getpid() for e in spawns)
+    exits = {e.get("worker"): e for e in result.history.events if e.process == "harness" and e.kind == "exit"}
+    assert exits["A"].get("signal") == "SIGKILL" and exits["A"].get("code") == -9
+    key = "order-1:charge:payment-v1"
+    applied = [e for e in result.history.events if e.process == "downstream" and e.get("key") == key
+               and e.get("applied")]
+    assert len(applied) == 1
+
+
+def test_an_operation_a_killed_worker_never_saw_finish_is_indeterminate(session):
+    result = run(session, "A@charge.in_call:kill")
+    infos = [e for e in result.history.events if e.process == "A" and e.kind == "call" and e.type == "info"]
+    assert len(infos) == 1 and infos[0].get("indeterminate") is True
+    assert result.valid is True
+
+
+def test_lease_takeover_refuses_the_stale_commit_and_accepts_the_new_fence(session):
+    result = run(session, "A@charge.after_call:1*pause")
+    assert result.valid is True
+    ev = [e for e in result.history.events if e.process == "store" and e.get("instance") == "order-1"
+          and e.get("step") == "charge"]
+    refused = [e for e in ev if e.kind == "commit_rejected"]
+    accepted = [e for e in ev if e.kind == "committed"]
+    assert [(e.get("worker"), e.get("fence")) for e in refused] == [("A", 1)]
+    assert [(e.get("worker"), e.get("fence")) for e in accepted] == [("B", 2)]
+    harness = [e.kind for e in result.history.events if e.process == "harness" and e.get("worker") == "A"]
+    assert "stop" in harness and "cont" in harness
+
+
+def test_a_hung_worker_with_a_live_heartbeat_is_flagged_and_taken_over(session):
+    result = run(session, "A@charge.heartbeat:hang")
+    assert result.valid is True
+    assert "stuck_detected" in checked(result)
+    flags = [e for e in result.history.events if e.kind == "stuck_flagged"]
+    assert flags and flags[0].get("stuck_owner") == "A"
+
+
+def test_a_legacy_step_with_unknown_outcome_goes_to_manual_review(session):
+    result = run(session, "A@notify.after_call:kill")
+    assert result.valid is True
+    assert result.history.final_state("order-1", "notify") == "manual_intervention"
+    assert "manual_stable" in checked(result)
+
+
+def test_a_scheduled_fault_that_never_fires_makes_the_verdict_unknown(session):
+    result = run(session, "A@charge.after_call#9:kill")
+    assert result.valid is None
+    assert result.unfired == ("A@charge.after_call#9:kill",)
+    assert any("never fired" in r for r in result.verdict.unknown_reasons)
+
+
+def test_a_restart_under_the_same_identity_claims_with_a_new_fence(session):
+    result = run(session, "A@charge.before_commit:kill", same_identity=1.0)
+    assert result.valid is True
+    labels = [e.get("worker") for e in result.history.events if e.kind == "spawn"]
+    assert "A.2" in labels
+    claims = [e for e in result.history.events if e.kind == "claimed" and e.get("instance") == "order-1"
+              and e.get("step") == "charge"]
+    assert [c.get("fence") for c in claims] == sorted({c.get("fence") for c in claims})
+
+
+def test_a_blind_commit_worker_defined_in_a_test_is_caught(session):
+    # Defined here, inside the test: forked workers run it as they would any target.
+    class BlindCommit(ReferenceWorker):
+        check_fence = False
+        check_version = False
+
+    def blind(ctx):
+        BlindCommit(ctx).run()
+
+    result = run(session, "A@charge.after_call:1*pause", target=blind)
+    assert result.valid is False
+    broken = {v.invariant for v in result.verdict.violations}
+    assert "stale_writes_rejected" in broken
+    v = next(v for v in result.verdict.violations if v.invariant == "stale_writes_rejected")
+    assert (v.instance, v.step) == ("order-1", "charge") and v.events
+
+
+def test_a_target_that_always_raises_is_never_judged_valid(session):
+    def broken(ctx):
+        raise RuntimeError("boom")
+
+    result = run(session, target=broken, bound_s=10)
+    assert result.valid is not True
+    assert result.history.bound_hit
