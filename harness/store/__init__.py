@@ -3,31 +3,79 @@
 from __future__ import annotations
 
 import os
+import re
+import secrets
 
 from harness.store.base import Claim, Store, StoreError
 from harness.store.sqlite import SQLiteStore
 
+_PG_SCHEMES = ("postgresql://", "postgres://")
+
 
 class InvalidStore(ValueError):
-    """The --store value names no backend we have."""
+    """The --store value names no backend we have, or one we cannot reach."""
+
+
+def schema_name(run_id: str, pid: int | None = None) -> str:
+    """A fresh schema name for one run: prefix, run id, creating PID and a random suffix.
+
+    Run ids repeat across sessions and pytest-xdist workers run at once on one server, so the run
+    id alone would collide; the PID (which lets a process find the schemas it made) and a random
+    suffix make the name unique. Lowercase letters, digits and ``_`` only, at most 63 characters.
+    """
+    from harness.store.postgres import SCHEMA_PREFIX
+
+    tail = f"_p{os.getpid() if pid is None else pid}_{secrets.token_hex(3)}"
+    slug = re.sub(r"[^a-z0-9_]+", "_", run_id.lower()).strip("_") or "run"
+    return f"{SCHEMA_PREFIX}{slug[:63 - len(SCHEMA_PREFIX) - len(tail)]}{tail}"
 
 
 def open_store(spec: str, run_dir: str, run_id: str) -> Store:
-    """``sqlite`` (a file in the run's folder) or a ``postgresql://`` URL."""
+    """``sqlite`` (a file in the run's folder) or a ``postgresql://`` URL (a fresh schema)."""
     if spec in ("sqlite", "", None):
         return SQLiteStore(os.path.join(run_dir, f"{run_id}.sqlite"))
-    if spec.startswith(("postgresql://", "postgres://")):
-        raise InvalidStore(f"--store {spec!r}: the PostgreSQL backend is not built yet; use sqlite")
+    if spec.startswith(_PG_SCHEMES):
+        from harness.store.postgres import PostgresStore
+
+        return PostgresStore(spec, schema_name(run_id))
     raise InvalidStore(f"--store {spec!r}: expected 'sqlite' or a postgresql:// URL")
 
 
 def check_store(spec: str) -> None:
-    """Refuse a --store value we cannot use, with one line naming it (before any run starts)."""
+    """Refuse a --store value we cannot use, with one line naming it (before any run starts).
+
+    For PostgreSQL this connects once, with a 2 s bound, so an unreachable server is reported as
+    such, naming host and port, instead of as a crash of the first worker.
+    """
     if spec in ("sqlite", "", None):
         return
-    if spec.startswith(("postgresql://", "postgres://")):
-        raise InvalidStore(f"--store {spec!r}: the PostgreSQL backend is not built yet; use sqlite")
-    raise InvalidStore(f"--store {spec!r}: expected 'sqlite' or a postgresql:// URL")
+    if not spec.startswith(_PG_SCHEMES):
+        raise InvalidStore(f"--store {spec!r}: expected 'sqlite' or a postgresql:// URL")
+    import psycopg
+    from psycopg import conninfo
+
+    from harness.store.postgres import redact
+
+    shown = redact(spec)
+    try:
+        params = conninfo.conninfo_to_dict(spec)
+    except psycopg.Error as exc:
+        raise InvalidStore(f"--store {shown}: not a valid PostgreSQL URL ({redact(_first_line(exc))})") from None
+    where = f"{params.get('host') or 'the local socket'}:{params.get('port') or 5432}"
+    try:
+        with psycopg.connect(spec, connect_timeout=2, autocommit=True) as conn:
+            conn.execute("SELECT 1")
+    except psycopg.Error as exc:
+        raise InvalidStore(f"--store {shown}: cannot connect to {where} ({redact(_first_line(exc))})") from None
 
 
-__all__ = ["check_store", "Claim", "InvalidStore", "SQLiteStore", "Store", "StoreError", "open_store"]
+def _first_line(exc: BaseException) -> str:
+    """libpq's reason, without the server address it repeats or the hints on later lines."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    text = text.rsplit(" failed: ", 1)[-1]  # 'connection to server at "h", port p failed: why'
+    text = re.sub(r"^(FATAL|ERROR):\s+", "", text)
+    return (text[:1].lower() + text[1:]).rstrip(".") if text else type(exc).__name__
+
+
+__all__ = ["check_store", "Claim", "InvalidStore", "SQLiteStore", "Store", "StoreError", "open_store",
+           "schema_name"]
