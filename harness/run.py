@@ -302,12 +302,12 @@ class _Run:
         moved_on = row is None or row["state_version"] >= version + 2 or \
             (row["state_version"] > version and row["owner_worker"] is None)
         if moved_on or not others_active:
+            self.note("cont", worker=w.label, pid=w.proc.pid, signal="SIGCONT",
+                      reason="its step moved on" if moved_on else "no other worker can move")
             os.kill(w.proc.pid, signal.SIGCONT)
             os.write(w.control, b"r")
             w.state = "running"
             w.paused = None
-            self.note("cont", worker=w.label, pid=w.proc.pid, signal="SIGCONT",
-                      reason="its step moved on" if moved_on else "no other worker can move")
 
     def on_exit(self, w: _Worker) -> None:
         w.proc.join()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
+import shlex
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
@@ -75,17 +77,22 @@ def validate_store(spec: str) -> None:
         raise BadInput(str(exc)) from None
 
 
+def redact(url: str) -> str:
+    """A store URL with its password replaced, for anything printed or saved."""
+    return re.sub(r"(://[^:/@]+:)[^@/]*@", r"\1***@", url)
+
+
 def replay_command(result: RunResult) -> str:
+    """The one line that reproduces a run: shell-quoted, the store password redacted."""
     c = result.config
-    parts = ["killpoint", "replay", repr(str(c.schedule)) if str(c.schedule) else "''",
-             "--target", c.target_name, "--seed", str(c.seed)]
+    parts = ["killpoint", "replay", str(c.schedule), "--target", c.target_name, "--seed", str(c.seed)]
     if c.workers != 2:
         parts += ["--workers", str(c.workers)]
     if c.workload != "orders":
         parts += ["--workload", c.workload]
     if c.store != "sqlite":
-        parts += ["--store", c.store]
-    return " ".join(parts)
+        parts += ["--store", redact(c.store)]
+    return " ".join(shlex.quote(p) for p in parts)
 
 
 @dataclass
@@ -172,7 +179,11 @@ def write_reports(args: argparse.Namespace, summary: Summary, title: str) -> Non
         from reports import write_reports as write
     except ImportError:
         return
-    summary.report = write(summary.results, args.report_dir, title=title)
+    try:
+        summary.report = write(summary.results, args.report_dir, title=title)
+    except OSError as exc:
+        raise BadInput(f"--report-dir {args.report_dir!r}: cannot write reports there "
+                       f"({exc.strerror or exc})") from None
 
 
 def finish(args: argparse.Namespace, summary: Summary, title: str, lines: Sequence[str] = ()) -> int:

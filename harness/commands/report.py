@@ -1,0 +1,45 @@
+"""``killpoint report``: run one schedule and always write its HTML report.
+
+The quickest way from a schedule (printed by a red CI run, or written by hand) to a page that
+explains it: the verdict, each violation with the events that prove it, the swimlane timeline,
+the event table and the downstream ledger.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from harness.commands.common import BadInput, Summary, add_common, finish, run_config
+
+HELP = "run one schedule and write its HTML report (verdict, violations, timeline, ledger)"
+DEFAULT_DIR = "killpoint-report"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_common(p)
+    p.add_argument("--schedule", required=True,
+                   help="the schedule to run, e.g. 'A@charge.after_call:kill' ('' for no faults)")
+    p.set_defaults(report_dir=DEFAULT_DIR)
+    # This command exists to write a report: --report is accepted for symmetry but always wins.
+
+
+def run(args: argparse.Namespace) -> int:
+    import chaos
+    from harness.run import Session
+    from reports import run_report_name
+
+    try:
+        schedule = chaos.parse(args.schedule)
+    except chaos.InvalidSchedule as exc:
+        raise BadInput(f"--schedule {args.schedule!r}: {exc}") from None
+    if os.path.exists(args.report_dir) and not os.path.isdir(args.report_dir):
+        raise BadInput(f"--report-dir {args.report_dir!r} is a file: name a directory to write into")
+    config = run_config(args, schedule)
+    args.report = "always"
+    summary = Summary()
+    with Session() as session:
+        summary.results.append(session.run(config))
+    run_page = os.path.join(args.report_dir, run_report_name(1))
+    return finish(args, summary, f"killpoint report {schedule or 'no faults'}",
+                  [f"run report: {run_page}"])

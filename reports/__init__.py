@@ -1,0 +1,55 @@
+"""Self-contained HTML reports of runs: one page per run and an index over many.
+
+A run report explains a verdict at a glance -- the verdict banner, each violation with the events
+that prove it and a command that reproduces it, a swimlane timeline, the event table and the
+downstream ledger. Pages embed their CSS and SVG, load nothing, run no script (their verdict is
+also embedded as inert JSON, for tools) and escape every string that came from a run, so they
+are safe to open from any CI artefact, offline.
+
+The pages render :mod:`reports.model`, a plain data model that tests can read directly.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Sequence
+
+from reports.model import DEFAULT_MAX_EVENTS, build_index, build_run
+from reports.render import render_index, render_run, write_text
+
+if TYPE_CHECKING:
+    from harness.run import RunResult
+
+INDEX = "index.html"
+
+
+def run_report_name(position: int) -> str:
+    """The file name of the ``position``-th (1-based) run's report inside a report directory.
+
+    Named by position, not run id: run ids restart in every session, positions do not collide.
+    """
+    return f"run-{position:04d}.html"
+
+
+def write_run_report(result: RunResult, path: str, *, max_events: int = DEFAULT_MAX_EVENTS,
+                     back: str | None = None) -> str:
+    """Write the report of one :class:`harness.run.RunResult` to ``path``; returns ``path``.
+
+    ``back`` is an optional relative link to an index page.
+    """
+    report = build_run(result, max_events=max_events)
+    return write_text(path, render_run(report, back=back))
+
+
+def write_reports(results: Sequence[RunResult], report_dir: str, *, title: str,
+                  max_events: int = DEFAULT_MAX_EVENTS) -> str:
+    """Write one report per run and an index over them into ``report_dir``; returns the index path."""
+    os.makedirs(report_dir, exist_ok=True)
+    hrefs = [run_report_name(n) for n in range(1, len(results) + 1)]
+    for result, href in zip(results, hrefs):
+        write_run_report(result, os.path.join(report_dir, href), max_events=max_events, back=INDEX)
+    index = build_index(list(results), hrefs, title=title)
+    return write_text(os.path.join(report_dir, INDEX), render_index(index))
+
+
+__all__ = ["write_reports", "write_run_report", "run_report_name"]

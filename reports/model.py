@@ -1,0 +1,616 @@
+"""The data a report is made from: frozen values built from one run (or many, for the index).
+
+The HTML is only a rendering of these values, so tests judge what a report *says* -- which lanes,
+which items, which violations -- without reading HTML, as Jepsen tests its timeline's element tree.
+Nothing here escapes anything: the templates do, because only they know the context. Every string
+in this model may come from a run (instance ids, worker ids, payloads, exception text) and must be
+treated as hostile by whoever shows it.
+
+Times are nanoseconds since the first event of the run. Every item and row names the event it
+comes from by its link id, ``e<index>``, which is the anchor of that event's row in the event table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+
+from harness.checkers.base import rank
+from harness.history import OP_KINDS, Event, History
+
+if TYPE_CHECKING:
+    from harness.run import RunResult
+
+# ok: took effect; fail: certainly did not; info: unknown (indeterminate); event: a plain fact.
+STATUSES = ("ok", "fail", "info", "event")
+FIXED_LANES = ("downstream", "store", "harness")
+DEFAULT_MAX_EVENTS = 2000
+_DETAIL_CHARS = 600
+
+_ACCEPTED = {"claimed", "committed", "operator_resolved", "approved", "receipt_recorded"}
+_OK_OUTCOMES = {"applied", "replay"}
+_WORKER_SKIPPED = {"start", "finish"}  # the harness lane shows spawn and exit instead
+
+
+def link(index: int) -> str:
+    """The anchor id of an event: its row in the event table."""
+    return f"e{index}"
+
+
+def verdict_word(valid: bool | None) -> str:
+    return {True: "valid", False: "violated", None: "unknown"}[valid]
+
+
+def clip(text: str, limit: int) -> str:
+    """Shorten text for display; a 10 kB name must not make a report unreadable."""
+    return text if len(text) <= limit else text[: max(0, limit - 1)] + "\u2026"
+
+
+_URL_PASSWORD = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^:/@\s]*):[^@\s]*@")
+
+
+def redact(text: str) -> str:
+    """Hide the password of any URL (a ``postgresql://`` store): reports travel as CI artefacts."""
+    return _URL_PASSWORD.sub(r"\1:***@", text)
+
+
+# -- the run report -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Banner:
+    """The first thing a reader sees: the verdict and everything needed to run it again."""
+
+    verdict: str  # valid | violated | unknown
+    run_id: str
+    schedule: str
+    target: str
+    seed: int
+    workers: int
+    workload: str
+    store: str
+    duration_ms: float
+    spawned: int
+    fired: tuple[tuple[str, int], ...]  # fault text, times fired
+    unfired: tuple[str, ...]
+    unknown_reasons: tuple[str, ...]
+    violated: tuple[str, ...]  # names of the violated invariants, in checker order
+    reproduce: str
+
+
+@dataclass(frozen=True)
+class InvariantRow:
+    name: str
+    checked: bool  # the history had something for this invariant to judge
+    valid: bool | None
+    violations: int
+    detail: str
+
+    @property
+    def status(self) -> str:
+        if self.valid is True and not self.checked:
+            return "not checked"
+        return verdict_word(self.valid)
+
+
+@dataclass(frozen=True)
+class EventRef:
+    """A link to an event that proves a violation, with a one-line description of it."""
+
+    index: int
+    link: str
+    label: str
+
+
+@dataclass(frozen=True)
+class ViolationView:
+    invariant: str
+    instance: str | None
+    step: str | None
+    detail: str
+    events: tuple[EventRef, ...]
+    schedule: str
+    reproduce: str
+
+
+@dataclass(frozen=True)
+class Lane:
+    """One swimlane: a worker incarnation (A, B, A.2 ...) or one of downstream, store, harness."""
+
+    name: str
+    kind: str  # worker | downstream | store | harness
+    identity: str | None = None  # the worker id the store saw (A.2 is A again)
+    pid: int | None = None
+    start: int | None = None  # spawn time of a worker incarnation
+    end: int | None = None  # exit time; None while it was still alive at the end of the run
+    ended: str = ""  # how it ended: "exit 0", "SIGKILL" ...
+
+
+@dataclass(frozen=True)
+class Item:
+    """One mark on the timeline: an operation (invoke to completion), a pause, or an instant event.
+
+    Invariant: ``start <= end``; instants have ``start == end`` and no ``end_index``; an
+    indeterminate operation (``info``: the worker died, or lost the answer) ends at the end of the
+    run, since its effect may land at any later time.
+    """
+
+    link: str  # e<index> of the event that starts it
+    index: int
+    lane: str
+    kind: str  # claim, call, receipt, commit, point, claimed, request, spawn, exit, ...
+    label: str
+    status: str  # one of STATUSES
+    start: int
+    end: int
+    end_index: int | None = None  # the event that ends a span: an op's completion, a pause's resume
+    fence: int | None = None
+    indeterminate: bool = False
+    proof: bool = False  # named by a violation
+    detail: str = ""
+
+    @property
+    def span(self) -> bool:
+        """Drawn as a bar from start to end rather than as a dot."""
+        return self.indeterminate or (self.end_index is not None and self.end_index != self.index)
+
+
+@dataclass(frozen=True)
+class Timeline:
+    lanes: tuple[Lane, ...]
+    items: tuple[Item, ...]
+    duration: int  # ns from the first to the last event of the run
+    shown: int  # events of the history drawn from (after the cap)
+    total: int
+
+    def lane(self, name: str) -> Lane | None:
+        return next((lane for lane in self.lanes if lane.name == name), None)
+
+    def in_lane(self, name: str) -> tuple[Item, ...]:
+        return tuple(i for i in self.items if i.lane == name)
+
+
+@dataclass(frozen=True)
+class EventRow:
+    index: int
+    link: str
+    time_ms: float
+    process: str
+    kind: str
+    type: str
+    status: str
+    instance: str
+    step: str
+    detail: str
+    proof: bool  # named by a violation
+    in_timeline: bool
+
+
+@dataclass(frozen=True)
+class LedgerRow:
+    """One request the downstream saw: the ground truth about effects."""
+
+    index: int
+    link: str
+    seq: Any
+    resource: str
+    key: str | None  # None: a legacy resource without keys (then ``scope`` identifies the intent)
+    scope: str
+    intent_hash: str
+    fence: Any
+    worker: str
+    attempt: Any
+    http_status: Any
+    outcome: str
+    applied: bool
+    status: str
+
+
+@dataclass(frozen=True)
+class RunReport:
+    banner: Banner
+    invariants: tuple[InvariantRow, ...]
+    violations: tuple[ViolationView, ...]
+    timeline: Timeline
+    events: tuple[EventRow, ...]
+    ledger: tuple[LedgerRow, ...]
+    shown: int
+    total: int
+
+    @property
+    def cap_note(self) -> str:
+        """"showing N of M events" when the cap hid some, else empty."""
+        return f"showing {self.shown} of {self.total} events" if self.shown < self.total else ""
+
+    def to_json(self) -> dict[str, Any]:
+        """The verdict in machine-readable form, for tools that read a report instead of a terminal."""
+        b = self.banner
+        return {"valid": {"valid": True, "violated": False}.get(b.verdict), "run_id": b.run_id,
+                "schedule": b.schedule, "target": b.target, "seed": b.seed, "reproduce": b.reproduce,
+                "violations": [{"invariant": v.invariant, "instance": v.instance, "step": v.step,
+                                "detail": v.detail, "events": [e.index for e in v.events]}
+                               for v in self.violations],
+                "unknown_reasons": list(b.unknown_reasons),
+                "events": {"shown": self.shown, "total": self.total}}
+
+
+def build_run(result: RunResult, *, max_events: int = DEFAULT_MAX_EVENTS,
+              reproduce: str | None = None) -> RunReport:
+    """The model of one run's report, from a :class:`harness.run.RunResult`.
+
+    At most ``max_events`` events are rendered (the first ones), plus every event a violation names
+    so that each proof link resolves.
+    """
+    if max_events < 1:
+        raise ValueError(f"max_events={max_events}: a report must show at least one event")
+    if reproduce is None:
+        from harness.commands.common import replay_command
+
+        reproduce = replay_command(result)
+    reproduce = redact(reproduce)
+    history: History = result.history
+    verdict = result.verdict
+    events = history.events
+    proof = {i for v in verdict.violations for i in v.events if 0 <= i < len(events)}
+    shown = sorted(set(range(min(max_events, len(events)))) | proof)
+    t0 = events[0].time if events else 0
+
+    timeline = build_timeline(history, shown=shown, proof=proof)
+    in_timeline = {i.index for i in timeline.items}
+    by_index = {e.index: e for e in events}
+    rows = tuple(_event_row(by_index[i], t0, i in proof, i in in_timeline) for i in shown)
+    ledger = tuple(_ledger_row(by_index[i]) for i in shown
+                   if by_index[i].process == "downstream" and by_index[i].kind == "request")
+
+    schedule = str(result.config.schedule)
+    violations = tuple(
+        ViolationView(v.invariant, v.instance, v.step, v.detail,
+                      tuple(EventRef(i, link(i), describe(by_index[i])) for i in v.events if i in by_index),
+                      v.schedule or schedule, reproduce)
+        for v in verdict.violations)
+    invariants = tuple(InvariantRow(r.invariant, r.checked, r.valid, len(r.violations), r.detail)
+                       for r in verdict.results)
+    c = result.config
+    banner = Banner(
+        verdict=verdict_word(verdict.valid), run_id=result.run_id, schedule=schedule,
+        target=c.target_name, seed=c.seed, workers=c.workers, workload=c.workload, store=redact(c.store),
+        duration_ms=round(result.duration_s * 1000, 1), spawned=result.spawned,
+        fired=tuple((str(k), int(n)) for k, n in result.fired.items()),
+        unfired=tuple(str(u) for u in result.unfired),
+        unknown_reasons=tuple(str(r) for r in verdict.unknown_reasons),
+        violated=tuple(dict.fromkeys(r.invariant for r in verdict.results if r.valid is False)),
+        reproduce=reproduce)
+    return RunReport(banner, invariants, violations, timeline, rows, ledger, len(shown), len(events))
+
+
+# -- the timeline ---------------------------------------------------------------------------------
+def build_timeline(history: History, *, shown: Iterable[int] | None = None,
+                   proof: Iterable[int] = ()) -> Timeline:
+    """Lanes and items of the swimlane timeline, from the events in ``shown`` (default: all).
+
+    An operation is drawn from its invoke to its completion; one whose completion is ``info`` or
+    missing is drawn to the end of the run. A pause is drawn until the harness resumed the worker.
+    Failpoint hits where nothing fired, and a worker's start/finish lines, are left out: they are
+    in the event table, and the timeline is for what happened. Items from an event in ``proof``
+    are marked, so the events a violation names stand out.
+    """
+    events = history.events
+    keep = set(range(len(events))) if shown is None else set(shown)
+    t0 = events[0].time if events else 0
+    end = (events[-1].time - t0) if events else 0
+
+    lanes = _lanes(history, t0)
+    completion: dict[int, Event] = {}
+    open_ops: dict[tuple[str, Any], Event] = {}
+    for e in events:
+        if e.process in FIXED_LANES or e.kind not in OP_KINDS:
+            continue
+        if e.type == "invoke":
+            open_ops[(e.process, e.get("op"))] = e
+        elif e.type in ("ok", "fail", "info"):
+            inv = open_ops.pop((e.process, e.get("op")), None)
+            if inv is not None:
+                completion[inv.index] = e
+    completed = {c.index for c in completion.values()}
+    resumed = _resumes(history)
+    proof = set(proof)
+
+    items: list[Item] = []
+    for e in events:
+        if e.index not in keep:
+            continue
+        start = e.time - t0
+        if e.process not in FIXED_LANES and e.kind in OP_KINDS:
+            if e.index in completed:
+                continue  # drawn with its invoke
+            done = completion.get(e.index) if e.type == "invoke" else e
+            item = _op_item(e, done, start, t0, end)
+            items.append(dataclasses.replace(item, proof=item.index in proof or item.end_index in proof))
+            continue
+        made = _instant(e)
+        if made is None:
+            continue
+        kind, label, status, fence = made
+        stop = resumed.get(e.index) if kind == "point" and e.get("action") == "pause" else None
+        items.append(Item(link(e.index), e.index, e.process, kind, label, status, start,
+                          start if stop is None else max(start, stop.time - t0),
+                          end_index=None if stop is None else stop.index, fence=fence,
+                          proof=e.index in proof, detail=_detail(e)))
+    return Timeline(lanes, tuple(items), end, len(keep & set(range(len(events)))), len(events))
+
+
+def _resumes(history: History) -> dict[int, Event]:
+    """For each fired ``pause`` point, the event that ended the pause.
+
+    That is the harness's ``cont`` (or ``exit``: killed while paused) of the worker -- or the
+    worker's own next event if that comes first: a stopped process writes nothing, and the harness
+    notes ``cont`` only after it has sent the signal.
+    """
+    waiting: dict[str, int] = {}
+    ends: dict[int, Event] = {}
+    for e in history.events:
+        if e.process not in FIXED_LANES and e.process in waiting:
+            ends[waiting.pop(e.process)] = e
+        if e.kind == "point" and e.process not in FIXED_LANES and e.get("action") == "pause":
+            waiting[e.process] = e.index
+        elif e.process == "harness" and e.kind in ("cont", "exit") and e.get("worker") in waiting:
+            ends[waiting.pop(e.get("worker"))] = e
+    return ends
+
+
+def _lanes(history: History, t0: int) -> tuple[Lane, ...]:
+    spawns: dict[str, Event] = {}
+    exits: dict[str, Event] = {}
+    for e in history.of("harness"):
+        if e.kind == "spawn" and isinstance(e.get("worker"), str):
+            spawns.setdefault(e.get("worker"), e)
+        elif e.kind == "exit" and isinstance(e.get("worker"), str):
+            exits[e.get("worker")] = e
+    names = list(spawns)
+    for e in history.events:  # workers of a hand-written history may have no spawn event
+        if e.process not in FIXED_LANES and e.process not in names:
+            names.append(e.process)
+    lanes: list[Lane] = []
+    for name in names:
+        s, x = spawns.get(name), exits.get(name)
+        ended = ""
+        if x is not None:
+            ended = str(x.get("signal")) if x.get("signal") else f"exit {x.get('code')}"
+        lanes.append(Lane(name, "worker",
+                          identity=str(s.get("identity", name)) if s else name.split(".")[0],
+                          pid=s.get("pid") if s else None,
+                          start=s.time - t0 if s else None,
+                          end=x.time - t0 if x else None, ended=ended))
+    lanes += [Lane(n, n) for n in FIXED_LANES]
+    return tuple(lanes)
+
+
+def _where(e: Event | None, fallback: Event | None = None) -> str:
+    for src in (e, fallback):
+        if src is not None and (src.get("instance") is not None or src.get("step") is not None):
+            return f"{src.get('instance')}/{src.get('step')}"
+    return "?"
+
+
+def _op_item(first: Event, done: Event | None, start: int, t0: int, run_end: int) -> Item:
+    """An operation from its invoke (``first``) to its completion ``done`` (None: never completed)."""
+    # Any info completion is unknown (Jepsen's :info): the effect may land at any later time, so the
+    # op is drawn to the end of the run -- whether the worker died (``indeterminate``) or lost the answer.
+    indeterminate = done is None or done.type == "info"
+    status = "info" if done is None else done.type
+    end = run_end if indeterminate else (done.time - t0 if done is not None else start)
+    fence = _int(done.get("fence") if done is not None and done.get("fence") is not None
+                 else first.get("fence"))
+    kind = first.kind
+    where = _where(done, first)
+    if kind == "claim":
+        label = f"claim {where} fence {fence}" if status == "ok" else f"claim {where} refused"
+    elif kind == "call":
+        resource = first.get("resource") or (done.get("resource") if done else None)
+        answer = "?" if done is None or done.type == "info" else done.get("status")
+        label = f"call {resource} {where} fence {fence} \u2192 {answer}"
+    elif kind == "receipt":
+        label = f"receipt {where} {first.get('status') or ''}".rstrip()
+    else:  # commit
+        to = first.get("to_state") or (done.get("to_state") if done else None)
+        label = f"commit {where} fence {fence} \u2192 {to}" + (" refused" if status == "fail" else "")
+    if indeterminate:
+        label += " (indeterminate)"
+    detail = _detail(first) if done is None or done is first else _detail(first) + "\n" + _detail(done)
+    return Item(link(first.index), first.index, first.process, kind, label, status, start,
+                max(start, end), end_index=done.index if done is not None else None, fence=fence,
+                indeterminate=indeterminate, detail=clip(detail, _DETAIL_CHARS))
+
+
+def _instant(e: Event) -> tuple[str, str, str, int | None] | None:
+    """(kind, label, status, fence) of an instant event, or None when it is left off the timeline."""
+    d = e.data
+    where = _where(e)
+    fence = _int(d.get("fence"))
+    if e.process == "store":
+        worker = d.get("worker")
+        if e.kind == "claimed":
+            return e.kind, f"claimed {where} by {worker} fence {fence}", "ok", fence
+        if e.kind == "committed":
+            return e.kind, f"committed {where} by {worker} fence {fence} \u2192 {d.get('to_state')}", \
+                "ok", fence
+        if e.kind == "commit_rejected":
+            return e.kind, (f"rejected {where} by {worker} fence {fence} "
+                            f"(lease is {d.get('lease_version')})"), "fail", fence
+        if e.kind == "receipt_recorded":
+            return e.kind, f"receipt {where} {d.get('status') or ''}".rstrip(), "ok", fence
+        if e.kind == "created":
+            return e.kind, f"created {where}", "event", None
+        if e.kind == "stuck_flagged":
+            return e.kind, f"stuck {where} ({worker})", "info", fence
+        status = "ok" if e.kind in _ACCEPTED else "event"
+        return e.kind, f"{e.kind} {where}", status, fence
+    if e.process == "downstream":
+        outcome = str(d.get("outcome"))
+        status = "ok" if outcome in _OK_OUTCOMES else "info" if outcome == "dropped" else "fail"
+        return e.kind, f"{outcome} {d.get('resource')} fence {fence} {d.get('key') or d.get('scope')}", \
+            status, fence
+    if e.process == "harness":
+        worker = d.get("worker")
+        if e.kind == "spawn":
+            return e.kind, f"spawn {worker} pid {d.get('pid')}", "event", None
+        if e.kind == "exit":
+            if d.get("signal"):
+                return e.kind, f"{worker} killed by {d.get('signal')}", "fail", None
+            return e.kind, f"{worker} exit {d.get('code')}", "ok" if d.get("code") == 0 else "fail", None
+        if e.kind == "kill":
+            return e.kind, f"{d.get('signal') or 'SIGKILL'} {worker}: {d.get('reason')}", "fail", None
+        if e.kind == "stop":
+            return e.kind, f"pause {worker} ({d.get('signal')})", "info", None
+        if e.kind == "cont":
+            return e.kind, f"resume {worker} ({d.get('signal')})", "event", None
+        if e.kind == "bound_hit":
+            return e.kind, f"bound hit after {d.get('seconds')} s", "fail", None
+        return e.kind, e.kind, "event", None
+    # a worker incarnation
+    if e.kind in _WORKER_SKIPPED:
+        return None
+    if e.kind == "point":
+        action = d.get("action")
+        if action is None:
+            return None
+        return e.kind, f"{action} at {d.get('point')} {where}", "fail" if action == "kill" else "info", None
+    if e.kind == "recover":
+        return e.kind, f"recover {where} \u2192 {d.get('action')}", "event", fence
+    if e.kind == "heartbeat_stopped":
+        return e.kind, f"heartbeat stopped {where}", "info", None
+    return e.kind, f"{e.kind} {where}" if where != "?" else e.kind, "event", fence
+
+
+def describe(e: Event) -> str:
+    """A one-line description of any event, for proof links and tooltips."""
+    if e.kind in OP_KINDS and e.process not in FIXED_LANES:
+        return f"e{e.index} {e.process} {e.kind} {e.type} {_where(e)}"
+    made = _instant(e)
+    label = made[1] if made else f"{e.kind} {_where(e)}"
+    return f"e{e.index} {e.process} {label}"
+
+
+# -- tables ---------------------------------------------------------------------------------------
+def _event_row(e: Event, t0: int, proof: bool, in_timeline: bool) -> EventRow:
+    if e.process not in FIXED_LANES and e.kind in OP_KINDS:
+        status = e.type if e.type in STATUSES else "event"
+    else:
+        made = _instant(e)
+        status = made[2] if made else "event"
+    inst, step = e.get("instance"), e.get("step")
+    return EventRow(e.index, link(e.index), round((e.time - t0) / 1e6, 3), e.process, e.kind, e.type,
+                    status, "" if inst is None else str(inst), "" if step is None else str(step),
+                    _detail(e), proof, in_timeline)
+
+
+def _ledger_row(e: Event) -> LedgerRow:
+    d = e.data
+    meta = d.get("meta") if isinstance(d.get("meta"), Mapping) else {}
+    outcome = str(d.get("outcome"))
+    status = "ok" if outcome in _OK_OUTCOMES else "info" if outcome == "dropped" else "fail"
+    return LedgerRow(e.index, link(e.index), d.get("seq"), str(d.get("resource")),
+                     None if d.get("key") is None else str(d.get("key")), str(d.get("scope") or ""),
+                     str(d.get("intent_hash") or ""), d.get("fence"), str(meta.get("worker") or ""),
+                     meta.get("attempt"), d.get("status"), outcome, bool(d.get("applied")), status)
+
+
+def _detail(e: Event) -> str:
+    try:
+        text = json.dumps(dict(e.data), default=str, ensure_ascii=False)
+    except (TypeError, ValueError):
+        text = repr(dict(e.data))
+    return clip(text, _DETAIL_CHARS)
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+# -- the index ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class IndexRow:
+    position: int  # 1-based, the order the runs were made in
+    run_id: str
+    verdict: str
+    schedule: str
+    target: str
+    seed: int
+    href: str  # relative link to the run report
+    violated: tuple[str, ...]  # invariant names
+    slots: tuple[int, ...]  # filter slots of those invariants
+    violations: tuple[ViolationView, ...]
+    unknown_reasons: tuple[str, ...]
+    duration_ms: float
+    reproduce: str
+
+
+@dataclass(frozen=True)
+class Filter:
+    """A filter of the index by violated invariant; ``slot`` is a small number used as its CSS id,
+    so no run-controlled text ever lands in a selector."""
+
+    invariant: str
+    slot: int
+    runs: int
+
+
+@dataclass(frozen=True)
+class IndexReport:
+    title: str
+    verdict: str
+    rows: tuple[IndexRow, ...]  # violated first, then unknown, then valid
+    filters: tuple[Filter, ...]
+    invariants: tuple[tuple[str, int, int], ...]  # name, runs checked, runs violated
+    counts: tuple[tuple[str, int], ...]  # verdict word, runs
+
+    def to_json(self) -> dict[str, Any]:
+        return {"title": self.title, "valid": {"valid": True, "violated": False}.get(self.verdict),
+                "runs": [{"run_id": r.run_id, "verdict": r.verdict, "schedule": r.schedule,
+                          "href": r.href, "violated": list(r.violated), "reproduce": r.reproduce}
+                         for r in self.rows]}
+
+
+_ORDER = {"violated": 0, "unknown": 1, "valid": 2}
+
+
+def build_index(results: Sequence[RunResult], hrefs: Sequence[str], *, title: str,
+                reproduce: Sequence[str] | None = None) -> IndexReport:
+    """The model of the index over many runs; ``hrefs[i]`` links to the report of ``results[i]``."""
+    if len(hrefs) != len(results):
+        raise ValueError(f"{len(results)} results but {len(hrefs)} links: give one link per run")
+    if reproduce is None:
+        from harness.commands.common import replay_command
+
+        reproduce = [replay_command(r) for r in results]
+    reproduce = [redact(cmd) for cmd in reproduce]
+    names: list[str] = []
+    checked: dict[str, int] = {}
+    violated_runs: dict[str, int] = {}
+    for r in results:
+        for res in r.verdict.results:
+            if res.invariant not in checked:
+                names.append(res.invariant)
+                checked[res.invariant] = violated_runs[res.invariant] = 0
+            checked[res.invariant] += bool(res.checked)
+            violated_runs[res.invariant] += res.valid is False
+    filters = tuple(Filter(n, slot, violated_runs[n])
+                    for slot, n in enumerate([n for n in names if violated_runs[n]], start=1))
+    slot_of = {f.invariant: f.slot for f in filters}
+    rows = []
+    for pos, (r, href, cmd) in enumerate(zip(results, hrefs, reproduce), start=1):
+        bad = tuple(dict.fromkeys(res.invariant for res in r.verdict.results if res.valid is False))
+        schedule = str(r.config.schedule)
+        views = tuple(ViolationView(v.invariant, v.instance, v.step, v.detail,
+                                    tuple(EventRef(i, link(i), f"e{i}") for i in v.events),
+                                    v.schedule or schedule, cmd) for v in r.verdict.violations)
+        rows.append(IndexRow(pos, r.run_id, verdict_word(r.verdict.valid), schedule, r.config.target_name,
+                             r.config.seed, href, bad, tuple(slot_of[b] for b in bad if b in slot_of),
+                             views, tuple(str(u) for u in r.verdict.unknown_reasons),
+                             round(r.duration_s * 1000, 1), cmd))
+    rows.sort(key=lambda row: (_ORDER[row.verdict], row.position))
+    counts = tuple((w, sum(1 for row in rows if row.verdict == w)) for w in ("violated", "unknown", "valid"))
+    overall = verdict_word(rank(r.verdict.valid for r in results)) if results else "unknown"
+    return IndexReport(title, overall, tuple(rows), filters,
+                       tuple((n, checked[n], violated_runs[n]) for n in names), counts)

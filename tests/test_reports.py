@@ -1,0 +1,421 @@
+"""HTML reports: the data they are made from, their escaping, and one real report in a browser.
+
+Most tests read the report *model* (``reports.model``: lanes, timeline items, rows), not HTML. The
+HTML is read only where the page itself is the thing protected: escaping of hostile strings, loading
+nothing from outside, and what a real browser shows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from html.parser import HTMLParser
+from typing import Any
+
+import pytest
+
+import chaos
+from harness.checkers.base import Result, Verdict, Violation
+from harness.cli import main
+from harness.history import History, build
+from harness.run import RunConfig, RunResult, Session
+from harness.worker import ReferenceWorker
+from reports import run_report_name, write_reports, write_run_report
+from reports.model import build_index, build_run, build_timeline
+from reports.render import CSP, LABEL_CHARS, layout
+
+MS = 1_000_000
+TAKEOVER = "A@charge.after_call:1*pause"
+# Would change the page if it ever ran: the browser test looks for these marks.
+HOSTILE_SCRIPT = ("</script><script>document.title='PWNED'</script>"
+                  "<img src=x onerror=\"document.body.setAttribute('data-pwned','1')\">")
+HOSTILE = ("\"'><b>quoted</b>", HOSTILE_SCRIPT, "</script><script>alert(1)</script>",
+           "<svg onload=alert(1)>" + "x" * 10_000 + "</svg>")
+
+
+# -- targets ----------------------------------------------------------------------------------------
+class _StaleCommitter(ReferenceWorker):
+    """Commits without any compare-and-set: neither the fence nor the state version is checked.
+
+    ``check_fence = False`` alone is not enough for a stale commit to land: the state-version
+    check still refuses it, because the new lease holder's claim moved the version on.
+    """
+
+    check_fence = False
+    check_version = False
+
+
+def stale_committer(ctx) -> None:
+    """The violating target: journals a hostile note (as a user's worker might log exception text)."""
+    ctx.journal.write("note", message=HOSTILE_SCRIPT)
+    _StaleCommitter(ctx).run()
+
+
+# -- hand-written histories -------------------------------------------------------------------------
+def ev(t: float, process: str, kind: str, type: str = "event", **data: Any):
+    return (int(t * MS), process, kind, type, data)
+
+
+def takeover_history(inst: str = "order-1", worker: str = "A", params: Any = None,
+                     error: str | None = None) -> History:
+    """A dies inside its call (the effect applied, the answer lost); B takes over with fence 2;
+    A comes back as A.2. Names are parameters so hostile ones can be put anywhere."""
+    w2 = f"{worker}.2"
+    return build([
+        ev(0, "store", "created", instance=inst, step="charge", to_state="pending", state_version=1),
+        ev(1, "harness", "spawn", worker=worker, identity=worker, pid=101),
+        ev(2, worker, "start", pid=101, worker=worker),
+        ev(3, worker, "claim", "invoke", op=1, instance=inst, step="charge", state_version=1),
+        ev(4, "store", "claimed", instance=inst, step="charge", worker=worker, from_state="pending",
+           to_state="running", state_version=2, fence=1, lease_version=1, attempt=1),
+        ev(5, worker, "claim", "ok", op=1, instance=inst, step="charge", fence=1, state_version=2),
+        ev(6, worker, "call", "invoke", op=2, instance=inst, step="charge", resource="payment",
+           key=f"{inst}:charge:payment-v1", intent_hash="abc123", fence=1, attempt=1),
+        ev(7, "downstream", "request", seq=1, resource="payment", key=f"{inst}:charge:payment-v1",
+           scope=f"{inst}:charge", fence=1, intent_hash="abc123", params=params or {"amount": 100},
+           meta={"instance": inst, "step": "charge", "worker": worker, "attempt": 1},
+           status=200, outcome="applied", applied=True),
+        ev(8, worker, "point", point="in_call", instance=inst, step="charge", hit=1, action="kill"),
+        ev(9, "harness", "exit", worker=worker, pid=101, code=-9, signal="SIGKILL"),
+        ev(9, worker, "call", "info", op=2, instance=inst, step="charge", resource="payment",
+           fence=1, indeterminate=True),
+        ev(10, "harness", "spawn", worker="B", identity="B", pid=102),
+        ev(11, "B", "claim", "invoke", op=1, instance=inst, step="charge", state_version=2),
+        ev(12, "store", "claimed", instance=inst, step="charge", worker="B", from_state="running",
+           to_state="running", state_version=3, fence=2, lease_version=2, attempt=2),
+        ev(13, "B", "claim", "ok", op=1, instance=inst, step="charge", fence=2, state_version=3),
+        ev(14, "B", "call", "invoke", op=2, instance=inst, step="charge", resource="payment",
+           key=f"{inst}:charge:payment-v1", intent_hash="abc123", fence=2, attempt=2),
+        ev(15, "downstream", "request", seq=2, resource="payment", key=f"{inst}:charge:payment-v1",
+           scope=f"{inst}:charge", fence=2, intent_hash="abc123", params=params or {"amount": 100},
+           meta={"instance": inst, "step": "charge", "worker": "B", "attempt": 2},
+           status=200, outcome="replay", applied=False),
+        ev(16, "B", "call", "fail" if error else "ok", op=2, instance=inst, step="charge", status=200,
+           error=error),
+        ev(17, "B", "commit", "invoke", op=3, instance=inst, step="charge", to_state="succeeded",
+           fence=2, expected_state_version=3),
+        ev(18, "store", "committed", instance=inst, step="charge", worker="B", from_state="running",
+           to_state="succeeded", state_version=4, fence=2, lease_version=2, attempt=2),
+        ev(19, "B", "commit", "ok", op=3, instance=inst, step="charge", to_state="succeeded", fence=2),
+        ev(20, "harness", "spawn", worker=w2, identity=worker, pid=103),
+        ev(21, "harness", "exit", worker="B", pid=102, code=0, signal=None),
+        ev(22, "harness", "exit", worker=w2, pid=103, code=0, signal=None),
+    ], schedule=TAKEOVER)
+
+
+def make_result(history: History, *, valid: bool | None = True, violations: tuple[Violation, ...] = (),
+                schedule: Any = None, target: str = "reference", run_id: str = "run0001-s0",
+                invariant: str = "stale_writes_rejected", store: str = "sqlite") -> RunResult:
+    verdict = Verdict(valid, (Result(invariant, valid, True, violations, "detail"),),
+                      () if valid is not None else ("a scheduled fault never fired",))
+    config = RunConfig(schedule=chaos.parse(TAKEOVER) if schedule is None else schedule, target=target,
+                       store=store)
+    return RunResult(config, run_id, history, verdict, {TAKEOVER: 1}, (), 3, 0.05, "")
+
+
+# -- reading pages (only where the page itself is what is protected) -------------------------------
+class Page(HTMLParser):
+    def __init__(self, text: str):
+        super().__init__(convert_charrefs=True)
+        self.tags: list[tuple[str, dict[str, str | None]]] = []
+        self.text: list[str] = []
+        self.scripts: list[tuple[dict[str, str | None], str]] = []
+        self._in_script: dict[str, str | None] | None = None
+        self.feed(text)
+        self.close()
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+        if tag == "script":
+            self._in_script = dict(attrs)
+
+    def handle_startendtag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+
+    def handle_endtag(self, tag):
+        if tag == "script":
+            self._in_script = None
+
+    def handle_data(self, data):
+        if self._in_script is not None:
+            self.scripts.append((self._in_script, data))
+        else:
+            self.text.append(data)
+
+    @property
+    def all_text(self) -> str:
+        return "".join(self.text)
+
+
+def pages(directory: str) -> dict[str, str]:
+    return {name: open(os.path.join(directory, name), encoding="utf-8").read()
+            for name in sorted(os.listdir(directory)) if name.endswith(".html")}
+
+
+# -- the timeline model ----------------------------------------------------------------------------
+def test_timeline_has_one_lane_per_worker_incarnation_then_downstream_store_harness():
+    t = build_timeline(takeover_history())
+    assert [lane.name for lane in t.lanes] == ["A", "B", "A.2", "downstream", "store", "harness"]
+    assert t.lane("A").ended == "SIGKILL" and t.lane("B").ended == "exit 0"
+    assert t.lane("A.2").identity == "A"  # the same worker id, a new process
+
+
+def test_claims_are_labelled_with_their_fence_in_worker_and_store_lanes():
+    t = build_timeline(takeover_history())
+    (claim,) = [i for i in t.in_lane("B") if i.kind == "claim"]
+    assert claim.fence == 2 and "fence 2" in claim.label and claim.status == "ok" and claim.span
+    store_claims = {i.fence: i for i in t.in_lane("store") if i.kind == "claimed"}
+    assert set(store_claims) == {1, 2}
+    assert "by B" in store_claims[2].label and "fence 2" in store_claims[2].label
+
+
+def test_kill_is_shown_where_it_fired_and_where_the_harness_saw_the_process_die():
+    t = build_timeline(takeover_history())
+    (fired,) = [i for i in t.in_lane("A") if i.kind == "point"]
+    assert fired.label.startswith("kill at in_call") and fired.status == "fail"
+    (death,) = [i for i in t.in_lane("harness") if i.label == "A killed by SIGKILL"]
+    assert death.status == "fail" and not death.span
+
+
+def test_indeterminate_operation_is_drawn_to_the_end_of_the_run():
+    h = takeover_history()
+    t = build_timeline(h)
+    (call,) = [i for i in t.in_lane("A") if i.kind == "call"]
+    assert call.indeterminate and call.status == "info" and call.span
+    assert call.end == t.duration == h.events[-1].time - h.events[0].time
+    assert h.events[call.end_index].type == "info"
+    # a completed call ends at its completion, not at the end of the run
+    (b_call,) = [i for i in t.in_lane("B") if i.kind == "call"]
+    assert not b_call.indeterminate and b_call.end < t.duration
+
+
+def test_pause_is_drawn_until_the_harness_resumes_the_worker():
+    h = build([ev(0, "A", "point", point="after_call", instance="o", step="s", action="pause"),
+               ev(1, "harness", "stop", worker="A", signal="SIGSTOP"),
+               ev(5, "harness", "cont", worker="A", signal="SIGCONT"),
+               ev(9, "harness", "exit", worker="A", code=0)])
+    (pause,) = build_timeline(h).in_lane("A")
+    assert pause.span and pause.status == "info" and (pause.start, pause.end) == (0, 5 * MS)
+    # the harness notes "cont" after the signal: the worker's own next event may come first
+    h = build([ev(0, "A", "point", point="after_call", instance="o", step="s", action="pause"),
+               ev(4, "A", "point", point="before_receipt", instance="o", step="s", action=None),
+               ev(5, "harness", "cont", worker="A", signal="SIGCONT")])
+    (pause,) = build_timeline(h).in_lane("A")
+    assert (pause.start, pause.end, pause.end_index) == (0, 4 * MS, 1)
+
+
+def test_every_timeline_item_and_proof_links_to_a_row_of_the_event_table():
+    h = takeover_history()
+    proof = Violation("stale_writes_rejected", "order-1", "charge", "stale", events=(4, 12, 18))
+    report = build_run(make_result(h, valid=False, violations=(proof,)))
+    rows = {row.link for row in report.events}
+    assert report.timeline.items and all(item.link in rows for item in report.timeline.items)
+    (view,) = report.violations
+    assert [ref.link for ref in view.events] == ["e4", "e12", "e18"]
+    assert all(ref.link in rows for ref in view.events)
+    assert {i.index for i in report.timeline.items if i.proof} >= {4, 12, 18}
+    assert view.reproduce.startswith("killpoint replay ") and TAKEOVER in view.reproduce
+
+
+def test_ledger_rows_carry_key_intent_hash_fence_and_outcome():
+    report = build_run(make_result(takeover_history()))
+    assert [(r.key, r.intent_hash, r.fence, r.outcome, r.applied) for r in report.ledger] == [
+        ("order-1:charge:payment-v1", "abc123", 1, "applied", True),
+        ("order-1:charge:payment-v1", "abc123", 2, "replay", False)]
+
+
+def test_cap_renders_the_first_events_plus_every_proof_and_says_showing_n_of_m(tmp_path):
+    h = build([ev(n, "store", "created", instance=f"o{n}", step="s") for n in range(60)])
+    proof = Violation("terminates", "o55", "s", "never finished", events=(55,))
+    result = make_result(h, valid=False, violations=(proof,), invariant="terminates")
+    report = build_run(result, max_events=10)
+    assert [row.index for row in report.events] == list(range(10)) + [55]
+    assert (report.shown, report.total) == (11, 60) and report.cap_note == "showing 11 of 60 events"
+    assert (report.timeline.shown, report.timeline.total) == (11, 60)
+    assert {i.index for i in report.timeline.items} == set(range(10)) | {55}
+    path = write_run_report(result, str(tmp_path / "run.html"), max_events=10)
+    assert "showing 11 of 60 events" in Page(open(path, encoding="utf-8").read()).all_text
+
+
+def test_index_puts_violated_runs_first_and_offers_a_filter_per_violated_invariant():
+    h = takeover_history()
+    ok = make_result(h, run_id="ok")
+    bad = make_result(h, valid=False, run_id="bad",
+                      violations=(Violation("stale_writes_rejected", "order-1", "charge", "stale"),))
+    unknown = make_result(h, valid=None, run_id="unknown")
+    index = build_index([ok, unknown, bad], ["1.html", "2.html", "3.html"], title="t")
+    assert [r.run_id for r in index.rows] == ["bad", "unknown", "ok"]
+    assert index.verdict == "violated"
+    assert [(f.invariant, f.runs) for f in index.filters] == [("stale_writes_rejected", 1)]
+    assert index.rows[0].slots == (index.filters[0].slot,) and index.rows[2].slots == ()
+    assert index.rows[0].href == "3.html" and "killpoint replay" in index.rows[0].reproduce
+
+
+def test_store_password_never_reaches_a_report_artefact(tmp_path):
+    result = make_result(takeover_history(), store="postgresql://kp:s3cret@db.example/test")
+    report = build_run(result)
+    assert "s3cret" not in report.banner.store and "s3cret" not in report.banner.reproduce
+    assert "postgresql://kp:***@db.example/test" in report.banner.reproduce
+    index = write_reports([result], str(tmp_path), title="t")
+    assert all("s3cret" not in text for text in pages(os.path.dirname(index)).values())
+
+
+# -- escaping and self-containment -----------------------------------------------------------------
+@pytest.fixture(scope="module")
+def hostile_dir(tmp_path_factory) -> str:
+    """Reports of runs whose every run-controlled string is hostile."""
+    out = str(tmp_path_factory.mktemp("hostile"))
+    results = []
+    for bad in HOSTILE:
+        h = takeover_history(inst=bad, worker=bad, params={"name": bad, bad: 1}, error=bad)
+        v = Violation(bad, bad, bad, bad, events=(4, 12))
+        results.append(make_result(h, valid=False, violations=(v,), schedule=bad, target=bad,
+                                   run_id=bad, invariant=bad))
+    write_reports(results, out, title=HOSTILE_SCRIPT)
+    return out
+
+
+def test_hostile_strings_from_a_run_come_out_as_text_never_as_markup(hostile_dir):
+    files = pages(hostile_dir)
+    assert set(files) == {"index.html"} | {run_report_name(n) for n in range(1, len(HOSTILE) + 1)}
+    allowed_meta = {"charset", "http-equiv", "name"}
+    for name, text in files.items():
+        page = Page(text)
+        for tag, attrs in page.tags:
+            assert tag not in ("img", "iframe", "object", "embed", "link", "base", "form", "b"), (name, tag)
+            assert not any(a.startswith("on") for a in attrs), (name, tag, attrs)
+            if tag == "meta":
+                assert set(attrs) & allowed_meta, attrs
+            if tag == "script":
+                assert attrs == {"type": "application/json", "id": "killpoint-data"}, attrs
+        # each run's hostile string is in its page, as text (the index has the title)
+        expected = HOSTILE_SCRIPT if name == "index.html" else HOSTILE[int(name[4:8]) - 1]
+        assert expected in page.all_text, name
+        assert "<script>alert" not in text and "<img src=x" not in text and "<svg onload" not in text
+
+
+def test_embedded_json_escapes_angle_brackets_and_ampersands_and_round_trips(hostile_dir):
+    for name, text in pages(hostile_dir).items():
+        ((attrs, body),) = Page(text).scripts
+        assert "<" not in body and ">" not in body and "&" not in body
+        data = json.loads(body)
+        if name == "run-0002.html":
+            assert data["schedule"] == HOSTILE_SCRIPT
+            assert data["violations"][0]["instance"] == HOSTILE_SCRIPT
+        if name == "index.html":
+            assert data["title"] == HOSTILE_SCRIPT
+
+
+def test_ten_kilobyte_names_are_clipped_on_the_timeline_but_kept_whole_in_the_data(hostile_dir):
+    long_name = HOSTILE[3]
+    report = build_run(make_result(takeover_history(inst=long_name, worker=long_name)))
+    assert any(long_name in item.label for item in report.timeline.items)  # the model keeps it whole
+    marks = layout(report.timeline).marks
+    assert marks and all(len(m.text) <= LABEL_CHARS for m in marks)
+    text = pages(hostile_dir)["run-0004.html"]
+    assert len(text) < 2_000_000
+    data = json.loads(Page(text).scripts[0][1])
+    assert data["violations"][0]["instance"] == long_name
+
+
+def _external(value: str) -> bool:
+    return bool(re.match(r"^\s*([a-z][a-z0-9+.-]*:|//)", value, re.I))
+
+
+def test_reports_load_and_link_nothing_outside_themselves(hostile_dir, violated_reports):
+    for directory in (hostile_dir, violated_reports["dir"]):
+        for name, text in pages(directory).items():
+            page = Page(text)
+            assert "http://" not in text and "https://" not in text, name
+            for tag, attrs in page.tags:
+                for attr in ("src", "href", "xlink:href", "action", "srcset", "data"):
+                    value = attrs.get(attr)
+                    assert value is None or not _external(value), (name, tag, attr, value)
+            metas = [a for t, a in page.tags if t == "meta" and a.get("http-equiv")]
+            assert metas == [{"http-equiv": "Content-Security-Policy", "content": CSP}]
+            assert "default-src 'none'" in CSP and "script-src" not in CSP
+            assert "url(" not in text and "@import" not in text
+
+
+# -- end to end: a real violating run ----------------------------------------------------------------
+@pytest.fixture(scope="module")
+def violated_reports(tmp_path_factory) -> dict[str, Any]:
+    out = str(tmp_path_factory.mktemp("violated"))
+    with Session() as session:
+        result = session.run(RunConfig(target=stale_committer, schedule=chaos.parse(TAKEOVER)))
+    index = write_reports([result], out, title="killpoint test")
+    return {"dir": out, "index": index, "result": result}
+
+
+def test_violating_run_gives_an_index_and_run_report_naming_the_invariant(violated_reports):
+    result = violated_reports["result"]
+    assert result.valid is False
+    assert violated_reports["index"] == os.path.join(violated_reports["dir"], "index.html")
+    report = build_run(result)
+    assert report.banner.verdict == "violated"
+    assert "stale_writes_rejected" in report.banner.violated
+    (stale,) = [v for v in report.violations if v.invariant == "stale_writes_rejected"]
+    assert stale.instance == "order-1" and stale.step == "charge" and stale.events
+    assert {lane.name for lane in report.timeline.lanes} >= {"A", "B", "downstream", "store", "harness"}
+    files = pages(violated_reports["dir"])
+    for name in ("index.html", run_report_name(1)):
+        assert "stale_writes_rejected" in Page(files[name]).all_text, name
+    assert 'href="run-0001.html"' in files["index.html"]
+
+
+def test_report_command_runs_one_schedule_writes_its_report_and_exits_1(tmp_path, capsys):
+    out = str(tmp_path / "rep")
+    code = main(["report", "--schedule", TAKEOVER, "--target", f"{__name__}:stale_committer",
+                 "--report-dir", out, "--json"])
+    data = json.loads(capsys.readouterr().out)
+    assert code == 1 and data["valid"] is False
+    assert data["report"] == os.path.join(out, "index.html") and os.path.exists(data["report"])
+    assert "stale_writes_rejected" in {v["invariant"] for v in data["violations"]}
+    text = open(os.path.join(out, run_report_name(1)), encoding="utf-8").read()
+    assert "stale_writes_rejected" in Page(text).all_text
+
+
+def test_report_command_refuses_a_bad_schedule_with_one_line_naming_it(capsys):
+    code = main(["report", "--schedule", "A@@nonsense"])
+    err = capsys.readouterr().err
+    assert code == 2 and "A@@nonsense" in err and len(err.strip().splitlines()) == 1
+
+
+# -- a real browser ----------------------------------------------------------------------------------
+def _chromium() -> str:
+    """The browser: $KILLPOINT_CHROMIUM, else Debian's ``chromium``; a skip (a failure where required)."""
+    found = (os.environ.get("KILLPOINT_CHROMIUM") or shutil.which("chromium")
+             or ("/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else None))
+    if found is None:
+        reason = "no chromium found (Debian: apt-get install -y chromium; or set KILLPOINT_CHROMIUM)"
+        if os.environ.get("KILLPOINT_REQUIRE_BROWSER") == "1":
+            pytest.fail(f"KILLPOINT_REQUIRE_BROWSER=1 but {reason}", pytrace=False)
+        pytest.skip(reason)
+    return found
+
+
+def dump_dom(chromium: str, path: str, profile: str) -> str:
+    proc = subprocess.run(
+        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={profile}",
+         "--dump-dom", "file://" + os.path.abspath(path)],
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout
+
+
+def test_real_report_in_headless_chromium_shows_the_violation_and_runs_no_hostile_script(
+        violated_reports, tmp_path):
+    chromium = _chromium()
+    dom = dump_dom(chromium, os.path.join(violated_reports["dir"], run_report_name(1)),
+                   str(tmp_path / "profile"))
+    assert "stale_writes_rejected" in dom and 'class="violation"' in dom
+    title = re.search(r"<head>.*?<title>(.*?)</title>", dom, re.S).group(1)  # the document's own
+    assert "PWNED" not in title and title.startswith("killpoint violated")
+    (body,) = re.findall(r"<body[^>]*>", dom)
+    assert "data-pwned" not in body
+    # the hostile note the worker journaled is on the page, as inert text
+    assert "&lt;/script&gt;&lt;script&gt;document.title='PWNED'" in dom
