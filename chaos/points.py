@@ -41,6 +41,10 @@ class Failpoints:
     hits: dict[int, int] = field(default_factory=dict)  # fault index -> hits so far (all incarnations)
     point_hits: dict[tuple[str, str | None], int] = field(default_factory=dict)
     where: tuple[str | None, str | None] = (None, None)  # (instance, step) being worked on
+    # Locks a pause takes before the harness freezes the process, so that no other thread of the
+    # worker (the heartbeat) is frozen inside a database transaction, holding a lock every other
+    # worker needs. The freeze is meant to model a stale worker, not a wedged database.
+    pause_locks: list = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._rng = random.Random(self.seed)
@@ -85,12 +89,23 @@ class Failpoints:
             # The harness stops the whole process (SIGSTOP) and later resumes it (SIGCONT and a byte
             # on the pipe) or kills it; without a harness there is nobody to resume us.
             instance, step = self.where
-            self._tell(paused=index, instance=instance, step=step)
-            if self.from_harness is not None:
-                os.read(self.from_harness, 1)
+            for lock in self.pause_locks:
+                lock.acquire()
+            try:
+                self._tell(paused=index, instance=instance, step=step)
+                if self.from_harness is not None:
+                    os.read(self.from_harness, 1)
+            finally:
+                for lock in reversed(self.pause_locks):
+                    lock.release()
 
 
 _installed: Failpoints | None = None
+
+
+def installed() -> Failpoints | None:
+    """This process's failpoints, if a harness installed them."""
+    return _installed
 
 
 def install(failpoints: Failpoints | None) -> None:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import errno
 import http.client
 import json
 import os
@@ -218,6 +219,19 @@ class _Ledger:
                 self._rollback()
                 raise
             self._configs[run] = cfg
+
+    def raise_fence(self, run: str, scope: str, fence: int) -> None:
+        """A recovering lease holder shows its fence without calling, so that an older holder's late
+        call is refused even when the new holder settles the step without a call of its own."""
+        with self.lock:
+            self._begin()
+            try:
+                self.db.execute("INSERT INTO fences VALUES (?, ?, ?) ON CONFLICT (run, scope) DO UPDATE "
+                                "SET highest = MAX(highest, excluded.highest)", (run, scope, fence))
+            except BaseException:
+                self._rollback()
+                raise
+            self._commit()
 
     def receipt(self, run: str, key: str) -> dict[str, Any] | None:
         with self.lock:
@@ -424,6 +438,13 @@ class _Handler(BaseHTTPRequestHandler):
         if method == "GET" and what == "ledger" and not rest:
             return _Reply(200, {"rows": ledger.rows(run)})
         if method == "GET" and what == "receipts" and len(rest) == 1:
+            token, scope = self.headers.get("Fencing-Token"), self.headers.get("Fencing-Scope")
+            if token is not None and scope:
+                try:
+                    ledger.raise_fence(run, scope, int(token))
+                except ValueError:
+                    return _Reply(400, {"error": "bad_request",
+                                        "detail": f"Fencing-Token is not an integer: {token!r}"})
             found = ledger.receipt(run, rest[0])
             return _Reply(200, found) if found else _Reply(404, {"error": "no_receipt"})
         if method == "POST" and what == "resources" and len(rest) == 1:
@@ -473,9 +494,9 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, ledger: _Ledger) -> None:
+    def __init__(self, ledger: _Ledger, port: int = 0) -> None:
         self.ledger = ledger
-        super().__init__(("127.0.0.1", 0), _Handler)
+        super().__init__(("127.0.0.1", port), _Handler)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # A worker killed mid-request resets its connection: that is the experiment, not an error.
@@ -497,12 +518,29 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
-def _serve(ledger_path: str, conn: Any, parent_pid: int) -> None:
+def _bind(ledger: _Ledger, port: int) -> _Server:
+    """Listen on ``port`` (0: an ephemeral one).
+
+    A restart asks for the port its predecessor had, so clients that hold the URL reconnect.
+    ``allow_reuse_address`` (SO_REUSEADDR) lets the bind pass the old connections left in
+    TIME_WAIT; a port still held by a listener is waited for, up to a bound, then reported.
+    """
+    deadline = time.monotonic() + _START_TIMEOUT / 2
+    while True:
+        try:
+            return _Server(ledger, port)
+        except OSError as e:
+            if not port or e.errno != errno.EADDRINUSE or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
+def _serve(ledger_path: str, conn: Any, parent_pid: int, port: int = 0) -> None:
     """The server process's body: report the port (or the failure) through ``conn``; serve."""
     try:
         _die_with_parent(parent_pid)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business
-        server = _Server(_Ledger(ledger_path))
+        server = _bind(_Ledger(ledger_path), port)
     except BaseException as e:
         conn.send(("error", f"{type(e).__name__}: {e}"))
         conn.close()
@@ -541,12 +579,12 @@ class DownstreamProcess:
         self._finalizer: weakref.finalize | None = None
         self._launch()
 
-    def _launch(self) -> None:
+    def _launch(self, port: int = 0) -> None:
         import multiprocess
 
         ctx = multiprocess.get_context("fork")
         reader, writer = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=_serve, args=(self.ledger_path, writer, os.getpid()),
+        proc = ctx.Process(target=_serve, args=(self.ledger_path, writer, os.getpid(), port),
                            name="killpoint-downstream", daemon=False)
         proc.start()
         writer.close()
@@ -587,9 +625,14 @@ class DownstreamProcess:
             self._proc = None
 
     def restart(self) -> None:
-        """Kill the server and start a fresh process on the same ledger file (URL may change)."""
+        """Kill the server and start a fresh process on the same ledger file and the same port.
+
+        The URL stays the same, so workers that hold it (and their keep-alive connections, which
+        notice the old server is gone) reconnect to the new process, as to a restarted service.
+        """
+        port = (urlsplit(self.url).port or 0) if self.url else 0
         self.stop()
-        self._launch()
+        self._launch(port)
 
     @property
     def alive(self) -> bool:
@@ -731,8 +774,17 @@ class DownstreamClient:
         replay = body.get("replay") is True or hdrs.get("Idempotent-Replayed") == "true"
         return Answer(status, body, replay)
 
-    def receipt(self, key: str) -> dict[str, Any] | None:
-        status, body = self._idempotent("GET", f"/receipts/{quote(key, safe='')}")
+    def receipt(self, key: str, *, fence: int | None = None,
+                fence_scope: str | None = None) -> dict[str, Any] | None:
+        """The stored outcome for ``key``, or None. With a fence and its scope, the downstream also
+        raises the highest fence it has seen for that scope (a read that fences out older holders)."""
+        headers = {}
+        if fence is not None and fence_scope is not None:
+            headers = {"Fencing-Token": str(int(fence)), "Fencing-Scope": fence_scope}
+        try:
+            status, body, _ = self._request("GET", f"/receipts/{quote(key, safe='')}", headers=headers)
+        except LostResponse:
+            status, body, _ = self._request("GET", f"/receipts/{quote(key, safe='')}", headers=headers)
         if status == 404:
             return None
         if status != 200:

@@ -31,7 +31,21 @@ def line(e: Event) -> str | None:
         if e.kind == "stop":
             return f"harness: SIGSTOP to {worker} (pid {pid}), frozen with its heartbeat"
         if e.kind == "cont":
+            if d.get("signal") is None:
+                return f"harness: released {worker} (pid {pid}): {d.get('reason')}"
             return f"harness: SIGCONT to {worker} (pid {pid}): {d.get('reason')}"
+        if e.kind == "downstream_restart":
+            return (f"harness: restarted the downstream: pid {d.get('pid_before')} killed, pid "
+                    f"{d.get('pid')} serves the same ledger at the same address {d.get('url')}")
+        if e.kind == "store_restart":
+            killed = ", ".join(d.get("killed") or ()) or "no worker"
+            return (f"harness: restarted the store: every connection to it cut ({killed} killed with "
+                    f"theirs), its own handle closed and reopened")
+        if e.kind == "bound_hit":
+            why = f"{d['seconds']:g} s" if d.get("seconds") is not None else d.get("reason")
+            return f"harness: the run hit its bound ({why}); what is still running is ended"
+        if e.kind == "after_quiescent":
+            return "harness: the run is quiescent; an outside actor acts before the history is judged"
         if e.kind == "exit":
             how = f"killed by {d['signal']}" if d.get("signal") else f"exit code {d.get('code')}"
             return f"harness: worker {worker} (pid {pid}) ended, {how}"
@@ -43,8 +57,10 @@ def line(e: Event) -> str | None:
                     f"(attempt {d.get('attempt')}, {d.get('from_state')} -> {d.get('to_state')})")
         if e.kind == "committed":
             fence = f" with fence {d['fence']}" if d.get("fence") is not None else ""
+            why = f"; reason: {d['reason']}" if d.get("reason") else ""
             return (f"store: accepted {d.get('worker')}'s commit{fence}: {where} "
-                    f"{d.get('from_state')} -> {d.get('to_state')} (state version {d.get('state_version')})")
+                    f"{d.get('from_state')} -> {d.get('to_state')} (state version {d.get('state_version')}"
+                    f"{why})")
         if e.kind == "commit_rejected":
             return (f"store: REFUSED {d.get('worker')}'s commit with fence {d.get('fence')}: the lease "
                     f"is at fence {d.get('lease_version')}, state version {d.get('state_version')} "
@@ -74,6 +90,8 @@ def line(e: Event) -> str | None:
                 f"-> {d.get('action')}")
     if e.kind == "call" and e.type == "info":
         return f"{who}: call outcome unknown ({'it died first' if d.get('indeterminate') else d.get('error')})"
+    if e.kind == "checkpoint":
+        return f"{who}: checkpoint of {d.get('instance')} {d.get('outcome')}: {d.get('reason')}"
     if e.kind == "heartbeat_lost":
         return f"{who}: heartbeat found the lease gone (fence {d.get('fence')})"
     return None
@@ -82,6 +100,7 @@ def line(e: Event) -> str | None:
 def narrate(history: History, steps: Iterable[tuple[str, str]] | None = None) -> list[str]:
     """Timestamped lines for the given steps (default: the steps a fault fired on) and the harness."""
     wanted = set(steps) if steps is not None else focus(history)
+    instances = {instance for instance, _ in wanted}
     if not history.events:
         return []
     t0 = history.events[0].time
@@ -90,7 +109,8 @@ def narrate(history: History, steps: Iterable[tuple[str, str]] | None = None) ->
         meta = e.get("meta") or {}
         where = (meta.get("instance"), meta.get("step")) if e.process == "downstream" else \
             (e.get("instance"), e.get("step"))
-        if e.process != "harness" and where not in wanted:
+        if e.process != "harness" and where not in wanted and \
+                not (where[1] is None and where[0] in instances):  # an event about a whole instance
             continue
         text = line(e)
         if text:

@@ -24,7 +24,7 @@ import string
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import multiprocess
 
@@ -63,6 +63,19 @@ class RunConfig:
     timing: Timing = field(default_factory=Timing)
     bound_s: float = 30.0
     same_identity: float = 0.5  # chance that a killed worker comes back under its own identity
+    # Merged over the workload's downstream configuration, e.g. {"ignore_intent": True}; a
+    # ``mutant:NAME`` target's own downstream overrides are applied first.
+    downstream_overrides: Mapping[str, Any] = field(default_factory=dict)
+    # A workload built in code (a scenario's own); ``workload`` is then only its name.
+    workload_spec: Workload | None = None
+    # Called once the run is quiescent, before judging: an outside actor (an operator resolving a
+    # step in manual review) acts on the store or the downstream, and the history records it.
+    after_quiescent: "Callable[[Store, ds.DownstreamClient], None] | None" = None
+    # What the harness restarts when a fault fires, by the fault's text: ``downstream`` (same
+    # ledger, same port) and/or ``store`` (every connection to it cut: the live workers are killed
+    # and replaced, the harness reopens its handle). A worker paused by that fault is released at
+    # once, without SIGSTOP: it only waited for the restart.
+    restarts: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def target_name(self) -> str:
@@ -191,7 +204,12 @@ class _Run:
         self.run_id = run_id
         self.run_dir = os.path.join(session.base_dir, run_id)
         os.makedirs(self.run_dir, exist_ok=True)
-        self.workload: Workload = _workload(config.workload, config.seed)
+        self.workload: Workload = config.workload_spec or _workload(config.workload, config.seed)
+        known = {str(f) for f in config.schedule.faults}
+        for fault, services in config.restarts.items():
+            if fault not in known or not set(services) <= {"downstream", "store"}:
+                raise ValueError(f"restarts {fault!r}: {services!r}: name a fault of the schedule "
+                                 f"and any of 'downstream', 'store'")
         self.target = resolve(config.target)
         self.rng = random.Random(config.seed)
         self.harness_events: list[dict[str, Any]] = []
@@ -200,7 +218,11 @@ class _Run:
         self.hits: dict[int, int] = {}
         self.fired: dict[int, int] = {}
         self.spent: set[int] = set()  # faults whose action killed their worker
-        self.names = [string.ascii_uppercase[i] for i in range(config.workers)]
+        pool = [string.ascii_uppercase[i] for i in range(config.workers)]
+        # Workers named by the schedule start first, in the order the schedule names them.
+        self.names = [n for n in config.schedule.workers if n in pool] + \
+            [n for n in pool if n not in config.schedule.workers]
+        self.deferred: list[str] = []  # replacements held back while a fault is still to fire
         self.started_names: list[str] = []
         self.incarnations: dict[str, int] = {}
         self.next_fresh = config.workers
@@ -234,28 +256,45 @@ class _Run:
     def live(self) -> list[_Worker]:
         return [w for w in self.workers if w.state != "exited"]
 
+    def pending_faults(self) -> bool:
+        """Whether a live, running worker still has a scheduled fault that has not fired."""
+        for i, fault in enumerate(self.schedule.faults):
+            if i in self.fired:
+                continue
+            if any(w.worker_id == fault.worker and w.state == "running" for w in self.workers):
+                return True
+        return False
+
     def start_gated(self) -> None:
-        """Start the next named worker once all faults of the workers before it have fired."""
+        """Start held-back workers once no live worker has a fault still to fire.
+
+        The named workers start first, one at a time, then the others and the replacements: while
+        a faulted worker has not reached its fault, nobody else can take its work away, so the
+        fault lands where the schedule put it.
+        """
         for name in self.names:
             if name in self.started_names:
                 continue
-            for earlier in self.started_names:
-                pending = [i for i, _ in self.schedule.for_worker(earlier)
-                           if i not in self.fired and any(w.worker_id == earlier and w.state != "exited"
-                                                          for w in self.workers)]
-                if pending:
-                    return
+            if self.pending_faults():
+                return
             self.started_names.append(name)
             self.spawn(name)
+        while self.deferred and not self.pending_faults():
+            self.spawn(self.deferred.pop(0))
 
     def replace(self, dead: _Worker) -> None:
         if self.rng.random() < self.config.same_identity:
-            self.spawn(dead.worker_id)
+            identity = dead.worker_id
         else:
-            fresh = string.ascii_uppercase[self.next_fresh % 26] + ("" if self.next_fresh < 26
-                                                                     else str(self.next_fresh // 26))
+            identity = string.ascii_uppercase[self.next_fresh % 26] + ("" if self.next_fresh < 26
+                                                                        else str(self.next_fresh // 26))
             self.next_fresh += 1
-            self.spawn(fresh)
+        faulted = any(f.worker == identity and i not in self.spent
+                      for i, f in enumerate(self.schedule.faults))
+        if faulted or not self.pending_faults():
+            self.spawn(identity)
+        else:
+            self.deferred.append(identity)
 
     # -- messages ---------------------------------------------------------------------------------
     def read_messages(self, w: _Worker) -> None:
@@ -277,11 +316,19 @@ class _Run:
         elif "fired" in msg:
             i = msg["fired"]
             self.fired[i] = self.fired.get(i, 0) + 1
-            if msg["action"] == "kill":
-                self.spent.add(i)
-            elif msg["action"] == "hang":
+            if msg["action"] in ("kill", "hang"):
+                self.spent.add(i)  # its worker is gone for good: a restart does not inherit it
+            if msg["action"] == "hang":
                 w.state = "hung"
+            self.restart_services(i)
         elif "paused" in msg:
+            if w.state == "exited":
+                return  # killed (by a store restart) before its pause was read
+            if str(self.schedule.faults[msg["paused"]]) in self.config.restarts:
+                os.write(w.control, b"r")  # it only waited for the restart, which is done
+                self.note("cont", worker=w.label, pid=w.proc.pid, signal=None,
+                          reason="released once the restart it waited for was done")
+                return
             instance, step = msg.get("instance"), msg.get("step")
             row = self.step_row(instance, step)
             os.kill(w.proc.pid, signal.SIGSTOP)
@@ -289,6 +336,37 @@ class _Run:
             w.paused = (instance, step, row["state_version"] if row else 0)
             self.note("stop", worker=w.label, pid=w.proc.pid, signal="SIGSTOP", instance=instance,
                       step=step, reason="pause")
+
+    def restart_services(self, index: int) -> None:
+        """Restart what ``RunConfig.restarts`` names for fault ``index``, the moment it fired.
+
+        The store has no process of its own to restart (SQLite lives inside its clients), so a
+        store restart cuts every connection to it the only real way: every live worker is killed
+        (its connections, and any transaction it had open, die with it) and replaced, and the
+        harness closes and reopens its own handle (SQLite then replays the write-ahead log).
+        """
+        fault = str(self.schedule.faults[index])
+        for service in self.config.restarts.get(fault, ()):
+            if service == "downstream":
+                before = self.s.downstream.pid
+                self.s.downstream.restart()
+                self.note("downstream_restart", fault=fault, pid_before=before,
+                          pid=self.s.downstream.pid, url=self.s.downstream.url)
+                continue
+            killed = self.live()
+            for w in killed:
+                self.note("kill", worker=w.label, pid=w.proc.pid, signal="SIGKILL",
+                          reason="store restart: every connection to the store is cut")
+                _kill(w)
+                w.exitcode = -signal.SIGKILL
+                self.s._live.pop(w.proc.pid, None)
+                self.note("exit", worker=w.label, pid=w.proc.pid, code=w.exitcode, signal="SIGKILL")
+            self.store.close()
+            self.store.snapshot()  # a new connection, on what the killed writers left
+            self.note("store_restart", fault=fault, killed=[w.label for w in killed])
+            for w in killed:
+                if len(self.workers) < self.spawn_cap:
+                    self.replace(w)
 
     def step_row(self, instance: str | None, step: str | None) -> dict[str, Any] | None:
         for row in self.store.steps():
@@ -327,13 +405,20 @@ class _Run:
         if code != 0 and len(self.workers) < self.spawn_cap:
             self.replace(w)
 
+    def downstream_config(self) -> dict[str, Any]:
+        """The workload's downstream configuration with the target's and the run's overrides."""
+        from harness.mutants import downstream_for
+
+        return {**self.workload.downstream_config(), **downstream_for(self.config.target),
+                **self.config.downstream_overrides}
+
     # -- the loop ---------------------------------------------------------------------------------
     def execute(self) -> RunResult:
         started = time.monotonic()
         self.store = open_store(self.config.store, self.run_dir, self.run_id)
         self.store.setup(self.workload.checkpoints())
         client = ds.DownstreamClient(self.s.downstream.url, self.run_id)
-        client.configure(self.workload.downstream_config())
+        client.configure(self.downstream_config())
         self.spawn_cap = 4 * self.config.workers + 2 * len(self.schedule.faults) + 4
         bound_hit = quiescent = False
         deadline = started + self.config.bound_s
@@ -388,11 +473,26 @@ class _Run:
                     if w.state == "paused":
                         self.maybe_resume(w, others_active=any(o.state == "running" for o in self.live()
                                                                if o is not w))
+        except BaseException:
+            self.end_workers()
+            if not self.s.keep:  # an interrupted run leaves no file or schema behind either
+                self.store.drop()
+            client.close()
+            raise
         finally:
-            for w in self.live():
-                _kill(w)
-                self.s._live.pop(w.proc.pid, None)
-        return self.judge(client, started, bound_hit, quiescent)
+            self.end_workers()
+        try:
+            if quiescent and self.config.after_quiescent is not None:
+                self.note("after_quiescent")
+                self.config.after_quiescent(self.store, client)
+            return self.judge(client, started, bound_hit, quiescent)
+        finally:
+            client.close()
+
+    def end_workers(self) -> None:
+        for w in self.live():
+            _kill(w)
+            self.s._live.pop(w.proc.pid, None)
 
     # -- judging ------------------------------------------------------------------------------------
     def judge(self, client: ds.DownstreamClient, started: float, bound_hit: bool,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from typing import Callable
 
 from harness.worker import WorkerContext, reference
@@ -38,6 +40,10 @@ def resolve(target: "str | Target") -> Target:
     module_name, sep, attr = target.partition(":")
     if not sep or not module_name or not attr:
         raise InvalidTarget(f"target {target!r}: expected reference, mutant:NAME or pkg.module:function")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        # As ``python -m`` and pytest's rootdir do: a user's module in the working directory imports,
+        # so a printed ``killpoint replay ... --target mymod:fn`` works as it is.
+        sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:

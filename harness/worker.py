@@ -15,7 +15,7 @@ from typing import Any
 
 import chaos
 from chaos.journal import Journal
-from harness import recovery, states
+from harness import checkpoint, recovery, states
 from harness.downstream import DownstreamClient, LostResponse
 from harness.intent import idempotency_key, intent_hash
 from harness.store.base import Claim, Store
@@ -61,6 +61,10 @@ class Heartbeat:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+        self._in_store = threading.Lock()  # held while the heartbeat is inside a store transaction
+        failpoints = chaos.points.installed()
+        if failpoints is not None:
+            failpoints.pause_locks.append(self._in_store)
 
     def hold(self, claim: Claim) -> None:
         with self._lock:
@@ -80,7 +84,9 @@ class Heartbeat:
                 claim = self._claim
             if claim is None:
                 continue
-            if not self._store.heartbeat(claim, self._timing.lease_ttl_ms):
+            with self._in_store:
+                renewed = self._store.heartbeat(claim, self._timing.lease_ttl_ms)
+            if not renewed:
                 self._journal.write("heartbeat_lost", instance=claim.instance, step=claim.step,
                                     fence=claim.fence)
                 with self._lock:
@@ -157,16 +163,22 @@ class ReferenceWorker:
         if ctx.heartbeat is None:
             ctx.heartbeat = Heartbeat(ctx.store, ctx.journal, ctx.timing)
         self.heartbeat = ctx.heartbeat
+        self._loaded: dict[str, checkpoint.Loaded] = {}  # instance id -> its verified checkpoint
 
     # -- the loop ---------------------------------------------------------------------------------
     def run(self) -> None:
+        next_monitor = 0.0
         while True:
             now, rows = self.store.snapshot()
             task = plan(rows, now, self.ctx.workload)
             if task == DONE:
                 return
-            if task == WAIT:
+            # Busy workers watch too (a few times per bound), so a hung lease holder is flagged even
+            # when no worker is idle.
+            if task == WAIT or time.monotonic() >= next_monitor:
                 self.monitor()
+                next_monitor = time.monotonic() + self.timing.stuck_bound_ms / 4000.0
+            if task == WAIT:
                 time.sleep(self.timing.poll_ms / 1000.0)
                 continue
             self.execute(task)
@@ -195,9 +207,28 @@ class ReferenceWorker:
             self.heartbeat.hold(claim)
             try:
                 chaos.point("heartbeat")
+                loaded = self.load_instance(inst.id)
+                if not loaded.ok:
+                    self.commit(claim, states.MANUAL, reason=f"checkpoint refused: {loaded.reason}")
+                    return
                 self.work(inst, spec, claim, compensation)
             finally:
                 self.heartbeat.release()
+
+    def load_instance(self, instance_id: str) -> checkpoint.Loaded:
+        """Verify an instance's checkpoint the first time this worker touches it: format,
+        integrity (an HMAC when the deployment has a key) and definition (or a registered
+        migration). A refused one sends the step to manual review; it is never silently run."""
+        loaded = self._loaded.get(instance_id)
+        if loaded is None:
+            loaded = checkpoint.verify(self.store.instance(instance_id),
+                                       self.ctx.workload.instance(instance_id),
+                                       checkpoint.policy_of(self.ctx.workload))
+            self._loaded[instance_id] = loaded
+            if loaded.outcome != checkpoint.OK:
+                self.journal.write("checkpoint", instance=instance_id, outcome=loaded.outcome,
+                                   reason=loaded.reason, fingerprint=loaded.fingerprint)
+        return loaded
 
     # -- claim --------------------------------------------------------------------------------------
     def claim(self, row: dict[str, Any], compensation: bool) -> Claim | None:
@@ -270,7 +301,8 @@ class ReferenceWorker:
         receipt = self.store.receipt(receipt_key)
         source = "local"
         if receipt is None and key is not None and spec.queryable:
-            remote = self.ctx.downstream.receipt(key)
+            remote = self.ctx.downstream.receipt(key, fence=claim.fence,
+                                                 fence_scope=f"{inst.id}:{spec.name}")
             if remote is not None:
                 source = "downstream"
                 status = self.classify_status(remote["status"])

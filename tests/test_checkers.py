@@ -504,3 +504,54 @@ def test_check_all_fills_the_schedule_into_every_violation():
 @pytest.mark.parametrize("name", list(ALL))
 def test_every_checker_names_itself_in_its_result(name):
     assert ALL[name](build([])).invariant == name
+
+
+# ---------------------------------------------------------------------------------------------
+# what the mutant zoo taught the checkers
+
+
+def test_no_duplicate_effects_groups_by_the_steps_stable_key_not_the_key_a_worker_sent():
+    # A worker that mints a fresh request id per retry must not make a duplicate look like a new
+    # intent: the step's configured key, not the key sent, names the logical intent.
+    h = build([request(1, key="req-1"), request(2, key="req-2")], steps=(CHARGE,))
+    v = only(no_duplicate_effects(h))
+    assert (v.instance, v.step, v.events) == ("order-1", "charge", (0, 1))
+    assert "'k1'" in v.detail and "'req-1'" in v.detail and "'req-2'" in v.detail
+
+
+def test_stale_writes_rejected_does_not_judge_a_lease_free_settle_by_another_worker():
+    # A planning transition (cancel, auto-resolve) carries no fence: no lease guards it, so the
+    # last claimer being someone else does not make it a stale write (manual_stable judges those).
+    settle = store(5, "committed", "order-1", "charge", worker="B", state_version=4,
+                   from_state="manual_intervention", to_state="succeeded")
+    h = build([created(0), claimed(1, "order-1", "charge", "A", 1, 2),
+               rejected(2, "order-1", "charge", "C", 0, 1),
+               committed(3, "order-1", "charge", "A", 1, 3, to_state="manual_intervention"), settle])
+    holds(stale_writes_rejected(h))
+
+
+def test_stuck_detected_does_not_judge_a_hang_while_the_worker_held_no_lease():
+    # Hung before its claim: its heartbeat renews nothing and blocks nobody, so nothing is stuck.
+    h = build([created(0), claimed(10, "order-1", "charge", "B", 1, 2),
+               committed(20, "order-1", "charge", "B", 1, 3),
+               point(1000, "A", "order-1", "charge", "hang", name="before_claim"),
+               harness(5000, "bound_hit")])
+    unjudged(stuck_detected(h))
+
+
+def test_stuck_detected_judges_a_hang_of_a_restarted_incarnation_holding_its_identitys_lease():
+    h = build([created(0), harness(1, "spawn", worker="A.2", identity="A", pid=2),
+               claimed(10, "order-1", "charge", "A", 1, 2),
+               point(1000, "A.2", "order-1", "charge", "hang", name="heartbeat"),
+               harness(5000, "bound_hit")])
+    assert only(stuck_detected(h)).events == (3,)
+
+
+def test_terminates_holds_for_pending_steps_behind_a_step_in_manual_review():
+    # Nothing after a step in manual review runs until an operator acts: waiting, not stuck.
+    holds(terminates(build([], final=final(("order-3", "notify", "manual_intervention"),
+                                          ("order-3", "amend", "pending"),
+                                          ("order-4", "charge", "succeeded")))))
+    r = terminates(build([], final=final(("order-3", "notify", "pending"),
+                                         ("order-3", "amend", "pending"))))
+    assert r.valid is False and len(r.violations) == 2

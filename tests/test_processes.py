@@ -81,10 +81,15 @@ def _cli(marker: str) -> subprocess.Popen:
 
 
 def _wait_for_workers(marker: str, cli: subprocess.Popen) -> None:
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and len(marked(marker)) < 3:  # cli + downstream + a worker
-        time.sleep(0.02)
-    assert len(marked(marker)) >= 3, "the matrix never got going"
+    """Wait until the CLI has a worker besides the downstream (two children at once)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and cli.poll() is None:
+        if len(children_of(cli.pid)) >= 2:
+            return
+        time.sleep(0.01)
+    cli.kill()
+    raise AssertionError(f"the matrix never got going (exit {cli.wait()}): "
+                         f"{cli.stderr.read().decode(errors='replace')[-2000:]}")
 
 
 def test_an_interrupted_matrix_ends_every_process_it_started():

@@ -14,7 +14,7 @@ from typing import Any, Iterable, Mapping
 from harness.checkers.base import Result, Violation
 from harness.history import ACCEPTED_TRANSITIONS, Event, History
 from harness.states import (COMPENSATED, COMPENSATING, MANUAL, PENDING, RETRY_SCHEDULED, RUNNING,
-                            SETTLED, SUCCEEDED, UNKNOWN, allowed)
+                            SETTLED, SUCCEEDED, UNKNOWN, WAITING_APPROVAL, allowed)
 
 # Processes that are not worker incarnations; every other process name is a worker.
 NON_WORKERS = frozenset({"store", "downstream", "harness"})
@@ -95,19 +95,35 @@ def _at(e: Event) -> str:
 # 1. no_duplicate_effects
 
 
+def _logical_key(history: History, e: Event) -> Any:
+    """The idempotency key a keyed request should have carried: the step's own, when known.
+
+    The key a worker sent is the worker's claim about which intent it means; a worker that mints a
+    new key per retry would make every duplicate look like a new intent. So an effect whose step is
+    configured is grouped under that step's stable key, and only otherwise under the key it sent.
+    """
+    inst, step = _effect_step(e)
+    cfg = history.step_config(inst, step) if inst is not None and step is not None else None
+    if cfg is not None:
+        expected = cfg.compensation_key if _direction(e) == COMPENSATION else cfg.key
+        if expected is not None:
+            return expected
+    return e.get("key")
+
+
 def no_duplicate_effects(history: History) -> Result:
     """At most one applied effect per logical intent.
 
-    Keyed requests are grouped by idempotency key; legacy ones (no key) by instance, step, resource
-    and direction, because a legacy downstream cannot tell a retry from a new request.
+    Keyed requests are grouped by the step's stable idempotency key (see :func:`_logical_key`);
+    legacy ones (no key) by instance, step, resource and direction, because a legacy downstream
+    cannot tell a retry from a new request.
     """
     name = "no_duplicate_effects"
     effects = _applied(history)
     groups: dict[tuple[Any, ...], list[Event]] = defaultdict(list)
     for e in effects:
-        key = e.get("key")
-        if key is not None:
-            groups[("key", key)].append(e)
+        if e.get("key") is not None:
+            groups[("key", _logical_key(history, e))].append(e)
         else:
             inst, step = _effect_step(e)
             groups[("legacy", inst, step, e.get("resource"), _direction(e))].append(e)
@@ -116,8 +132,10 @@ def no_duplicate_effects(history: History) -> Result:
         if len(evs) < 2:
             continue
         inst, step = _effect_step(evs[0])
-        what = (f"key {group[1]!r}" if group[0] == "key"
-                else f"legacy resource {group[3]!r} ({group[4]})")
+        sent = list(dict.fromkeys(x.get("key") for x in evs))
+        what = (f"legacy resource {group[3]!r} ({group[4]})" if group[0] == "legacy"
+                else f"key {group[1]!r}" if sent == [group[1]]
+                else f"intent {group[1]!r} (sent under keys {', '.join(map(repr, sent))})")
         violations.append(Violation(
             name, inst, step,
             f"{what} was applied {len(evs)} times (events {', '.join(str(x.index) for x in evs)}): "
@@ -205,8 +223,10 @@ def stale_writes_rejected(history: History) -> Result:
     """No write from a worker whose fence was no longer current was accepted.
 
     In the store: an accepted ``committed`` must carry the current lease version and come from the
-    current owner. At the downstream: an applied request must not carry a fence lower than one
-    already seen in its scope, or a woken stale worker overwrote its successor.
+    current owner. A ``committed`` without a fence is a lease-free planning transition (``settle``,
+    e.g. cancelling a pending step), which no lease guards, so it is not judged here. At the
+    downstream: an applied request must not carry a fence lower than one already seen in its
+    scope, or a woken stale worker overwrote its successor.
     """
     name = "stale_writes_rejected"
     violations: list[Violation] = []
@@ -221,7 +241,7 @@ def stale_writes_rejected(history: History) -> Result:
         sid = _step_of(e)
         if e.kind == "commit_rejected":
             takeover = True
-        if e.kind == "committed" and sid in fence:
+        if e.kind == "committed" and sid in fence and e.get("fence") is not None:
             held, worker = e.get("fence"), e.get("worker")
             stale_fence = held is not None and held != fence[sid]
             stale_owner = (worker is not None and owner.get(sid) is not None
@@ -250,8 +270,8 @@ def stale_writes_rejected(history: History) -> Result:
         if e.get("outcome") == "stale_fence":
             takeover = True
         f = e.get("fence")
-        if f is None:
-            continue
+        if f is None or e.get("key") is None:
+            continue  # a legacy resource takes no key and enforces no fence: manual review covers it
         scope = (e.get("resource"), e.get("scope"))
         top = highest.get(scope)
         if e.get("applied") is True and top is not None and f < top.get("fence"):
@@ -457,14 +477,29 @@ def retry_budget(history: History) -> Result:
 # 9. terminates
 
 
+# Settled states that wait for an outside event (an operator, an approval) and hold later steps.
+_AWAITING_OUTSIDE = frozenset({MANUAL, WAITING_APPROVAL})
+
+
 def terminates(history: History) -> Result:
     """With the harness quiescent every step settled; a step left mid-flight is stuck forever.
 
     A run that hit its bound proves nothing either way, unless every step had settled anyway.
+    A step in manual review or awaiting approval holds the steps after it (nothing after it runs
+    until an outside event), so a pending step behind one is waiting, not stuck.
     """
     name = "terminates"
     final = history.final
     unsettled = [row for row in final if row["state"] not in SETTLED]
+    if unsettled:
+        held: set[StepId] = set()
+        blocked: set[Any] = set()  # instances with a step awaiting an outside event
+        for row in final:  # the store's order: instance, then step index
+            if row["instance"] in blocked and row["state"] == PENDING:
+                held.add((row["instance"], row["step"]))
+            if row["state"] in _AWAITING_OUTSIDE:
+                blocked.add(row["instance"])
+        unsettled = [row for row in unsettled if (row["instance"], row["step"]) not in held]
     if history.bound_hit:
         if final and not unsettled:
             return Result(name, True, True, (), "run hit its bound, but every step had settled")
@@ -491,6 +526,9 @@ def stuck_detected(history: History) -> Result:
 
     A hang whose deadline lies beyond the end of the history, or whose worker died before the
     deadline (its heartbeat stopped with it), cannot be judged and does not count as checked.
+    Neither can a hang while the store shows the worker held no lease on the step (before its
+    claim, after its commit): its heartbeat renews nothing and blocks nobody, so there is nothing
+    to flag.
     """
     name = "stuck_detected"
     if not history.events:
@@ -499,18 +537,32 @@ def stuck_detected(history: History) -> Result:
     window = int(round((history.stuck_bound_ms + history.stuck_slack_ms) * 1_000_000))
     flags: dict[StepId, list[Event]] = defaultdict(list)
     deaths: dict[Any, list[Event]] = defaultdict(list)
+    owners: dict[StepId, list[Event]] = defaultdict(list)  # events that set or clear the lease
+    identity: dict[Any, Any] = {}  # worker incarnation (A.2) -> the identity the store saw (A)
     for e in history.events:
         if e.process == "store" and e.kind == "stuck_flagged":
             flags[_step_of(e)].append(e)
         elif e.process == "harness" and e.kind in ("kill", "exit"):
             deaths[e.get("worker")].append(e)
+        elif e.process == "harness" and e.kind == "spawn" and e.get("identity") is not None:
+            identity[e.get("worker")] = e.get("identity")
+        if e.process == "store" and (e.kind in ("created", "claimed", "stuck_flagged")
+                                     or (e.kind == "committed" and e.get("fence") is not None)):
+            owners[_step_of(e)].append(e)
+
+    def held_no_lease(hang: Event, sid: StepId) -> bool:
+        before = [o for o in owners.get(sid, ()) if o.time <= hang.time]
+        if not before:
+            return False  # the store says nothing: judge the hang
+        who = identity.get(hang.process, str(hang.process).split(".")[0])
+        return not (before[-1].kind == "claimed" and before[-1].get("worker") == who)
     violations: list[Violation] = []
     checked = False
     for e in history.events:
         if not (_is_worker(e) and e.kind == "point" and e.get("action") == "hang"):
             continue
         sid = _step_of(e)
-        if None in sid:
+        if None in sid or held_no_lease(e, sid):
             continue
         deadline = e.time + window
         in_time = [f for f in flags.get(sid, ()) if e.time <= f.time <= deadline]

@@ -92,6 +92,8 @@ def replay_command(result: RunResult) -> str:
         parts += ["--workload", c.workload]
     if c.store != "sqlite":
         parts += ["--store", redact(c.store)]
+    if c.same_identity != 0.5:  # the restart rule decides who recovers: it is part of the run
+        parts += ["--same-identity", f"{c.same_identity:g}"]
     return " ".join(shlex.quote(p) for p in parts)
 
 

@@ -1,8 +1,19 @@
-"""``killpoint matrix``: every single-crash schedule of the workload, each judged by every invariant."""
+"""``killpoint matrix``: every single-crash schedule of the workload, each judged by every invariant.
+
+``--depth 2`` runs every ordered pair of faults instead: A crashes at one point, then a second
+crash lands either on worker B (``workers``: the worker that recovers dies too) or on A again after
+it restarted under its own identity (``hits``: the same identity crashes twice). By default both
+faults sit on the same step, which is where a second crash meets the first one's recovery, and the
+steps are those more than one instance runs; that is ``steps x points x points x forms`` runs (600
+on the default workload, about two and a half minutes on two cores).
+``--cross-steps`` pairs every step with every step (the workers form only), and ``--steps``,
+``--points`` and ``--forms`` narrow the matrix.
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
 
 from chaos.points import POINTS
 from chaos.schedule import Fault, Schedule
@@ -11,7 +22,12 @@ from harness.commands.common import Progress, Summary, add_common, finish, parse
 from harness.run import Session
 from harness.workload import WORKLOADS
 
-HELP = "run every single-crash schedule (each point x each step) and check every invariant"
+HELP = ("run every single-crash schedule (each point x each step), or with --depth 2 every ordered "
+        "pair of faults, and check every invariant")
+FORMS = ("workers", "hits")
+# The order a worker hits the points of one attempt in (heartbeat right after the claim).
+HIT_ORDER = ("before_claim", "after_claim", "heartbeat", "before_call", "in_call", "after_call",
+             "before_receipt", "after_receipt", "before_commit", "after_commit")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -19,6 +35,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--points", default=None,
                    help="comma-separated crash points (default: all of them)")
     p.add_argument("--steps", default=None, help="comma-separated step names (default: all)")
+    p.add_argument("--depth", type=int, choices=(1, 2), default=1,
+                   help="1: every single crash (default); 2: every ordered pair of crashes")
+    p.add_argument("--forms", default=",".join(FORMS),
+                   help="with --depth 2: workers (A then B), hits (A twice, restarted under its "
+                        "own identity), or both (default)")
+    p.add_argument("--cross-steps", action="store_true",
+                   help="with --depth 2: pair faults on different steps too (workers form only)")
 
 
 def single_crash_schedules(step_names, points) -> list[Schedule]:
@@ -31,13 +54,64 @@ def single_crash_schedules(step_names, points) -> list[Schedule]:
     return out
 
 
+def _action(point: str) -> str:
+    # Once: a bare hang is not spent like a kill, so a restart under the same identity would
+    # hang again at the next hit and the pair would never reach its second fault.
+    return "1*hang" if point == "heartbeat" else "kill"
+
+
+def _fault(worker: str, step: str, point: str, hit: int = 1) -> Fault:
+    return Fault(worker, point, parse_actions(_action(point)), step, hit)
+
+
+def double_crash_schedules(step_names, points, *, forms=FORMS,
+                           cross_steps: bool = False) -> list[tuple[Schedule, float]]:
+    """Every ordered pair of faults, each with the restart rule it needs (``same_identity``).
+
+    ``workers``: ``A@s1.p1`` then ``B@s2.p2`` (B starts once A's fault fired). ``hits``:
+    ``A@s.p1`` then ``A@s.p2`` again, with every killed worker restarted under its own identity,
+    so the restarted A takes the second crash; when A passes ``p2`` before (or at) ``p1`` in an
+    attempt, the second fault waits for hit #2 so that it lands after the first. A pair whose
+    second fault is never reached (the other worker did that work) is unknown, never valid.
+    """
+    out: list[tuple[Schedule, float]] = []
+    for s1 in step_names:
+        for p1 in points:
+            first = _fault("A", s1, p1)
+            if "workers" in forms:
+                for s2 in (step_names if cross_steps else (s1,)):
+                    for p2 in points:
+                        out.append((Schedule((first, _fault("B", s2, p2))), 0.5))
+            if "hits" in forms:
+                for p2 in points:
+                    hit = 2 if HIT_ORDER.index(p2) <= HIT_ORDER.index(p1) else 1
+                    out.append((Schedule((first, _fault("A", s1, p2, hit))), 1.0))
+    return out
+
+
+def repeated_steps(workload) -> tuple[str, ...]:
+    """The steps more than one instance runs: the default steps of ``--depth 2``.
+
+    After a crash, recovery of a step passes only the points it needs (a receipt found means no
+    call, no receipt, no second commit point), so a second fault at the same step is reached on a
+    later instance that runs the step afresh. A step only one instance runs (the amendment) has no
+    later instance, so most of its pairs could never fire; name it with ``--steps`` to run them.
+    """
+    counts: dict[str, int] = {}
+    for inst in workload.instances:
+        for step in inst.steps:
+            counts[step.name] = counts.get(step.name, 0) + 1
+    return tuple(name for name in workload.step_names if counts[name] > 1) or workload.step_names
+
+
 def run(args: argparse.Namespace) -> int:
     from harness.commands.common import BadInput
 
     points = parse_points(args.points, POINTS)
     if args.workload not in WORKLOADS:
         raise BadInput(f"--workload {args.workload!r}: known workloads are {', '.join(WORKLOADS)}")
-    steps = WORKLOADS[args.workload](args.seed).step_names
+    workload = WORKLOADS[args.workload](args.seed)
+    steps = workload.step_names
     if args.steps:
         chosen = tuple(s.strip() for s in args.steps.split(",") if s.strip())
         bad = [s for s in chosen if s not in steps]
@@ -45,8 +119,23 @@ def run(args: argparse.Namespace) -> int:
             raise BadInput(f"--steps: unknown step {', '.join(map(repr, bad))}; "
                            f"the workload's steps are {', '.join(steps)}")
         steps = chosen
-    schedules = single_crash_schedules(steps, points)
-    configs = [run_config(args, s) for s in schedules]
+    elif args.depth == 2:
+        steps = repeated_steps(workload)
+    if args.depth == 1:
+        configs = [run_config(args, s) for s in single_crash_schedules(steps, points)]
+    else:
+        forms = tuple(f.strip() for f in args.forms.split(",") if f.strip())
+        bad = [f for f in forms if f not in FORMS]
+        if bad or not forms:
+            raise BadInput(f"--forms: unknown form {', '.join(map(repr, bad)) or repr(args.forms)}; "
+                           f"use workers, hits or both")
+        pairs = double_crash_schedules(steps, points, forms=forms, cross_steps=args.cross_steps)
+        configs = [run_config(args, s, same_identity=same) for s, same in pairs]
+        if not args.json:
+            print(f"killpoint matrix --depth 2: {len(configs)} runs (steps {', '.join(steps)} x "
+                  f"{len(points)} x {len(points)} points"
+                  f"{' x ' + str(len(steps)) + ' steps' if args.cross_steps else ''}, forms "
+                  f"{', '.join(forms)}); choose with --steps, --points or --forms", file=sys.stderr)
     summary = Summary()
     progress = Progress(len(configs), enabled=not args.json)
     with Session() as session:
@@ -56,4 +145,4 @@ def run(args: argparse.Namespace) -> int:
             summary.results.append(result)
             progress.step(str(config.schedule), result)
     progress.close()
-    return finish(args, summary, "killpoint matrix")
+    return finish(args, summary, f"killpoint matrix{' --depth 2' if args.depth == 2 else ''}")

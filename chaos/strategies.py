@@ -1,0 +1,67 @@
+"""Hypothesis strategies that draw schedules, so a search can go far beyond the single-crash matrix.
+
+Every draw shrinks towards something a person reads quickly: fewer faults, worker ``A``, a named
+step, the first hit, ``kill`` before the subtler actions, earlier points before later ones. So a
+failure found among three faults with pauses and sleeps ends as the one or two faults that matter.
+
+Actions are chosen so that a correct worker stays correct and the verdict stays judgeable:
+
+* ``kill`` -- SIGKILL at the point (at ``in_call``: the downstream applied it, the answer is lost);
+* ``1*pause`` -- SIGSTOP until another worker moved the step on, so the worker wakes up past its
+  lease (once: a pause at every hit would stall every step the worker touches);
+* ``1*hang`` -- the business thread blocks for good while the heartbeat goes on (once: a bare
+  ``hang`` is not spent like a kill, so every restart under the same identity would hang again
+  and the run could never finish);
+* ``1*sleep(MS)`` -- a short delay, at most :data:`MAX_SLEEP_MS`. A sleep never reaches the stuck
+  bound, so it is timing noise, not a fault a correct worker must be flagged for.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from hypothesis import strategies as st
+
+from chaos.actions import Chain, parse as parse_actions
+from chaos.points import ORDERED_POINTS
+from chaos.schedule import Fault, Schedule
+
+MAX_SLEEP_MS = 100
+MAX_HIT = 3
+
+# In the order a shrink prefers them.
+_PLAIN_ACTIONS = ("kill", "1*pause", "1*hang")
+
+
+def actions() -> st.SearchStrategy[Chain]:
+    """A failpoint action chain: kill, or a one-off pause, hang or short sleep."""
+    plain = st.sampled_from(_PLAIN_ACTIONS)
+    sleep = st.integers(1, MAX_SLEEP_MS).map(lambda ms: f"1*sleep({ms})")
+    return st.one_of(plain, sleep).map(parse_actions)
+
+
+def faults(workers: Sequence[str], steps: Sequence[str],
+           points: Sequence[str] = ORDERED_POINTS) -> st.SearchStrategy[Fault]:
+    """One fault: a worker, a point at a named step (or at any step), a hit number, an action."""
+    if not workers or not points:
+        raise ValueError("a fault needs at least one worker name and one crash point")
+    step = st.one_of(st.sampled_from(tuple(steps)), st.none()) if steps else st.none()
+    return st.builds(lambda worker, point, chain, step, hit: Fault(worker, point, chain, step, hit),
+                     st.sampled_from(tuple(workers)), st.sampled_from(tuple(points)), actions(),
+                     step, st.integers(1, MAX_HIT))
+
+
+def schedules(workers: Sequence[str], steps: Sequence[str], *, points: Sequence[str] = ORDERED_POINTS,
+              max_faults: int = 3) -> st.SearchStrategy[Schedule]:
+    """A schedule of one to ``max_faults`` faults, no two at the same worker, step, point and hit.
+
+    Two faults at the same place would compete for one hit, and only the first could ever fire.
+    """
+    if max_faults < 1:
+        raise ValueError(f"max_faults must be at least 1, not {max_faults}")
+    return st.lists(faults(workers, steps, points), min_size=1, max_size=max_faults,
+                    unique_by=lambda f: (f.worker, f.step, f.point, f.hit)).map(
+        lambda fs: Schedule(tuple(fs)))
+
+
+__all__ = ["MAX_HIT", "MAX_SLEEP_MS", "actions", "faults", "schedules"]

@@ -1,0 +1,87 @@
+"""``killpoint replay``: run one schedule again, as a failure printed it, and give its verdict.
+
+Everything a run does flows from its schedule, target, seed, workload, worker count and restart
+rule, so the same command gives the same verdict. ``--repeat N`` runs it N times and says whether
+all N verdicts agreed: the quickest check that a counterexample is not a matter of timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from harness.commands.common import (EXIT_VIOLATED, BadInput, Summary, add_common,
+                                     replay_command, run_config, write_reports)
+
+HELP = "run one schedule again (as printed by matrix, explore or selftest) and give its verdict"
+DEFAULT_SAME_IDENTITY = 0.5
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("schedule", help="the schedule, e.g. 'A@charge.after_call:kill' ('' for no faults)")
+    add_common(p)
+    p.add_argument("--same-identity", type=float, default=DEFAULT_SAME_IDENTITY, metavar="P",
+                   help="chance that a killed worker comes back under its own identity "
+                        f"(default: {DEFAULT_SAME_IDENTITY})")
+    p.add_argument("--repeat", type=int, default=1, metavar="N",
+                   help="run it N times and check that every verdict is the same (default: 1)")
+
+
+def parse_schedule(text: str):
+    """The schedule, or a one-line :class:`BadInput` that quotes the bad part."""
+    import chaos
+
+    try:
+        return chaos.parse(text)
+    except chaos.InvalidSchedule as exc:
+        raise BadInput(f"schedule {text!r}: {exc}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    from harness.mutants import overrides_for
+    from harness.run import Session
+
+    schedule = parse_schedule(args.schedule)
+    if not 0.0 <= args.same_identity <= 1.0:
+        raise BadInput(f"--same-identity {args.same_identity}: use a probability from 0 to 1")
+    if args.repeat < 1:
+        raise BadInput(f"--repeat {args.repeat}: use a whole number of at least 1")
+    config = run_config(args, schedule, same_identity=args.same_identity,
+                        **overrides_for(args.target))
+    summary = Summary()
+    with Session() as session:
+        for _ in range(args.repeat):
+            summary.results.append(session.run(config))
+    write_reports(args, summary, f"killpoint replay {schedule}")
+    verdicts = [(r.valid, tuple(sorted({v.invariant for v in r.verdict.violations})))
+                for r in summary.results]
+    agree = len(set(verdicts)) == 1
+    reproduce = replay_command(summary.results[0])
+    code = summary.exit_code() if agree else EXIT_VIOLATED
+    if args.json:
+        out = summary.to_json()
+        for v in out["violations"]:
+            v["reproduce"] = reproduce
+        out["reproduce"] = reproduce
+        out["agree"] = agree
+        out["verdicts"] = [{"valid": v, "violated": list(names)} for v, names in verdicts]
+        print(json.dumps(out, indent=2))
+        return code
+    word = {True: "valid", False: "INVALID", None: "unknown"}
+    first = summary.results[0]
+    print(f"replay of {schedule or 'no faults'} on {first.config.target_name}, seed {first.config.seed}")
+    for v in first.verdict.violations:
+        print(f"\nVIOLATED {v.invariant} at {v.instance}:{v.step}")
+        print(f"  {v.detail}")
+    for reason in first.verdict.unknown_reasons:
+        print(f"\nUNKNOWN: {reason}")
+    if args.repeat > 1:
+        print()
+        for n, (valid, names) in enumerate(verdicts, start=1):
+            print(f"{n:>3}. {word[valid]}{': ' + ', '.join(names) if names else ''}")
+        print("every verdict the same" if agree else
+              "VERDICTS DIFFER: the outcome of this schedule depends on timing")
+    print(f"\nverdict: {word[summary.valid]} ({len(summary.results)} run(s)"
+          + (f"; report: {summary.report}" if summary.report else "") + ")")
+    print(f"reproduce: {reproduce}")
+    return code

@@ -1,0 +1,154 @@
+"""``killpoint selftest``: prove the checkers on every run of CI.
+
+Each mutant runs under the schedule that shows its bug and must be reported by the invariant it
+names; the reference runs the full single-crash matrix plus every mutant's schedule and must be
+valid on all of them. The second half matters as much as the first: a schedule that also breaks
+the reference would prove nothing about the mutant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import chaos
+from harness.commands.common import (EXIT_VALID, EXIT_VIOLATED, BadInput, Progress,
+                                     Summary, replay_command, run_config, validate_store)
+
+if TYPE_CHECKING:
+    from harness.run import RunResult
+
+HELP = ("run every mutant under its schedule and the reference on the single-crash matrix; "
+        "print the mutation score (exit 0 only when every mutant is caught and the reference is valid)")
+MAX_FAULTS = 2  # a counterexample a person can follow
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--store", default="sqlite", help="sqlite (default) or a postgresql:// URL")
+    p.add_argument("--seed", type=int, default=0, help="seed for the workload data and every draw")
+    p.add_argument("--mutants", default=None,
+                   help="comma-separated mutant names (default: all of them)")
+    p.add_argument("--quick", action="store_true",
+                   help="run the reference only on the mutants' schedules, not the full matrix")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.set_defaults(workers=2, workload="orders", target="reference")
+
+
+@dataclass(frozen=True)
+class MutantOutcome:
+    name: str
+    caught_by: str
+    result: RunResult
+
+    @property
+    def violated(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(v.invariant for v in self.result.verdict.violations))
+
+    @property
+    def faults(self) -> int:
+        return len(self.result.config.schedule.faults)
+
+    @property
+    def caught(self) -> bool:
+        return self.caught_by in self.violated and self.faults <= MAX_FAULTS
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "caught_by": self.caught_by, "caught": self.caught,
+                "schedule": str(self.result.config.schedule), "faults": self.faults,
+                "valid": self.result.valid, "violated": list(self.violated),
+                "reproduce": replay_command(self.result)}
+
+
+def _chosen(text: str | None) -> list[Any]:
+    from harness.mutants import MUTANTS
+
+    if not text:
+        return list(MUTANTS.values())
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    bad = [n for n in names if n not in MUTANTS]
+    if bad or not names:
+        raise BadInput(f"--mutants: unknown mutant {', '.join(map(repr, bad)) or repr(text)}; "
+                       f"known mutants are {', '.join(MUTANTS)}")
+    return [MUTANTS[n] for n in names]
+
+
+def run(args: argparse.Namespace) -> int:
+    from harness.commands.matrix import single_crash_schedules
+    from harness.run import Session
+    from harness.workload import WORKLOADS
+
+    validate_store(args.store)
+    mutants = _chosen(args.mutants)
+    for m in mutants:
+        if len(chaos.parse(m.schedule).faults) > MAX_FAULTS:  # a zoo entry that breaks the rule
+            raise BadInput(f"mutant {m.name!r}: its schedule {m.schedule!r} has more than {MAX_FAULTS} faults")
+    mutant_configs = [(m, run_config(args, chaos.parse(m.schedule), target=m.target_name,
+                                     **m.run_overrides()))
+                      for m in mutants]
+    reference_configs = [run_config(args, chaos.parse(m.schedule), **m.run_overrides())
+                         for m in mutants]
+    if not args.quick:
+        steps = WORKLOADS[args.workload](args.seed).step_names
+        reference_configs += [run_config(args, s)
+                              for s in single_crash_schedules(steps, chaos.POINTS)]
+    progress = Progress(len(mutant_configs) + len(reference_configs), enabled=not args.json)
+    outcomes: list[MutantOutcome] = []
+    reference = Summary()
+    with Session() as session:
+        for m, config in mutant_configs:
+            progress.step(config.target_name)
+            result = session.run(config)
+            outcomes.append(MutantOutcome(m.name, m.caught_by, result))
+            progress.step(config.target_name, result)
+        for config in reference_configs:
+            progress.step(f"reference {config.schedule}")
+            result = session.run(config)
+            reference.results.append(result)
+            progress.step(f"reference {config.schedule}", result)
+    progress.close()
+
+    caught = sum(o.caught for o in outcomes)
+    ok = caught == len(outcomes) and reference.valid is True
+    if args.json:
+        out = reference.to_json()
+        out.pop("results", None)
+        print(json.dumps({
+            "valid": ok, "runs": len(outcomes) + len(reference.results),
+            "score": {"caught": caught, "mutants": len(outcomes)},
+            "mutants": [o.to_json() for o in outcomes],
+            "reference": {"valid": reference.valid, "runs": len(reference.results),
+                          "violations": out["violations"], "unknown": out["unknown"]},
+            "violations": out["violations"], "invariants": out["invariants"], "report": None,
+        }, indent=2))
+        return EXIT_VALID if ok else EXIT_VIOLATED
+    print(table(outcomes))
+    word = {True: "valid", False: "INVALID", None: "unknown"}[reference.valid]
+    scope = ("the mutants' schedules only" if args.quick
+             else "the single-crash matrix and every mutant's schedule")
+    print(f"\nreference: {word} on {len(reference.results)} runs ({scope})")
+    for r in reference.results:
+        for v in r.verdict.violations:
+            print(f"  VIOLATED {v.invariant} at {v.instance}:{v.step} under {r.schedule or 'no faults'}: {v.detail}")
+            print(f"    reproduce: {replay_command(r)}")
+        if r.valid is None:
+            print(f"  UNKNOWN under {r.schedule or 'no faults'}: {'; '.join(r.verdict.unknown_reasons)}")
+    print(f"\nmutation score: {caught}/{len(outcomes)} mutants caught by their named invariant"
+          f"{'' if ok else '  -- SELFTEST FAILED'}")
+    return EXIT_VALID if ok else EXIT_VIOLATED
+
+
+def table(outcomes: list[MutantOutcome]) -> str:
+    """The mutation-score table: one row per mutant, as the README shows it."""
+    rows = [("mutant", "caught by", "schedule", "caught", "also violated")]
+    for o in outcomes:
+        also = ", ".join(v for v in o.violated if v != o.caught_by) or "-"
+        mark = "yes" if o.caught else ("NO: too many faults" if o.caught_by in o.violated else "NO")
+        rows.append((o.name, o.caught_by, str(o.result.config.schedule) or "(no faults)", mark, also))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    lines = ["  ".join(f"{c:<{w}}" for c, w in zip(r, widths)) + "  " + r[-1] for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths) + "  " + "-" * len(rows[0][-1]))
+    return "\n".join(line.rstrip() for line in lines)
+
+

@@ -1,0 +1,286 @@
+"""The mutant zoo: the reference worker (or downstream) with exactly one rule broken.
+
+A verifier is only worth what it catches. Each mutant breaks one rule of DESIGN sections 3 and 5,
+names the invariant that must catch it, and carries the schedule (at most two faults) that shows
+it. ``killpoint selftest`` runs them all; a mutant that survives means a checker went blind.
+
+Each worker mutant subclasses :class:`ReferenceWorker` and overrides the one method or flag its
+rule lives in (``local-clock-lease`` needs two: the claim, where it learns its lease end, and the
+commit, where it trusts it). Because the claim raises the state version and the lease version
+(the fence) in one statement, a stale commit is refused by either half of the compare-and-set
+alone; the mutants that break the commit's compare-and-set therefore drop both halves, and say
+which invariant they are there to exercise.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
+
+from harness import recovery, states
+from harness.store.base import Claim
+from harness.worker import ReferenceWorker, WorkerContext, reference
+from harness.workload import InstanceSpec, StepSpec
+
+Target = Callable[[WorkerContext], None]
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One broken rule, the invariant that must catch it and the schedule that shows it."""
+
+    name: str
+    breaks: str  # the rule broken, in a sentence
+    caught_by: str  # the invariant that must report it
+    target: Target
+    schedule: str  # at most two faults, in the schedule text form
+    # Overrides merged into the run's downstream configuration (a downstream mutant).
+    downstream: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    workers: int = 2  # workers per run for the schedule to land deterministically
+    # A tighter run bound for a mutant whose bug is that nothing ever moves again.
+    bound_s: float | None = None
+
+    @property
+    def target_name(self) -> str:
+        return f"mutant:{self.name}"
+
+    def run_overrides(self) -> dict[str, Any]:
+        """RunConfig fields the counterexample needs besides its schedule and target."""
+        extra: dict[str, Any] = {"workers": self.workers}
+        if self.bound_s is not None:
+            extra["bound_s"] = self.bound_s
+        return extra
+
+
+# ---------------------------------------------------------------------------------------------
+# worker mutants
+
+
+class RandomRequestId(ReferenceWorker):
+    """Sends a fresh request id per attempt instead of the step's stable idempotency key."""
+
+    def call(self, inst: InstanceSpec, spec: StepSpec, claim: Claim, resource: str, key: str | None,
+             params: dict[str, Any], ihash: str, compensation: bool):
+        if key is not None:
+            # What a random request id does, made reproducible: unique per attempt.
+            key = f"req-{inst.id}-{spec.name}-{self.ctx.worker_id}-{claim.fence}"
+        return super().call(inst, spec, claim, resource, key, params, ihash, compensation)
+
+
+class NoFenceCheck(ReferenceWorker):
+    """Commits without the lease version (and owner) in the compare-and-set.
+
+    The state-version half would still refuse a stale commit on its own, so it goes too: what is
+    left is a worker that writes whatever its lease, and the fence is what should have stopped it.
+    """
+
+    check_fence = False
+    check_version = False
+
+
+class NoCas(ReferenceWorker):
+    """Commits with a blind write: no expected state version in the compare-and-set.
+
+    The fence half would still refuse a stale commit on its own, so it goes too; the blind write
+    then lands on top of a newer version, which the version chain shows as a fork or a step back.
+    """
+
+    check_version = False
+    check_fence = False
+
+
+class LocalClockLease(ReferenceWorker):
+    """Judges whether its own lease is still valid by its local clock, then writes unfenced.
+
+    The lease end is database time; this worker compares it with its own clock, which runs
+    ``clock_behind_s`` behind the database's. A worker frozen past its lease (SIGSTOP, a GC pause)
+    wakes up believing it still holds the lease and commits without the compare-and-set, on top
+    of the worker that legitimately took over. With a correct clock it would see the lease expired
+    and fall back to the fenced commit, which is refused.
+    """
+
+    clock_behind_s = 10.0
+
+    def __init__(self, ctx: WorkerContext):
+        super().__init__(ctx)
+        self._lease_until: dict[tuple[str, str, int], float] = {}
+
+    def local_now(self) -> float:
+        return time.time() - self.clock_behind_s
+
+    def claim(self, row: dict[str, Any], compensation: bool) -> Claim | None:
+        claim = super().claim(row, compensation)
+        if claim is not None:
+            _, rows = self.store.snapshot()
+            for r in rows:
+                if (r["instance"], r["step"]) == (claim.instance, claim.step) and r["expires_at"]:
+                    self._lease_until[(claim.instance, claim.step, claim.fence)] = r["expires_at"]
+        return claim
+
+    def commit(self, claim: Claim, to_state: str, **detail: Any) -> bool:
+        until = self._lease_until.get((claim.instance, claim.step, claim.fence))
+        if until is None or self.local_now() >= until:
+            return super().commit(claim, to_state, **detail)
+        # "My lease is still valid, so I am the only writer": the write needs no compare-and-set.
+        op = self.journal.invoke("commit", instance=claim.instance, step=claim.step, to_state=to_state,
+                                 fence=claim.fence, expected_state_version=claim.state_version)
+        ok = self.store.commit(claim, to_state, check_fence=False, check_version=False, **detail)
+        self.journal.complete(op, "commit", "ok" if ok else "fail", instance=claim.instance,
+                              step=claim.step, to_state=to_state, fence=claim.fence)
+        return ok
+
+
+class RetryUnsafe(ReferenceWorker):
+    """Retries an activity that is not retry-safe when its outcome is unknown."""
+
+    def decide(self, inst: InstanceSpec, spec: StepSpec, claim: Claim, key: str | None,
+               receipt_key: str, ihash: str, compensation: bool) -> str:
+        action = super().decide(inst, spec, claim, key, receipt_key, ihash, compensation)
+        return recovery.RETRY_SAME_ACTIVITY if action == recovery.MANUAL_REVIEW else action
+
+
+class UnboundedRetry(ReferenceWorker):
+    """Retries once the attempts are used up, instead of giving up."""
+
+    def decide(self, inst: InstanceSpec, spec: StepSpec, claim: Claim, key: str | None,
+               receipt_key: str, ihash: str, compensation: bool) -> str:
+        action = super().decide(inst, spec, claim, key, receipt_key, ihash, compensation)
+        return recovery.RETRY_SAME_ACTIVITY if action == recovery.EXHAUSTED else action
+
+
+class AutoResolveManual(ReferenceWorker):
+    """Once idle, a background sweep marks steps in manual review succeeded, without an operator."""
+
+    def run(self) -> None:
+        while True:
+            super().run()
+            if not self.sweep():
+                return
+
+    def sweep(self) -> bool:
+        _, rows = self.store.snapshot()
+        moved = False
+        for r in rows:
+            if r["state"] == states.MANUAL:
+                moved |= self.store.settle(r["instance"], r["step"],
+                                           expected_state_version=r["state_version"],
+                                           from_state=states.MANUAL, to_state=states.SUCCEEDED,
+                                           worker=self.ctx.worker_id, reason="auto-resolved")
+        return moved
+
+
+class CommitBeforeCall(ReferenceWorker):
+    """Records the step succeeded first, then makes the downstream call."""
+
+    def work(self, inst: InstanceSpec, spec: StepSpec, claim: Claim, compensation: bool) -> None:
+        if not compensation and spec.resource is not None and claim.from_state == states.PENDING:
+            if not self.commit(claim, states.SUCCEEDED):
+                return
+        super().work(inst, spec, claim, compensation)  # its own commit is then refused: harmless
+
+
+class ReceiptIgnoresIntent(ReferenceWorker):
+    """Recovery takes a receipt found under its key as its own, whatever intent it records."""
+
+    def decide(self, inst: InstanceSpec, spec: StepSpec, claim: Claim, key: str | None,
+               receipt_key: str, ihash: str, compensation: bool) -> str:
+        stored = self.store.receipt(receipt_key)
+        if stored is not None and stored.get("intent_hash"):
+            ihash = stored["intent_hash"]
+        return super().decide(inst, spec, claim, key, receipt_key, ihash, compensation)
+
+
+class NoHeartbeatProgress(ReferenceWorker):
+    """The monitor trusts heartbeats alone: a live heartbeat means a healthy worker."""
+
+    use_progress_monitor = False
+
+
+def _runner(cls: type[ReferenceWorker]) -> Target:
+    def target(ctx: WorkerContext) -> None:
+        cls(ctx).run()
+
+    target.__name__ = target.__qualname__ = f"run_{cls.__name__}"
+    target.__doc__ = cls.__doc__
+    return target
+
+
+# ---------------------------------------------------------------------------------------------
+# the zoo
+
+_ZOO = (
+    Mutant("random-request-id",
+           "a new idempotency key on every attempt instead of the step's stable key, so the "
+           "downstream cannot tell a retry from a new charge",
+           "no_duplicate_effects", _runner(RandomRequestId), "A@charge.after_call:kill"),
+    Mutant("no-fence-check",
+           "commits without the lease version (the fence) in the compare-and-set; the state "
+           "version alone would still refuse a stale commit, so it is dropped too and the stale "
+           "worker's commit lands",
+           "stale_writes_rejected", _runner(NoFenceCheck), "A@charge.after_call:1*pause"),
+    Mutant("local-clock-lease",
+           "judges its own lease by its local clock (10 s behind database time) and, believing "
+           "the lease still valid, commits without the compare-and-set after it was frozen past "
+           "the lease",
+           "stale_writes_rejected", _runner(LocalClockLease), "A@charge.after_call:1*pause"),
+    Mutant("retry-unsafe",
+           "retries a legacy activity whose outcome is unknown instead of sending it to manual "
+           "review",
+           "no_duplicate_effects", _runner(RetryUnsafe), "A@notify.after_call:kill"),
+    Mutant("auto-resolve-manual",
+           "a background sweep moves steps in manual review to succeeded by itself, without an "
+           "operator event",
+           "manual_stable", _runner(AutoResolveManual), "A@notify.after_call:kill"),
+    Mutant("commit-before-call",
+           "marks the step succeeded before the downstream call, so a crash in between (or a "
+           "failed call) leaves a success with no effect",
+           "effects_accounted", _runner(CommitBeforeCall), "A@charge.before_call:kill"),
+    Mutant("no-cas",
+           "commits without the expected state version in the compare-and-set; the fence alone "
+           "would still refuse a stale commit, so it is dropped too and the blind write lands "
+           "on a newer version",
+           "version_chain", _runner(NoCas), "A@charge.after_call:1*pause"),
+    Mutant("unbounded-retry",
+           "ignores max attempts: a step whose attempts are used up is retried again; the "
+           "schedule kills the third attempt of the flaky reservation (two 503s first) after "
+           "its claim, with one worker so the hit count is exact",
+           "retry_budget", _runner(UnboundedRetry), "A@reserve.after_claim#7:kill", workers=1),
+    Mutant("downstream-ignores-intent",
+           "the downstream replays the stored result for a reused key with another intent, "
+           "instead of answering 422",
+           "intent_conflict", reference, "", downstream=MappingProxyType({"ignore_intent": True})),
+    Mutant("no-heartbeat-progress",
+           "the stuck-worker monitor trusts heartbeats alone, so a worker whose business thread "
+           "hangs while its heartbeat goes on holds its lease forever",
+           "stuck_detected", _runner(NoHeartbeatProgress), "A@charge.heartbeat:hang", bound_s=3.0),
+    Mutant("receipt-ignores-intent",
+           "recovery takes a receipt found under the step's key as its own without comparing "
+           "the intent hash, so an amendment that reuses the charge's key is recorded as done",
+           "effects_accounted", _runner(ReceiptIgnoresIntent), "A@amend.before_call:kill"),
+)
+
+# name -> mutant; read-only so no caller can change the zoo for others.
+MUTANTS: Mapping[str, Mutant] = MappingProxyType({m.name: m for m in _ZOO})
+
+
+def downstream_for(target: object) -> dict[str, Any]:
+    """The downstream overrides a target name asks for (only ``mutant:NAME`` targets ask)."""
+    if isinstance(target, str) and target.startswith("mutant:"):
+        mutant = MUTANTS.get(target.split(":", 1)[1])
+        if mutant is not None:
+            return dict(mutant.downstream)
+    return {}
+
+
+def overrides_for(target: object) -> dict[str, Any]:
+    """RunConfig fields (other than workers) a ``mutant:NAME`` target needs, e.g. a tighter bound."""
+    if isinstance(target, str) and target.startswith("mutant:"):
+        mutant = MUTANTS.get(target.split(":", 1)[1])
+        if mutant is not None and mutant.bound_s is not None:
+            return {"bound_s": mutant.bound_s}
+    return {}
+
+
+__all__ = ["MUTANTS", "Mutant", "downstream_for", "overrides_for"]

@@ -1,0 +1,30 @@
+"""Shared fixtures: where the PostgreSQL tests find their server.
+
+``KILLPOINT_PG_DSN`` names the server (default: the local one, trust auth, database ``test``).
+Without a reachable server the PostgreSQL tests skip and say how to point them at one; with
+``KILLPOINT_REQUIRE_PG=1`` (CI sets it) they fail instead, so CI can never go green by skipping.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+DEFAULT_PG_DSN = "postgresql://postgres@127.0.0.1:5432/test"
+
+
+@pytest.fixture(scope="session")
+def pg_dsn() -> str:
+    """The DSN of a reachable PostgreSQL server, or a skip (a failure when it is required)."""
+    from harness.store import InvalidStore, check_store
+
+    dsn = os.environ.get("KILLPOINT_PG_DSN") or DEFAULT_PG_DSN
+    try:
+        check_store(dsn)
+    except InvalidStore as exc:
+        if os.environ.get("KILLPOINT_REQUIRE_PG") == "1":
+            pytest.fail(f"KILLPOINT_REQUIRE_PG=1 but PostgreSQL is unreachable: {exc}", pytrace=False)
+        pytest.skip(f"no PostgreSQL server ({exc}); set KILLPOINT_PG_DSN=postgresql://user@host:port/db "
+                    f"to run these tests against one")
+    return dsn

@@ -1,0 +1,173 @@
+"""Searching beyond the single-crash matrix: Hypothesis-drawn schedules, shrinking to a minimal
+counterexample, replaying it to the same verdict, and the ordered pairs of ``matrix --depth 2``.
+
+Explore runs are real runs (a few hundred ms each), so these tests use small budgets; the budget
+of 1000 in the issue's done-when is run by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import chaos
+from chaos.strategies import MAX_SLEEP_MS, schedules
+from harness.cli import main
+from harness.mutants import MUTANTS
+
+STEPS = ("reserve", "charge", "notify", "amend")
+
+
+@pytest.fixture
+def in_tmp(tmp_path, monkeypatch):
+    """Explore keeps its Hypothesis database under the working directory: keep it out of the repo."""
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def cli(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# ---------------------------------------------------------------------------------------------
+# the strategies (no processes)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_drawn_schedules_round_trip_through_text_and_stay_in_bounds(data):
+    max_faults = data.draw(st.integers(1, 4))
+    schedule = data.draw(schedules(("A", "B"), STEPS, max_faults=max_faults))
+    assert chaos.parse(str(schedule)) == schedule
+    assert 1 <= len(schedule.faults) <= max_faults
+    places = [(f.worker, f.step, f.point, f.hit) for f in schedule.faults]
+    assert len(set(places)) == len(places)
+    for f in schedule.faults:
+        assert f.worker in ("A", "B") and (f.step is None or f.step in STEPS)
+        term = f.actions.terms[0]
+        if term.action != "kill":  # everything but a kill happens once, so a run can finish
+            assert term.count == 1
+        if term.action == "sleep":
+            assert 1 <= term.arg <= MAX_SLEEP_MS
+
+
+# ---------------------------------------------------------------------------------------------
+# explore
+
+
+def test_explore_on_the_reference_with_a_small_budget_finds_nothing(capsys, in_tmp):
+    code, out, err = cli(capsys, "explore", "--budget", "12", "--seed", "2", "--json")
+    report = json.loads(out)
+    assert code == 0, report
+    assert report["valid"] is True and report["minimal"] is None and report["violations"] == []
+    assert report["runs"] == 12 and report["unknown"] == []
+
+
+@pytest.mark.parametrize("name", ["retry-unsafe", "no-fence-check"])
+def test_explore_finds_a_mutants_bug_and_shrinks_it_to_at_most_two_faults(capsys, in_tmp, name):
+    code, out, err = cli(capsys, "explore", "--target", f"mutant:{name}", "--budget", "150",
+                         "--seed", "1", "--json")
+    report = json.loads(out)
+    assert code == 1, report
+    minimal = report["minimal"]
+    # Runs are real processes: on a loaded machine Hypothesis may find that a shrunk example did
+    # not fail again ("flaky"); the smallest example that did fail is reported, and it must still
+    # be small and caught by the mutant's named invariant.
+    assert minimal["faults"] <= 2
+    assert MUTANTS[name].caught_by in minimal["violated"]
+    assert minimal["reproduce"].startswith("killpoint replay ")
+    assert f"--target mutant:{name}" in minimal["reproduce"]
+    assert all(v["schedule"] == minimal["schedule"] for v in report["violations"])
+    assert any((in_tmp / ".killpoint" / "hypothesis" / "examples").iterdir())  # for the next search
+
+
+def test_explore_prints_the_counterexample_and_a_replay_line_that_reproduces_it(capsys, in_tmp):
+    code, out, err = cli(capsys, "explore", "--target", "mutant:no-fence-check", "--budget", "150",
+                         "--seed", "1")
+    assert code == 1
+    line = next(x for x in out.splitlines() if x.startswith("reproduce: "))
+    argv = shlex.split(line.removeprefix("reproduce: "))
+    assert argv[:2] == ["killpoint", "replay"]
+    code, out, err = cli(capsys, *argv[1:], "--repeat", "3", "--json")
+    replayed = json.loads(out)
+    assert code == 1 and replayed["agree"] is True
+    assert all("stale_writes_rejected" in v["violated"] for v in replayed["verdicts"])
+
+
+def test_explore_refuses_a_bad_budget_naming_it(capsys, in_tmp):
+    code, out, err = cli(capsys, "explore", "--budget", "0")
+    assert code == 2 and "--budget 0" in err and len(err.strip().splitlines()) == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# replay
+
+
+@pytest.mark.parametrize("name", ["local-clock-lease", "unbounded-retry", "auto-resolve-manual"])
+def test_replay_gives_a_mutants_counterexample_the_same_verdict_20_times_in_a_row(capsys, name):
+    mutant = MUTANTS[name]
+    argv = ["replay", mutant.schedule, "--target", mutant.target_name, "--repeat", "20", "--json"]
+    if mutant.workers != 2:
+        argv += ["--workers", str(mutant.workers)]
+    code, out, err = cli(capsys, *argv)
+    report = json.loads(out)
+    assert code == 1 and report["agree"] is True and report["runs"] == 20
+    assert all(v["valid"] is False and mutant.caught_by in v["violated"] for v in report["verdicts"])
+
+
+def test_replay_of_a_valid_schedule_exits_0_and_says_how_to_run_it_again(capsys):
+    code, out, err = cli(capsys, "replay", "A@charge.after_call:kill", "--same-identity", "1")
+    assert code == 0
+    assert "reproduce: killpoint replay A@charge.after_call:kill --target reference --seed 0 " \
+           "--same-identity 1" in out
+
+
+@pytest.mark.parametrize("text, bad", [
+    ("A@charge.aftr_call:kill", "'aftr_call'"),
+    ("A@charge.after_call:explode", "'explode'"),
+    ("A@charge.after_call:kill,B-charge", "'B-charge'"),
+    ("A@charge.after_call:sleep(x)", "sleep(x)"),
+    ("A@charge.after_call:kill->kill", "'kill'"),
+])
+def test_replay_of_bad_schedule_text_exits_2_pointing_at_the_bad_part(capsys, text, bad):
+    code, out, err = cli(capsys, "replay", text)
+    assert code == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and bad in lines[0], lines
+
+
+# ---------------------------------------------------------------------------------------------
+# matrix --depth 2
+
+
+def test_matrix_depth_2_runs_every_ordered_pair_of_two_workers_and_two_hits(capsys):
+    code, out, err = cli(capsys, "matrix", "--depth", "2", "--steps", "charge", "--points",
+                         "after_call,before_commit", "--json")
+    report = json.loads(out)
+    assert report["runs"] == 2 * 2 * 2  # points x points x forms
+    schedules = {r["schedule"] for r in report["results"]}
+    assert "A@charge.after_call:kill,B@charge.before_commit:kill" in schedules  # two workers
+    assert "A@charge.before_commit:kill,B@charge.after_call:kill" in schedules  # the other order
+    assert "A@charge.before_commit:kill,A@charge.after_call#2:kill" in schedules  # two hits
+    assert all(r["valid"] is True and r["unfired"] == [] for r in report["results"]), report["unknown"]
+    assert code == 0
+
+
+def test_matrix_depth_2_defaults_to_the_steps_more_than_one_instance_runs():
+    # After a crash, recovery skips the points it does not need; a second fault at the same step
+    # is reached on a later instance, which the amendment (order-3 only) does not have.
+    from harness.commands.matrix import repeated_steps
+    from harness.workload import default_workload
+
+    assert repeated_steps(default_workload(0)) == ("reserve", "charge", "notify")
+
+
+def test_matrix_depth_2_refuses_an_unknown_form(capsys):
+    code, out, err = cli(capsys, "matrix", "--depth", "2", "--forms", "triples")
+    assert code == 2 and "triples" in err
