@@ -1,0 +1,174 @@
+"""What every scenario shares: the story it tells, the facts it checks, and questions to a history.
+
+A :class:`Story` collects a scenario's runs, its narrated lines and its checks. A check states a
+fact the story must show ("A's commit with fence 1 was refused"); when it does not hold, the
+scenario fails and says what it expected and what it found instead.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import chaos
+from harness.checkers.base import rank
+from harness.history import Event, History
+from harness.narrate import narrate
+from harness.run import RunConfig, RunResult, Session
+from harness.worker import ReferenceWorker
+
+WORD = {True: "valid", False: "VIOLATED", None: "unknown"}
+
+
+@dataclass(frozen=True)
+class Check:
+    """One fact a story must show."""
+
+    expected: str
+    held: bool
+    found: str = ""  # what was found instead, when it did not hold (or a detail when it did)
+    run: int = 0  # the run (1-based) it was checked on; 0 for a fact that needs no run
+
+    def to_json(self) -> dict[str, Any]:
+        return {"expected": self.expected, "held": self.held, "found": self.found, "run": self.run}
+
+
+@dataclass
+class Story:
+    """A scenario's runs, what it says about them, and the facts it checked."""
+
+    name: str
+    results: list[RunResult] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)
+    checks: list[Check] = field(default_factory=list)
+
+    def say(self, text: str = "") -> None:
+        self.lines.append(text)
+
+    def run(self, session: Session, config: RunConfig, title: str,
+            steps: Iterable[tuple[str, str]]) -> RunResult:
+        """Run one configuration, then narrate the given steps and what the harness did."""
+        result = session.run(config)
+        self.results.append(result)
+        self.say()
+        self.say(f"{title}")
+        self.say(f"  schedule {config.schedule or 'none'}; {config.workers} worker(s) at first; "
+                 f"target {config.target_name}")
+        for text in narrate(result.history, steps):
+            self.say(f"  {text}")
+        judged = sum(1 for r in result.verdict.results if r.checked)
+        self.say(f"  verdict: {WORD[result.valid]} ({judged} of {len(result.verdict.results)} "
+                 f"invariants had something to judge; {result.duration_s * 1000:.0f} ms)")
+        return result
+
+    def expect(self, held: object, expected: str, found: str = "") -> bool:
+        """Record a fact the story must show; returns whether it held."""
+        self.checks.append(Check(expected, bool(held), found, len(self.results)))
+        return bool(held)
+
+    def conclude(self, text: str) -> None:
+        """Close the story with its moral, but only if every fact held; otherwise say so."""
+        self.say()
+        failed = [c for c in self.checks if not c.held]
+        if failed:
+            self.say(f"=> the story did not happen as told: {len(failed)} expected fact(s) missing "
+                     f"(see the checks below)")
+        else:
+            self.say(f"=> {text}")
+
+    @property
+    def held(self) -> bool:
+        return all(c.held for c in self.checks)
+
+    @property
+    def verdict(self) -> bool | None:
+        """The runs' verdict (false > unknown > true), made false by any fact that did not hold."""
+        runs = rank(r.valid for r in self.results) if self.results else None
+        return False if not self.held else runs
+
+
+# -- building runs -------------------------------------------------------------------------------
+
+
+def config(target: Any, seed: int, store: str, schedule: str = "", *,
+           points: Iterable[str] = (), wraps: Any = None, **fields: Any) -> RunConfig:
+    """A run configuration for a scenario; a ``mutant:NAME`` target brings the run fields and the
+    downstream overrides it needs. ``wraps`` is the target a scenario built ``target`` around
+    (a mutant's needs come from its name). ``points`` are crash points the scenario adds."""
+    from harness.mutants import downstream_for, overrides_for
+
+    name = wraps if wraps is not None else target
+    known = chaos.POINTS | frozenset(points)
+    values: dict[str, Any] = {**fields, **overrides_for(name)}
+    values["downstream_overrides"] = {**downstream_for(name), **values.get("downstream_overrides", {})}
+    return RunConfig(schedule=chaos.parse(schedule, points=known), target=target, seed=seed,
+                     store=store, **values)
+
+
+def worker_class(target: Any) -> type[ReferenceWorker] | None:
+    """The ReferenceWorker class a target runs, so a scenario can add a behaviour to it.
+
+    Known for ``reference`` and the built-in mutants (each runs one subclass, the ``cls`` its
+    runner closes over); None for any other target, which a scenario then runs as it is.
+    """
+    from harness.targets import resolve
+    from harness.worker import reference
+
+    fn = resolve(target)
+    if fn is reference:
+        return ReferenceWorker
+    cls = inspect.getclosurevars(fn).nonlocals.get("cls") if inspect.isfunction(fn) else None
+    return cls if isinstance(cls, type) and issubclass(cls, ReferenceWorker) else None
+
+
+# -- questions to a history ------------------------------------------------------------------------
+
+
+def _meta(e: Event) -> dict[str, Any]:
+    meta = e.get("meta")
+    return meta if isinstance(meta, dict) else {}
+
+
+def store_events(h: History, instance: str, step: str, *kinds: str) -> list[Event]:
+    return [e for e in h.events if e.process == "store" and e.get("instance") == instance
+            and e.get("step") == step and (not kinds or e.kind in kinds)]
+
+
+def requests(h: History, *, key: str | None = None, instance: str | None = None,
+             step: str | None = None) -> list[Event]:
+    """Downstream ledger rows, by key or by the step the request was made for."""
+    return [e for e in h.events if e.process == "downstream" and e.kind == "request"
+            and (key is None or e.get("key") == key)
+            and (instance is None or _meta(e).get("instance") == instance)
+            and (step is None or _meta(e).get("step") == step)]
+
+
+def applied(h: History, **where: Any) -> list[Event]:
+    return [e for e in requests(h, **where) if e.get("applied") is True]
+
+
+def worker_events(h: History, kind: str, *, process: str | None = None, type: str | None = None,
+                  instance: str | None = None, step: str | None = None) -> list[Event]:
+    return [e for e in h.events if e.process not in ("store", "downstream", "harness")
+            and e.kind == kind and (process is None or e.process == process)
+            and (type is None or e.type == type) and (instance is None or e.get("instance") == instance)
+            and (step is None or e.get("step") == step)]
+
+
+def harness_events(h: History, kind: str, worker: str | None = None) -> list[Event]:
+    return [e for e in h.events if e.process == "harness" and e.kind == kind
+            and (worker is None or e.get("worker") == worker)]
+
+
+def who(events: Iterable[Event], *fields: str) -> str:
+    """A short listing of events for a check's "found" text."""
+    out = []
+    for e in events:
+        parts = [f"{f}={e.get(f)}" for f in fields if e.get(f) is not None]
+        out.append(f"{e.kind}({', '.join(parts)})" if parts else e.kind)
+    return "; ".join(out) or "nothing"
+
+
+__all__ = ["Check", "Story", "WORD", "applied", "config", "harness_events", "requests",
+           "store_events", "who", "worker_class", "worker_events"]

@@ -1,0 +1,81 @@
+"""The same key with another amount: a conflict, never the old result dressed up as success.
+
+order-3 of the order workload charges the customer with the step's key
+K = ``order-3:charge:payment-v1``. Then the order is amended to a higher amount, and the amendment
+step, wrongly, reuses the charge's key and intent version. The payment provider keeps, under K,
+the hash of the intent it applied: the amendment's parameters hash differently, so it answers
+422 ``intent_conflict`` and applies nothing. Answering with the stored result instead would tell
+the worker its new charge happened when the provider really did something else.
+
+1. No crash: the worker takes the 422 as a permanent failure and commits the amendment ``failed``
+   with the reason ``intent_conflict`` recorded.
+2. The worker is killed right after the 422 reached it, before it recorded anything. The worker
+   that recovers the amendment finds a receipt under K, but it is the charge's, for another
+   intent: it must not take it as its own. Recovery records the failure; the amendment never
+   shows up as succeeded.
+
+Either way the provider applied exactly one effect under K: the original charge.
+"""
+
+from __future__ import annotations
+
+from harness.history import History
+from harness.run import Session
+from harness.targets import Target
+from harness.workload import WORKLOADS
+from scenarios._story import Story, applied, config, requests, store_events, who, worker_events
+
+CHARGE, AMEND = "charge", "amend"
+
+
+def _amended(seed: int) -> tuple[str, str]:
+    """The id of the amended order and its charge's key."""
+    inst = next(i for i in WORKLOADS["orders"](seed).instances if i.data.get("kind") == "amended")
+    return inst.id, inst.step(CHARGE).key(inst.id) or ""
+
+
+def _common(story: Story, h: History, instance: str, key: str) -> None:
+    charge = [e for e in applied(h, key=key) if (e.get("meta") or {}).get("step") == CHARGE]
+    story.expect(len(charge) == 1, f"the charge was applied once under {key}",
+                 who(requests(h, key=key), "status", "outcome"))
+    asks = requests(h, instance=instance, step=AMEND)
+    story.expect(asks and all(e.get("key") == key for e in asks)
+                 and {e.get("intent_hash") for e in asks}.isdisjoint({e.get("intent_hash") for e in charge}),
+                 "the amendment was sent under the same key with another intent (amount)",
+                 who(asks, "key", "intent_hash"))
+    story.expect(asks and all(e.get("status") == 422 and e.get("outcome") == "conflict" for e in asks),
+                 "every amendment request got 422 intent_conflict, never a success or the old result",
+                 who(asks, "status", "outcome"))
+    effects = applied(h, key=key)
+    story.expect(len(effects) == 1, f"exactly one applied effect under {key}",
+                 f"{len(effects)}: " + who(effects, "outcome"))
+
+
+def run(session: Session, *, target: str | Target = "reference", seed: int = 0, store: str = "sqlite") -> Story:
+    story = Story("conflicting_intent")
+    instance, key = _amended(seed)
+    steps = [(instance, CHARGE), (instance, AMEND)]
+
+    h = story.run(session, config(target, seed, store, ""),
+                  f"1. {instance} is charged, then amended under the charge's key", steps).history
+    _common(story, h, instance, key)
+    ends = [e for e in store_events(h, instance, AMEND, "committed") if e.get("to_state") == "failed"]
+    story.expect(h.final_state(instance, AMEND) == "failed" and ends
+                 and ends[-1].get("reason") == "intent_conflict",
+                 "the amendment ended failed, with the reason intent_conflict recorded",
+                 f"final {h.final_state(instance, AMEND)}; " + who(ends, "to_state", "reason"))
+
+    h = story.run(session, config(target, seed, store, f"A@{AMEND}.after_call:kill"),
+                  "2. the worker is killed right after the 422, before it records it", steps).history
+    _common(story, h, instance, key)
+    evidence = worker_events(h, "recover", instance=instance, step=AMEND)
+    story.expect(evidence and evidence[-1].get("receipt") == "failed_permanent"
+                 and evidence[-1].get("action") == "record_failure",
+                 "recovery found the charge's receipt under the key, for another intent, and "
+                 "recorded a failure instead of taking it as its own",
+                 who(evidence, "source", "receipt", "action"))
+    story.expect(h.final_state(instance, AMEND) == "failed",
+                 "the amendment ended failed, never succeeded", f"final {h.final_state(instance, AMEND)}")
+    story.conclude("a reused key with another amount is a conflict: the provider answered 422 and "
+                   "kept its one effect; the workflow recorded a failure, before and after a crash.")
+    return story
