@@ -1,0 +1,400 @@
+"""The pytest plugin, as its users meet it: test suites run by a real pytest in a subprocess.
+
+Each ``pytester`` run below is a fresh ``python -m pytest`` that loads the plugin the way users get
+it, through the ``pytest11`` entry point of the installed package. Suites stay small (the ``single``
+workload or a few points) so the whole module runs in well under a minute on two cores.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import shutil
+import sys
+from importlib.metadata import entry_points
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# A worker whose commit trusts its old lease: a stale write gets through after a takeover.
+BROKEN_WORKER = '''
+from killpoint import ReferenceWorker
+
+
+class TrustsItsLease(ReferenceWorker):
+    check_fence = False
+    check_version = False
+
+
+def run(ctx):
+    TrustsItsLease(ctx).run()
+'''
+
+REFERENCE_SUITE = '''
+import os
+
+import pytest
+
+
+def test_one_run(killpoint):
+    verdict = killpoint.run("A@charge.after_call:kill")
+    verdict.assert_valid()
+    assert verdict.valid is True and verdict.runs == 1 and verdict.violations == ()
+    # Every process a crash hit was a child of this pytest process, never pytest itself.
+    spawned = [e.get("pid") for e in verdict.results[0].history.events
+               if e.process == "harness" and e.kind == "spawn"]
+    assert spawned and os.getpid() not in spawned
+
+
+def test_a_matrix(killpoint):
+    verdict = killpoint.matrix(steps=["charge"], points=["after_call", "in_call"])
+    assert [r.schedule for r in verdict.results] == ["A@charge.after_call:kill", "A@charge.in_call:kill"]
+    verdict.assert_valid()
+
+
+def test_a_matrix_of_crash_pairs(killpoint):
+    verdict = killpoint.matrix(steps=["charge"], points=["after_call"], depth=2)
+    assert [r.schedule for r in verdict.results] == [
+        "A@charge.after_call:kill,B@charge.after_call:kill",  # the worker that recovers dies too
+        "A@charge.after_call:kill,A@charge.after_call#2:kill"]  # A, restarted as itself, dies again
+    verdict.assert_valid()
+
+
+def test_failpoints_installed_in_the_pytest_process_itself_are_refused(killpoint):
+    import chaos.points
+    from chaos.journal import NullJournal
+
+    chaos.points.install(chaos.points.Failpoints([], NullJournal()))  # a kill here would kill pytest
+    try:
+        with pytest.raises(RuntimeError, match="pytest process itself"):
+            killpoint.run("A@charge.after_call:kill")
+    finally:
+        chaos.points.install(None)
+
+
+@pytest.mark.killpoint(points=["after_claim", "after_call"])
+def test_checkout(killpoint):
+    # The item ran its one crash, and the crash fired.
+    (run,) = killpoint.verdict.results
+    assert killpoint.verdict.valid is True and list(run.fired.values()) == [1]
+'''
+
+BROKEN_SUITE = '''
+import pytest
+
+
+def test_a_stale_commit(killpoint):
+    killpoint.run("A@charge.after_call:1*pause", target="broken_worker:run").assert_valid()
+
+
+def test_a_mutant(killpoint):
+    killpoint.run("A@charge.after_call:1*pause", target="mutant:no-fence-check").assert_valid()
+
+
+@pytest.mark.killpoint(points=["after_call"], action="1*pause", target="broken_worker:run")
+def test_marked_without_assertions(killpoint):
+    pass  # the plugin judges the verdict after the body
+
+
+@pytest.mark.killpoint(points=["after_call"], action="1*pause", target="broken_worker:run", check=False)
+def test_marked_expecting_a_catch(killpoint):
+    assert killpoint.verdict.valid is False
+    assert "stale_writes_rejected" in {v.invariant for v in killpoint.verdict.violations}
+'''
+
+
+def runpytest(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+    """A real pytest in a subprocess: for everything that runs crashes (they fork the pytest process).
+
+    The inner suites use no Hypothesis, whose pytest plugin alone costs most of a second per process.
+    """
+    return pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:hypothesispytest", *args,
+                                         timeout=120)
+
+
+def inprocess(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+    """pytest in this process: only for sessions that end before any run (help, collection, bad options)."""
+    return pytester.runpytest_inprocess("-p", "no:cacheprovider", *args)
+
+
+def summary_of(result: pytest.RunResult) -> str:
+    """The plugin's closing section of a pytest run's output."""
+    text = result.stdout.str()
+    start = text.index("= killpoint =")
+    end = text.find("\n=", start + 1)
+    return text[start:end if end != -1 else len(text)]
+
+
+# -- registration and load cost --------------------------------------------------------------------
+def test_the_plugin_is_registered_as_the_pytest11_entry_point_killpoint():
+    found = {e.name: e.value for e in entry_points(group="pytest11")}
+    assert found.get("killpoint") == "killpoint.plugin"
+
+
+def test_the_plugin_module_imports_only_pytest_and_the_standard_library_at_load_time():
+    # pytest loads the plugin in every session; the harness must load only when a test uses it.
+    with open(os.path.join(ROOT, "killpoint", "plugin.py")) as fh:
+        tree = ast.parse(fh.read())
+    top: list[str] = []
+    for node in tree.body:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.dump(node.test):
+            continue
+        if isinstance(node, ast.Import):
+            top += [a.name.split(".")[0] for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            top.append((node.module or "").split(".")[0])
+    assert top and all(m in sys.stdlib_module_names or m in ("__future__", "pytest") for m in top), top
+
+
+def test_options_are_listed_in_a_killpoint_group_with_ini_equivalents(pytester):
+    out = inprocess(pytester, "--help").stdout.str()
+    assert "crash-injection testing (killpoint):" in out
+    for name in ("store", "report-dir", "seed", "points", "budget", "shard"):
+        assert f"--killpoint-{name}" in out
+        assert re.search(rf"^\s*killpoint_{name.replace('-', '_')} \(", out, re.M), name
+    assert "killpoint(points=None" in inprocess(pytester, "--markers").stdout.str()
+
+
+# -- suites ------------------------------------------------------------------------------------------
+def test_a_suite_on_the_reference_target_passes_and_the_summary_counts_every_run(pytester):
+    pytester.makepyfile(test_reference=REFERENCE_SUITE)
+    result = runpytest(pytester, "-v")
+    result.assert_outcomes(passed=6)
+    result.stdout.fnmatch_lines(["*test_checkout?after_claim? PASSED*", "*test_checkout?after_call? PASSED*"])
+    summary = summary_of(result)
+    assert "7 crash runs in 5 tests: 7 valid, 0 violated, 0 unknown" in summary
+    assert "violations by invariant" not in summary and "reproduce:" not in summary
+
+
+def test_a_broken_target_or_mutant_fails_naming_the_invariant_the_schedule_and_a_reproduce_command(pytester):
+    pytester.makepyfile(broken_worker=BROKEN_WORKER, test_broken=BROKEN_SUITE)
+    result = runpytest(pytester, "--killpoint-report-dir", "crash-reports")
+    result.assert_outcomes(passed=1, failed=3)
+    out = result.stdout.str()
+    command = "killpoint replay 'A@charge.after_call:1*pause' --target broken_worker:run --seed 0"
+    # The assert_valid() failure: invariant, schedule, reproduce command, report page.
+    result.stdout.fnmatch_lines([
+        "*AssertionError: killpoint: 1 of 1 crash run violated an invariant (target broken_worker:run, seed 0)",
+        "*VIOLATED stale_writes_rejected* under A@charge.after_call:1*pause",
+        "*stale_writes_rejected at order-1:charge: *stale write",
+        f"*reproduce: {command}",
+        "*report: *crash-reports*run-000?.html",
+    ])
+    result.stdout.fnmatch_lines([
+        "*AssertionError: killpoint: 1 of 1 crash run violated an invariant (target mutant:no-fence-check, seed 0)",
+        "*VIOLATED stale_writes_rejected* under A@charge.after_call:1*pause",
+        "*reproduce: killpoint replay 'A@charge.after_call:1*pause' --target mutant:no-fence-check --seed 0",
+    ])
+    # The marked test without assertions failed on its own verdict, saying why and how to opt out.
+    assert "this test is marked @pytest.mark.killpoint, so its crash run must be valid" in out
+    summary = summary_of(result)
+    assert "4 crash runs in 4 tests: 0 valid, 4 violated, 0 unknown" in summary
+    assert re.search(r"^  stale_writes_rejected +4$", summary, re.M)
+    assert f"test_broken.py::test_a_stale_commit (stale_writes_rejected, version_chain): {command}" in summary
+    assert "not valid, in tests that passed and so expected it: 1 run" in summary
+    index = pytester.path / "crash-reports" / "index.html"
+    assert f"HTML report: {index}" in summary
+    pages = sorted(p.name for p in (pytester.path / "crash-reports").glob("run-*.html"))
+    assert len(pages) == 4 and all(page in index.read_text() for page in pages)
+
+
+def test_the_same_suites_pass_and_fail_alike_under_xdist_with_one_shared_index(pytester):
+    pytester.makepyfile(broken_worker=BROKEN_WORKER, test_reference=REFERENCE_SUITE, test_broken=BROKEN_SUITE)
+    result = runpytest(pytester, "-n", "2", "--killpoint-report-dir", "crash-reports")
+    result.assert_outcomes(passed=7, failed=3)
+    assert "2 workers [10 items]" in result.stdout.str()
+    summary = summary_of(result)  # printed once, by the controller, over both workers' runs
+    assert "11 crash runs in 9 tests: 7 valid, 4 violated, 0 unknown" in summary
+    assert "killpoint replay 'A@charge.after_call:1*pause' --target broken_worker:run --seed 0" in summary
+    # Each worker names its pages after itself; only the controller writes the index, over all of them.
+    folder = pytester.path / "crash-reports"
+    pages = sorted(p.name for p in folder.glob("*.html") if p.name != "index.html")
+    assert len(pages) == 11 and all(re.fullmatch(r"gw[01]-run-\d{4}\.html", p) for p in pages), pages
+    index = (folder / "index.html").read_text()
+    assert all(page in index for page in pages)
+
+
+# -- the marker ------------------------------------------------------------------------------------
+MARKED = '''
+import pytest
+
+
+@pytest.mark.killpoint
+def test_every_point(killpoint):
+    pass
+
+
+@pytest.mark.killpoint(points=["after_call", "in_call"])
+def test_checkout(killpoint):
+    pass
+
+
+@pytest.mark.killpoint(points="after_call", steps=["reserve", "charge"])
+def test_steps(killpoint):
+    pass
+'''
+
+
+def collected(result: pytest.RunResult) -> list[str]:
+    return [line.split("::", 1)[1] for line in result.stdout.lines if "::" in line]
+
+
+def test_the_marker_makes_one_item_per_crash_point_narrowed_by_the_points_option(pytester):
+    pytester.makepyfile(test_marked=MARKED)
+    every = ["before_claim", "after_claim", "before_call", "after_call", "in_call", "before_receipt",
+             "after_receipt", "before_commit", "after_commit", "heartbeat"]
+    items = collected(inprocess(pytester, "--collect-only", "-q"))
+    assert items == [f"test_every_point[{p}]" for p in every] + [
+        "test_checkout[after_call]", "test_checkout[in_call]",
+        "test_steps[reserve.after_call]", "test_steps[charge.after_call]"]
+    items = collected(inprocess(pytester, "--collect-only", "-q", "--killpoint-points", "after_call"))
+    assert items == ["test_every_point[after_call]", "test_checkout[after_call]",
+                     "test_steps[reserve.after_call]", "test_steps[charge.after_call]"]
+
+
+def test_a_marked_test_that_does_not_take_the_fixture_is_a_collection_error_saying_what_to_write(pytester):
+    pytester.makepyfile(test_wrong='''
+import pytest
+
+@pytest.mark.killpoint(points=["after_call"])
+def test_forgot():
+    pass
+''')
+    result = inprocess(pytester, "--collect-only")
+    assert result.ret == pytest.ExitCode.INTERRUPTED  # a collection error
+    result.stdout.fnmatch_lines(["*test_forgot is marked @pytest.mark.killpoint but does not take the "
+                                 "killpoint fixture*def test_forgot(killpoint)*"])
+
+
+# -- options -----------------------------------------------------------------------------------------
+OPTIONS_SUITE = '''
+import pytest
+
+
+def test_settings_reach_the_runs(killpoint):
+    s = killpoint.settings
+    print("SETTINGS", s.store, s.seed, ",".join(s.points), s.budget, s.shard)
+    verdict = killpoint.run("A@charge.after_call:kill", workload="single")
+    config = verdict.results[0].config
+    assert (config.seed, config.store) == (s.seed, s.store)
+    assert [r.schedule for r in killpoint.matrix(workload="single").results] == [
+        f"A@charge.{p}:kill" for p in s.points]
+
+
+def test_explore_draws_the_budget(killpoint):
+    verdict = killpoint.explore(workload="single")  # budget: the option's
+    assert 1 <= verdict.runs <= killpoint.settings.budget
+    verdict.assert_valid()
+'''
+
+
+def test_options_come_from_ini_and_the_command_line_wins(pytester):
+    pytester.makeini("[pytest]\nkillpoint_seed = 3\nkillpoint_points = after_call,in_call\n"
+                     "killpoint_budget = 2\nkillpoint_store = sqlite\n")
+    pytester.makepyfile(test_options=OPTIONS_SUITE)
+    result = runpytest(pytester, "-s", "--killpoint-seed", "7")
+    result.assert_outcomes(passed=2)
+    assert "crash runs in 2 tests" in summary_of(result)
+    result.stdout.fnmatch_lines(["*SETTINGS sqlite 7 after_call,in_call 2 (1, 1)*"])
+
+
+@pytest.mark.parametrize("option, value, named", [
+    ("--killpoint-store", "mysql://db", "mysql://db"),
+    ("--killpoint-points", "after_cal", "after_cal"),
+    ("--killpoint-seed", "seven", "seven"),
+    ("--killpoint-budget", "0", "0"),
+    ("--killpoint-shard", "3/2", "3/2"),
+])
+def test_a_bad_option_value_stops_the_session_naming_it(pytester, option, value, named):
+    # In process: the session ends at configure time, before any test or process starts.
+    result = inprocess(pytester, option, value)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    err = result.stderr.str()
+    assert option in err and repr(named) in err
+
+
+def test_the_store_option_runs_the_suite_on_postgresql(pytester, pg_dsn):
+    pytester.makepyfile(test_reference=REFERENCE_SUITE)
+    result = runpytest(pytester, "--killpoint-store", pg_dsn, "-k", "checkout")
+    result.assert_outcomes(passed=2)
+    assert "2 crash runs in 2 tests: 2 valid" in summary_of(result)
+
+
+SHARDED = '''
+import pytest
+
+POINTS = ["before_claim", "after_claim", "before_call", "after_call", "in_call"]
+
+
+def test_matrix(killpoint):
+    verdict = killpoint.matrix(workload="single", points=POINTS)
+    print("MATRIX", [r.schedule for r in verdict.results])
+    verdict.assert_valid()
+
+
+@pytest.mark.killpoint(points=POINTS, workload="single")
+def test_marked(killpoint):
+    pass
+'''
+
+
+def test_shards_split_matrices_and_marked_items_deterministically_and_together_run_everything(pytester):
+    pytester.makepyfile(test_sharded=SHARDED)
+    matrices, items = [], []
+    for k in (1, 2):
+        result = runpytest(pytester, "-s", "-v", "--killpoint-shard", f"{k}/2")
+        out = result.stdout.str()
+        matrices.append(json.loads(re.search(r"MATRIX (\[.*\])", out)[1].replace("'", '"')))
+        items.append(re.findall(r"test_marked\[(\w+)\] PASSED", out))
+        assert f"(shard {k}/2)" in summary_of(result)
+    everything = [f"A@charge.{p}:kill" for p in ("before_claim", "after_claim", "before_call", "after_call", "in_call")]
+    assert matrices == [everything[0::2], everything[1::2]]
+    assert sorted(items[0] + items[1]) == sorted(p.split(".")[1].split(":")[0] for p in everything)
+    assert not set(items[0]) & set(items[1]) and abs(len(items[0]) - len(items[1])) <= 1
+
+
+# -- the documented example and the worked example -----------------------------------------------------
+def test_the_example_test_in_the_readme_runs_and_passes(pytester):
+    with open(os.path.join(ROOT, "README.md")) as fh:
+        doc = fh.read()
+    marker = doc.index("<!-- the test suite runs this block")
+    example = re.search(r"```python\n(.*?)```", doc[marker:], re.S)[1]
+    pytester.makepyfile(test_crashes=example)
+    result = runpytest(pytester, "-v")
+    result.assert_outcomes(passed=5)
+    result.stdout.fnmatch_lines(["*test_checkout?after_call? PASSED*"])
+
+
+def test_the_worked_user_worker_example_passes_at_every_crash_point(pytester):
+    folder = os.path.join(ROOT, "examples", "user_worker")
+    for name in ("shop_worker.py", "test_shop_worker.py"):
+        shutil.copy(os.path.join(folder, name), pytester.path / name)
+    result = runpytest(pytester, "-v")
+    result.assert_outcomes(passed=12)
+    result.stdout.fnmatch_lines(["*test_every_crash_point_is_recovered_without_a_second_charge?in_call? PASSED*",
+                                 "*test_killpoint_catches_a_commit_without_fencing?after_call? PASSED*"])
+
+
+# -- the verdict and the shard arithmetic, without processes ---------------------------------------------
+def test_a_verdict_has_no_truth_value_so_assert_verdict_cannot_pass_by_mistake():
+    from killpoint.plugin import _verdict
+
+    verdict = _verdict([], (), "reference", 0)
+    with pytest.raises(TypeError, match="assert_valid"):
+        bool(verdict)
+    assert verdict.valid is None  # no runs judged: unknown, never valid
+    with pytest.raises(AssertionError):
+        verdict.assert_valid()
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7])
+def test_shards_cover_each_position_exactly_once(n):
+    from killpoint.plugin import Settings
+
+    owners = [[k for k in range(1, n + 1) if Settings(shard=(k, n)).in_shard(i)] for i in range(23)]
+    assert all(len(o) == 1 for o in owners)
