@@ -7,7 +7,10 @@ The floor is what such a scenario cannot avoid: two forks from this warm process
 reaps, the scenario's SQLite transactions on a fresh WAL file, and its loopback HTTP calls. The
 scenario also waits for A's lease to expire (database time), so its lease is set short here.
 
-    python benchmarks/bench.py [--runs 40] [--store sqlite|postgresql://...]
+    python benchmarks/bench.py [--runs 40] [--pg postgresql://postgres@127.0.0.1:5432/test]
+
+It measures on SQLite and, when the PostgreSQL server answers (``--pg``, default the local one),
+on PostgreSQL beside it, each against its own floor.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import chaos  # noqa: E402
 from harness import downstream as ds  # noqa: E402
 from harness.run import RunConfig, Session  # noqa: E402
 from harness.store.base import Claim  # noqa: E402
-from harness.store.sqlite import SQLiteStore  # noqa: E402
+from harness.store import InvalidStore, check_store, open_store  # noqa: E402
 from harness.worker import Timing  # noqa: E402
 from harness.workload import single_step_workload  # noqa: E402
 
@@ -44,14 +47,14 @@ def _exit() -> None:
     os._exit(0)
 
 
-def floor_once(base: str, n: int, url: str) -> float:
+def floor_once(base: str, n: int, url: str, store_spec: str) -> float:
     """Two forks (one SIGKILLed), the scenario's store transactions and HTTP calls."""
     t = time.perf_counter()
     for fn in (_suicide, _exit):
         p = FORK.Process(target=fn)
         p.start()
         p.join()
-    store = SQLiteStore(os.path.join(base, f"floor-{n}.sqlite"))
+    store = open_store(store_spec, base, f"floor-{n}")
     store.setup(single_step_workload(0).checkpoints())
     row = store.steps()[0]
     a = store.claim("order-1", "charge", "A", expected_state_version=row["state_version"],
@@ -62,8 +65,9 @@ def floor_once(base: str, n: int, url: str) -> float:
     store.commit(b, "succeeded")
     store.events()
     store.steps()
+    store.close()
     store.drop()
-    client = ds.DownstreamClient(url, f"floor-{n}")
+    client = ds.DownstreamClient(url, f"floor-{n}-{store_spec[:8]}")
     client.configure({"resources": {"payment": {"legacy": False, "fencing": True}}})
     client.call("payment", key="k", params={"amount": 1}, meta={"instance": "order-1", "step": "charge"},
                 fence=1, fence_scope="order-1:charge")
@@ -73,35 +77,52 @@ def floor_once(base: str, n: int, url: str) -> float:
     return time.perf_counter() - t
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=40)
-    parser.add_argument("--store", default="sqlite")
-    args = parser.parse_args()
+def measure(store: str, runs: int) -> tuple[list[float], list[float], int]:
     schedule = chaos.parse("A@charge.after_call:kill")
-    config = RunConfig(schedule=schedule, workload="single", workers=2, store=args.store, timing=TIMING,
+    config = RunConfig(schedule=schedule, workload="single", workers=2, store=store, timing=TIMING,
                        same_identity=0.0)
     with Session() as session, tempfile.TemporaryDirectory() as base:
-        for _ in range(3):  # warm up
+        for n in range(3):  # warm up
             session.run(config)
-            floor_once(base, -1, session.downstream.url)
+            floor_once(base, -1 - n, session.downstream.url, store)
         times, fired = [], 0
-        for _ in range(args.runs):
+        for _ in range(runs):
             t = time.perf_counter()
             result = session.run(config)
             times.append(time.perf_counter() - t)
             if result.valid is not True:
-                print(f"run {result.run_id} was not valid: {result.verdict.unknown_reasons}", file=sys.stderr)
-                return 1
+                raise SystemExit(f"run {result.run_id} on {store} was not valid: "
+                                 f"{result.verdict.unknown_reasons or result.verdict.violations}")
             fired += result.fired[str(schedule)]
-        floors = [floor_once(base, n, session.downstream.url) for n in range(args.runs)]
-    scenario, floor = statistics.median(times), statistics.median(floors)
-    print(f"store: {args.store}; runs: {args.runs}; faults fired: {fired}/{args.runs}; "
-          f"lease ttl {TIMING.lease_ttl_ms:g} ms")
-    print(f"single-crash scenario  median {scenario * 1000:7.1f} ms  (p90 "
-          f"{sorted(times)[int(0.9 * len(times))] * 1000:.1f} ms)")
-    print(f"floor                  median {floor * 1000:7.1f} ms  (forks+kill+reap, SQLite tx, HTTP)")
-    print(f"ratio                  {scenario / floor:7.2f}x")
+        floors = [floor_once(base, n, session.downstream.url, store) for n in range(runs)]
+    return times, floors, fired
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=40)
+    parser.add_argument("--pg", default="postgresql://postgres@127.0.0.1:5432/test",
+                        help="a PostgreSQL URL to measure beside SQLite ('' to skip)")
+    args = parser.parse_args()
+    stores = ["sqlite"]
+    if args.pg:
+        try:
+            check_store(args.pg)
+            stores.append(args.pg)
+        except InvalidStore as exc:
+            print(f"skipping PostgreSQL: {exc}", file=sys.stderr)
+    print(f"single-crash scenario (one charge, A killed at after_call, B recovers; lease ttl "
+          f"{TIMING.lease_ttl_ms:g} ms), {args.runs} runs per store")
+    print(f"{'store':<12} {'scenario':>10} {'p90':>8} {'floor':>8} {'ratio':>7} {'fired':>7}")
+    for store in stores:
+        times, floors, fired = measure(store, args.runs)
+        scenario, floor = statistics.median(times), statistics.median(floors)
+        p90 = sorted(times)[int(0.9 * len(times))]
+        name = "sqlite" if store == "sqlite" else "postgresql"
+        print(f"{name:<12} {scenario * 1000:8.1f}ms {p90 * 1000:6.1f}ms {floor * 1000:6.1f}ms "
+              f"{scenario / floor:6.2f}x {fired:>3}/{args.runs}")
+    print("floor: two forks with a SIGKILL and reaps, the scenario's store transactions (set-up, two "
+          "claims, receipt, commit, reads, drop) and its loopback HTTP calls")
     return 0
 
 

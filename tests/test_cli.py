@@ -32,6 +32,7 @@ def test_unknown_point_exits_2_with_one_line_naming_it_and_the_valid_names(capsy
     (["matrix", "--workers", "0"], "0"),
     (["matrix", "--steps", "ship"], "ship"),
     (["matrix", "--workload", "bogus"], "bogus"),
+    (["matrix", "--actions", "explode"], "explode"),
     (["nosuchcommand"], "nosuchcommand"),
 ])
 def test_bad_input_exits_2_naming_the_bad_value(capsys, argv, named):
@@ -40,11 +41,13 @@ def test_bad_input_exits_2_naming_the_bad_value(capsys, argv, named):
     assert named in err and len(err.strip().splitlines()) == 1
 
 
-def test_full_single_crash_matrix_is_valid_judges_every_invariant_and_fires_every_point(capsys):
+def test_full_single_fault_matrix_is_valid_judges_every_invariant_and_fires_every_point(capsys):
     code, out, err = run_cli(capsys, "matrix", "--json")
     report = json.loads(out)
     assert code == 0 and report["valid"] is True
     assert report["runs"] >= 27 and report["violations"] == []
+    schedules = {r["schedule"] for r in report["results"]}
+    assert "A@charge.after_call:kill" in schedules and "A@charge.after_call:1*pause" in schedules
     assert set(report["invariants"]) == set(ALL)
     assert all(c["checked"] >= 1 and c["violated"] == 0 for c in report["invariants"].values()), \
         report["invariants"]
@@ -57,7 +60,8 @@ def test_json_mode_prints_exactly_one_object_and_no_progress(capsys):
     code, out, err = run_cli(capsys, "matrix", "--json", "--points", "after_call", "--steps", "charge")
     assert code == 0
     report = json.loads(out)  # the whole of stdout is one object
-    assert report["runs"] == 1 and report["results"][0]["schedule"] == "A@charge.after_call:kill"
+    assert [r["schedule"] for r in report["results"]] == ["A@charge.after_call:kill",
+                                                          "A@charge.after_call:1*pause"]
     assert err == ""
 
 

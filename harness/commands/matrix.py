@@ -1,4 +1,8 @@
-"""``killpoint matrix``: every single-crash schedule of the workload, each judged by every invariant.
+"""``killpoint matrix``: every single-fault schedule of the workload, each judged by every invariant.
+
+Depth 1 kills worker A at each point of each step (hangs it at the heartbeat) and, with the
+``pause`` action, also freezes A past its lease at each point where it holds one, so that another
+worker takes over and A wakes up stale: the lease-takeover exercise at every point.
 
 ``--depth 2`` runs every ordered pair of faults instead: A crashes at one point, then a second
 crash lands either on worker B (``workers``: the worker that recovers dies too) or on A again after
@@ -22,8 +26,8 @@ from harness.commands.common import Progress, Summary, add_common, finish, parse
 from harness.run import Session
 from harness.workload import WORKLOADS
 
-HELP = ("run every single-crash schedule (each point x each step), or with --depth 2 every ordered "
-        "pair of faults, and check every invariant")
+HELP = ("run every single-fault schedule (each point x each step, killed or paused past its lease), "
+        "or with --depth 2 every ordered pair of crashes, and check every invariant")
 FORMS = ("workers", "hits")
 # The order a worker hits the points of one attempt in (heartbeat right after the claim).
 HIT_ORDER = ("before_claim", "after_claim", "heartbeat", "before_call", "in_call", "after_call",
@@ -35,6 +39,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--points", default=None,
                    help="comma-separated crash points (default: all of them)")
     p.add_argument("--steps", default=None, help="comma-separated step names (default: all)")
+    p.add_argument("--actions", default="kill,pause",
+                   help="with --depth 1: kill (SIGKILL at every point, hang at the heartbeat) and/or "
+                        "pause (SIGSTOP past the lease at every point where a lease is held, then "
+                        "resume: the stale-worker case); default both")
     p.add_argument("--depth", type=int, choices=(1, 2), default=1,
                    help="1: every single crash (default); 2: every ordered pair of crashes")
     p.add_argument("--forms", default=",".join(FORMS),
@@ -51,6 +59,24 @@ def single_crash_schedules(step_names, points) -> list[Schedule]:
         for point in points:
             action = "hang" if point == "heartbeat" else "kill"
             out.append(Schedule((Fault("A", point, parse_actions(action), step),)))
+    return out
+
+
+# The points at which the faulted worker holds a lease: a pause there makes it a stale worker.
+LEASE_HELD = ("after_claim", "before_call", "in_call", "after_call", "before_receipt", "after_receipt",
+              "before_commit")
+ACTIONS = ("kill", "pause")
+
+
+def single_fault_schedules(step_names, points, actions=ACTIONS) -> list[Schedule]:
+    """The single-crash schedules (``kill``) and, with ``pause``, worker A frozen once past its lease
+    at every point where it holds one, then resumed after another worker moved the step on."""
+    out = single_crash_schedules(step_names, points) if "kill" in actions else []
+    if "pause" in actions:
+        for step in step_names:
+            for point in points:
+                if point in LEASE_HELD:
+                    out.append(Schedule((Fault("A", point, parse_actions("1*pause"), step),)))
     return out
 
 
@@ -122,7 +148,12 @@ def run(args: argparse.Namespace) -> int:
     elif args.depth == 2:
         steps = repeated_steps(workload)
     if args.depth == 1:
-        configs = [run_config(args, s) for s in single_crash_schedules(steps, points)]
+        actions = tuple(a.strip() for a in args.actions.split(",") if a.strip())
+        bad = [a for a in actions if a not in ACTIONS]
+        if bad or not actions:
+            raise BadInput(f"--actions: unknown action {', '.join(map(repr, bad)) or repr(args.actions)}; "
+                           f"use kill, pause or both")
+        configs = [run_config(args, s) for s in single_fault_schedules(steps, points, actions)]
     else:
         forms = tuple(f.strip() for f in args.forms.split(",") if f.strip())
         bad = [f for f in forms if f not in FORMS]
