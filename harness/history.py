@@ -25,8 +25,11 @@ is one clock for every process on a Linux machine):
   ``missing_key``, ``stale_fence``, ``error``, ``dropped``), applied (bool: a new effect happened).
   ``dropped`` means applied but the answer was never sent (so ``applied`` is true).
 * **harness actions** (``process`` = ``"harness"``, type ``event``): ``spawn`` (worker, pid),
-  ``kill`` / ``stop`` / ``cont`` (worker, pid, signal, reason), ``exit`` (worker, pid, code,
-  signal), ``bound_hit``, ``downstream_restart``.
+  ``kill`` / ``stop`` / ``cont`` (worker, pid, signal, reason; a ``cont`` without a signal is a
+  release of a worker that was never stopped), ``exit`` (worker, pid, code, signal), ``bound_hit``,
+  ``downstream_restart`` (pid_before, pid, url: same ledger, same port), ``store_restart`` (the
+  workers killed with their connections), ``after_quiescent`` (an outside actor, such as an operator,
+  acts before judging).
 
 Checkers only ever see a :class:`History`; they never do I/O.
 """
