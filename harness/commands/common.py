@@ -188,6 +188,24 @@ def write_reports(args: argparse.Namespace, summary: Summary, title: str) -> Non
                        f"({exc.strerror or exc})") from None
 
 
+def print_judgement(summary: Summary, results: Sequence[RunResult], *, reproduce: bool = True) -> None:
+    """The invariants table, then each violation (with its replay line) and each unknown reason."""
+    print()
+    print(f"{'invariant':<24} {'checked':>8} {'violated':>9}")
+    for name, c in summary.invariants().items():
+        print(f"{name:<24} {c['checked']:>8} {c['violated']:>9}")
+    for r in results:
+        where = r.config.schedule or "no faults"
+        for v in r.verdict.violations:
+            print(f"\nVIOLATED {v.invariant} at {v.instance}:{v.step} under {where}")
+            print(f"  {v.detail}")
+            if reproduce:
+                print(f"  reproduce: {replay_command(r)}")
+        if r.valid is None:
+            for reason in r.verdict.unknown_reasons:
+                print(f"\nUNKNOWN {where}: {reason}")
+
+
 def finish(args: argparse.Namespace, summary: Summary, title: str, lines: Sequence[str] = ()) -> int:
     """Print the outcome (text or JSON) and return the exit code."""
     write_reports(args, summary, title)
@@ -196,19 +214,7 @@ def finish(args: argparse.Namespace, summary: Summary, title: str, lines: Sequen
         return summary.exit_code()
     for line in lines:
         print(line)
-    inv = summary.invariants()
-    print()
-    print(f"{'invariant':<24} {'checked':>8} {'violated':>9}")
-    for name, c in inv.items():
-        print(f"{name:<24} {c['checked']:>8} {c['violated']:>9}")
-    for r in summary.results:
-        for v in r.verdict.violations:
-            print(f"\nVIOLATED {v.invariant} at {v.instance}:{v.step} under {r.config.schedule or 'no faults'}")
-            print(f"  {v.detail}")
-            print(f"  reproduce: {replay_command(r)}")
-        if r.valid is None:
-            for reason in r.verdict.unknown_reasons:
-                print(f"\nUNKNOWN {r.config.schedule or 'no faults'}: {reason}")
+    print_judgement(summary, summary.results)
     verdict = {True: "valid", False: "INVALID", None: "unknown"}[summary.valid]
     fired = sum(1 for r in summary.results for n in r.fired.values() if n)
     scheduled = sum(len(r.fired) for r in summary.results)

@@ -15,7 +15,7 @@ import shlex
 from typing import TYPE_CHECKING, Any
 
 from harness.commands.common import (EXIT_UNKNOWN, EXIT_VALID, EXIT_VIOLATED, BadInput, Summary,
-                                     redact, validate_store, write_reports)
+                                     print_judgement, redact, validate_store, write_reports)
 
 if TYPE_CHECKING:
     from scenarios import Scenario
@@ -155,19 +155,7 @@ def _text(args: argparse.Namespace, scenario: Scenario, stories: list[Story], su
         print(f"  {mark} {where}{c.expected}")
         if not c.held:
             print(f"         expected that, found: {c.found or 'nothing'}")
-    inv = summary.invariants()
-    print()
-    print(f"{'invariant':<24} {'checked':>8} {'violated':>9}")
-    for name, n in inv.items():
-        print(f"{name:<24} {n['checked']:>8} {n['violated']:>9}")
-    for r in first.results:
-        for v in r.verdict.violations:
-            where = r.config.schedule or "no faults"
-            print(f"\nVIOLATED {v.invariant} at {v.instance}:{v.step} under {where}")
-            print(f"  {v.detail}")
-        if r.valid is None:
-            for reason in r.verdict.unknown_reasons:
-                print(f"\nUNKNOWN {r.config.schedule or 'no faults'}: {reason}")
+    print_judgement(summary, first.results, reproduce=False)  # a scenario's reproduce line follows
     if len(stories) > 1:
         print()
         for n, s in enumerate(stories, start=1):
