@@ -2,12 +2,16 @@
 
     chain := term ("->" term)*
     term  := [P "%"] [N "*"] action
-    action:= "kill" | "pause" | "hang" | "off" | "sleep(" MS ")"
+    action:= "kill" | "pause" | "terminate" | "hang" | "off" | "sleep(" MS ")"
 
 A term with a count applies to that many hits, then the chain moves on; a term without a count
 applies to every later hit. ``2*off->kill``: the first two hits do nothing, the third kills.
 ``P%`` makes a term fire on a hit with that probability (drawn from the run's seed); a hit that does
 not fire still uses up one of the term's count.
+
+``terminate`` cuts the worker's connections to a PostgreSQL store: the harness ends their server
+backends (``pg_terminate_backend``) while the worker waits at the point, then lets it go on, and its
+next store call meets a dead connection. Only a store with server sessions has it.
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-ACTIONS = ("kill", "pause", "hang", "off", "sleep")
+ACTIONS = ("kill", "pause", "terminate", "hang", "off", "sleep")
+_ONE_OF = "kill, pause, terminate, hang, off, sleep(MS)"
 
 
 class InvalidAction(ValueError):
@@ -74,11 +79,11 @@ def parse_term(text: str) -> Term:
     m = _TERM.match(text.strip())
     if not m:
         raise InvalidAction(f"cannot read failpoint action {text!r}: expected [P%][N*]ACTION "
-                            f"with ACTION one of kill, pause, hang, off, sleep(MS)")
+                            f"with ACTION one of {_ONE_OF}")
     action, arg = m["action"], m["arg"]
     if action not in ACTIONS:
         raise InvalidAction(f"unknown failpoint action {action!r} in {text!r}: "
-                            f"use one of kill, pause, hang, off, sleep(MS)")
+                            f"use one of {_ONE_OF}")
     if action == "sleep":
         if arg is None or not arg.strip().isdigit():
             raise InvalidAction(f"sleep needs a whole number of milliseconds, as in sleep(50), not {text!r}")
@@ -99,7 +104,7 @@ def parse_term(text: str) -> Term:
 def parse(text: str) -> Chain:
     """Parse an action chain such as ``2*off->kill``; raise :class:`InvalidAction` naming the bad part."""
     if not text or not text.strip():
-        raise InvalidAction("empty failpoint action: use one of kill, pause, hang, off, sleep(MS)")
+        raise InvalidAction(f"empty failpoint action: use one of {_ONE_OF}")
     terms = tuple(parse_term(part) for part in text.split("->"))
     for term in terms[:-1]:
         if term.count is None:

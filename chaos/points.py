@@ -3,6 +3,11 @@
 A worker marks a point with ``chaos.point("after_call")``. Outside a harness run no failpoints are
 installed and the call returns at once. Inside one, the harness installs this process's faults
 (from the schedule) right after the fork; a hit that matches a fault runs its action.
+
+Two points are not the worker's but the PostgreSQL store's, inside each of its write transactions
+(``DB_POINTS``): ``before_db_commit`` (the statements are done, COMMIT not sent) and ``in_db_commit``
+(COMMIT sent, its answer not read). They are where a lost connection leaves a transaction
+certainly rolled back, or committed without the worker knowing.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 from chaos.journal import Journal
 
@@ -25,8 +30,14 @@ if TYPE_CHECKING:
 # The protocol's points, in order, then the two that are not between protocol steps.
 PROTOCOL_POINTS = ("before_claim", "after_claim", "before_call", "after_call",
                    "before_receipt", "after_receipt", "before_commit", "after_commit")
-POINTS = frozenset(PROTOCOL_POINTS + ("in_call", "heartbeat"))
-ORDERED_POINTS = PROTOCOL_POINTS[:4] + ("in_call",) + PROTOCOL_POINTS[4:] + ("heartbeat",)
+# Inside the PostgreSQL store's write transactions; no other store has them (a schedule that names
+# them on another store is refused), so what enumerates points by default leaves them out.
+DB_POINTS = ("before_db_commit", "in_db_commit")
+POINTS = frozenset(PROTOCOL_POINTS + ("in_call", "heartbeat") + DB_POINTS)
+ORDERED_POINTS = PROTOCOL_POINTS[:4] + ("in_call",) + PROTOCOL_POINTS[4:] + ("heartbeat",) + DB_POINTS
+# The points every run reaches on any store: what matrix, explore, selftest and the pytest plugin
+# enumerate unless asked for others.
+DEFAULT_POINTS = tuple(p for p in ORDERED_POINTS if p not in DB_POINTS)
 
 
 @dataclass
@@ -45,6 +56,9 @@ class Failpoints:
     # worker (the heartbeat) is frozen inside a database transaction, holding a lock every other
     # worker needs. The freeze is meant to model a stale worker, not a wedged database.
     pause_locks: list = field(default_factory=list)
+    # What the harness needs to end this process's database sessions at a ``terminate`` (the store
+    # describes them: their backend PIDs, and which of them has a COMMIT in flight); sent as is.
+    backends: Callable[[], Mapping[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         self._rng = random.Random(self.seed)
@@ -53,7 +67,9 @@ class Failpoints:
         if self.to_harness is not None:
             os.write(self.to_harness, (json.dumps(msg) + "\n").encode())
 
-    def hit(self, name: str) -> None:
+    def hit(self, name: str) -> str | None:
+        """Count a hit of point ``name`` and run the action that applies; return that action (or
+        None), for a caller whose own state the action changes (see :func:`point`)."""
         instance, step = self.where
         n = self.point_hits[(name, step)] = self.point_hits.get((name, step), 0) + 1
         action = None
@@ -72,11 +88,12 @@ class Failpoints:
             self.journal.write("point", point=name, instance=instance, step=step, hit=n,
                                action=term.action, fault=index)
             self._tell(fired=index, action=term.action, point=name, instance=instance, step=step)
-            self._run(term.action, term.arg, index)
-            return
+            self._run(term.action, term.arg, index, name)
+            return term.action
         self.journal.write("point", point=name, instance=instance, step=step, hit=n, action=action)
+        return None
 
-    def _run(self, action: str, arg: int | None, index: int) -> None:
+    def _run(self, action: str, arg: int | None, index: int, name: str) -> None:
         if action == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
             time.sleep(60)  # never reached: SIGKILL cannot be caught
@@ -98,6 +115,16 @@ class Failpoints:
             finally:
                 for lock in reversed(self.pause_locks):
                     lock.release()
+        elif action == "terminate":
+            # The harness ends our database sessions while we wait here, then lets us go on. No
+            # SIGSTOP and no pause locks: at a db point this thread holds row locks that the
+            # heartbeat thread may be waiting on, and nothing needs to be frozen -- the harness
+            # acts on the server, not on us.
+            instance, step = self.where
+            sessions = dict(self.backends()) if self.backends is not None else {}
+            self._tell(terminate=index, point=name, instance=instance, step=step, **sessions)
+            if self.from_harness is not None:
+                os.read(self.from_harness, 1)
 
 
 _installed: Failpoints | None = None
@@ -114,12 +141,18 @@ def install(failpoints: Failpoints | None) -> None:
     _installed = failpoints
 
 
-def point(name: str) -> None:
+def point(name: str) -> str | None:
     """Mark crash point ``name``; what happens here comes from the schedule. Costs next to nothing
-    when no failpoint is installed."""
+    when no failpoint is installed.
+
+    Returns the action that ran here (``None`` if none). Only a caller whose own state the action
+    changes needs it: the PostgreSQL store learns at ``in_db_commit`` that its connection was cut
+    with the COMMIT's answer still in flight.
+    """
     fp = _installed
     if fp is not None:
-        fp.hit(name)
+        return fp.hit(name)
+    return None
 
 
 @contextlib.contextmanager

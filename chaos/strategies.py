@@ -23,7 +23,7 @@ from typing import Sequence
 from hypothesis import strategies as st
 
 from chaos.actions import Chain, parse as parse_actions
-from chaos.points import ORDERED_POINTS
+from chaos.points import DEFAULT_POINTS
 from chaos.schedule import Fault, Schedule
 
 MAX_SLEEP_MS = 100
@@ -41,7 +41,7 @@ def actions() -> st.SearchStrategy[Chain]:
 
 
 def faults(workers: Sequence[str], steps: Sequence[str],
-           points: Sequence[str] = ORDERED_POINTS) -> st.SearchStrategy[Fault]:
+           points: Sequence[str] = DEFAULT_POINTS) -> st.SearchStrategy[Fault]:
     """One fault: a worker, a point at a named step (or at any step), a hit number, an action."""
     if not workers or not points:
         raise ValueError("a fault needs at least one worker name and one crash point")
@@ -51,7 +51,7 @@ def faults(workers: Sequence[str], steps: Sequence[str],
                      step, st.integers(1, MAX_HIT))
 
 
-def schedules(workers: Sequence[str], steps: Sequence[str], *, points: Sequence[str] = ORDERED_POINTS,
+def schedules(workers: Sequence[str], steps: Sequence[str], *, points: Sequence[str] = DEFAULT_POINTS,
               max_faults: int = 3) -> st.SearchStrategy[Schedule]:
     """A schedule of one to ``max_faults`` faults, no two at the same worker, step, point and hit.
 

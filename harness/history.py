@@ -29,7 +29,9 @@ is one clock for every process on a Linux machine):
   release of a worker that was never stopped), ``exit`` (worker, pid, code, signal), ``bound_hit``,
   ``downstream_restart`` (pid_before, pid, url: same ledger, same port), ``store_restart`` (the
   workers killed with their connections), ``after_quiescent`` (an outside actor, such as an operator,
-  acts before judging).
+  acts before judging), ``terminate_backend`` (worker, pid, point, instance, step, fault,
+  backend_pids: the worker's PostgreSQL sessions ended by ``pg_terminate_backend``, states: the
+  state each was in -- ``idle`` at ``in_db_commit`` means its COMMIT had been processed).
 
 Checkers only ever see a :class:`History`; they never do I/O.
 """

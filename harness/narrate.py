@@ -44,6 +44,11 @@ def line(e: Event) -> str | None:
         if e.kind == "bound_hit":
             why = f"{d['seconds']:g} s" if d.get("seconds") is not None else d.get("reason")
             return f"harness: the run hit its bound ({why}); what is still running is ended"
+        if e.kind == "terminate_backend":
+            states = d.get("states") or {}
+            ended = ", ".join(f"{p} ({states.get(str(p))})" for p in d.get("backend_pids") or ()) or "none"
+            return (f"harness: pg_terminate_backend for {worker}'s database sessions at "
+                    f"{d.get('step')}.{d.get('point')}: {ended}")
         if e.kind == "after_quiescent":
             return "harness: the run is quiescent; an outside actor acts before the history is judged"
         if e.kind == "exit":
@@ -90,6 +95,9 @@ def line(e: Event) -> str | None:
                 f"-> {d.get('action')}")
     if e.kind == "call" and e.type == "info":
         return f"{who}: call outcome unknown ({'it died first' if d.get('indeterminate') else d.get('error')})"
+    if e.kind in ("claim", "receipt", "commit") and e.get("error") and e.type in ("info", "fail"):
+        how = "outcome unknown" if e.type == "info" else "certainly not done"
+        return f"{who}: {e.kind} {how}: {d.get('error')}"
     if e.kind == "checkpoint":
         return f"{who}: checkpoint of {d.get('instance')} {d.get('outcome')}: {d.get('reason')}"
     if e.kind == "heartbeat_lost":

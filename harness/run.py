@@ -8,6 +8,7 @@ Workers start in name order: B starts once every fault scheduled for A has fired
 a scheduled fault lands where it was asked to. A worker killed by a fault is replaced at once, by a
 fresh identity or, drawn from the seed, by one with the same identity; a fault that killed is spent
 and is not inherited. A paused worker (SIGSTOP) is resumed once another worker has moved its step on.
+A worker at a ``terminate`` waits while the harness ends its PostgreSQL sessions, then goes on.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from harness import downstream as ds
 from harness import history as hist
 from harness.checkers import check_all
 from harness.checkers.base import Verdict
-from harness.store import open_store
+from harness.store import check_faults, open_store
 from harness.store.base import Store
 from harness.targets import Target, resolve
 from harness.worker import DONE, Heartbeat, Timing, WorkerContext, plan
@@ -132,8 +133,9 @@ def _worker_main(target: Target, ctx_args: dict[str, Any], faults, hits, seed: i
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the harness decides when workers end
     journal = Journal(ctx_args["journal"])
     journal.write("start", pid=os.getpid(), worker=ctx_args["worker_id"])
-    chaos.points.install(Failpoints(list(faults), journal, seed, events_fd, control_fd, dict(hits)))
     store: Store = ctx_args["store"]
+    chaos.points.install(Failpoints(list(faults), journal, seed, events_fd, control_fd, dict(hits),
+                                    backends=store.backends))
     client = ds.DownstreamClient(ctx_args["url"], ctx_args["run_id"])
     ctx = WorkerContext(ctx_args["worker_id"], store, client, journal, ctx_args["workload"],
                         ctx_args["timing"])
@@ -210,6 +212,7 @@ class _Run:
             if fault not in known or not set(services) <= {"downstream", "store"}:
                 raise ValueError(f"restarts {fault!r}: {services!r}: name a fault of the schedule "
                                  f"and any of 'downstream', 'store'")
+        check_faults(config.store, config.schedule)  # InvalidStore, a ValueError
         self.target = resolve(config.target)
         self.rng = random.Random(config.seed)
         self.harness_events: list[dict[str, Any]] = []
@@ -336,6 +339,26 @@ class _Run:
             w.paused = (instance, step, row["state_version"] if row else 0)
             self.note("stop", worker=w.label, pid=w.proc.pid, signal="SIGSTOP", instance=instance,
                       step=step, reason="pause")
+        elif "terminate" in msg:
+            if w.state == "exited":
+                return  # killed (by a store restart) before its message was read
+            self.terminate_backends(w, msg)
+
+    def terminate_backends(self, w: _Worker, msg: dict[str, Any]) -> None:
+        """End the server sessions a worker reported at a ``terminate``, then let it go on.
+
+        The worker waits on its control pipe meanwhile (it is not stopped), so this happens
+        between two of its instructions: at a protocol point between transactions, at
+        ``before_db_commit`` with its transaction open, at ``in_db_commit`` once the server has
+        processed its COMMIT (the store waits for that). Done at once, in the loop, because it takes
+        milliseconds and the worker can do nothing until it is done.
+        """
+        ended = self.store.terminate_backends(msg.get("backend_pids") or (),
+                                              await_idle=msg.get("await_idle") or ())
+        self.note("terminate_backend", worker=w.label, pid=w.proc.pid, point=msg.get("point"),
+                  instance=msg.get("instance"), step=msg.get("step"), fault=msg.get("terminate"),
+                  **ended)
+        os.write(w.control, b"r")
 
     def restart_services(self, index: int) -> None:
         """Restart what ``RunConfig.restarts`` names for fault ``index``, the moment it fired.

@@ -4,6 +4,11 @@ claim (database time, a new fence) -> call (stable idempotency key, the fence) -
 downstream's answer, durably) -> commit (compare-and-set on state version, fence and owner). A
 worker that finds a step some earlier attempt touched establishes its outcome first, with the pure
 decision table of :mod:`harness.recovery`. Each method is one rule, so a mutant breaks exactly one.
+
+A store connection that dies (:class:`StoreUnavailable`; :class:`OutcomeUnknown` when COMMIT was
+already sent) ends the worker's work on its step, not the worker: the operation is journaled as
+``fail`` or ``info``, the lease expires, and recovery settles the step from the receipt, the state
+version and the fence, exactly as after a crash. The worker goes on with its next task.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from chaos.journal import Journal
 from harness import checkpoint, recovery, states
 from harness.downstream import DownstreamClient, LostResponse
 from harness.intent import idempotency_key, intent_hash
-from harness.store.base import Claim, Store
+from harness.store.base import Claim, OutcomeUnknown, Store, StoreUnavailable
 from harness.workload import InstanceSpec, StepSpec, Workload
 
 
@@ -169,19 +174,26 @@ class ReferenceWorker:
     def run(self) -> None:
         next_monitor = 0.0
         while True:
-            now, rows = self.store.snapshot()
-            task = plan(rows, now, self.ctx.workload)
-            if task == DONE:
-                return
-            # Busy workers watch too (a few times per bound), so a hung lease holder is flagged even
-            # when no worker is idle.
-            if task == WAIT or time.monotonic() >= next_monitor:
-                self.monitor()
-                next_monitor = time.monotonic() + self.timing.stuck_bound_ms / 4000.0
-            if task == WAIT:
+            try:
+                now, rows = self.store.snapshot()
+                task = plan(rows, now, self.ctx.workload)
+                if task == DONE:
+                    return
+                # Busy workers watch too (a few times per bound), so a hung lease holder is flagged
+                # even when no worker is idle.
+                if task == WAIT or time.monotonic() >= next_monitor:
+                    self.monitor()
+                    next_monitor = time.monotonic() + self.timing.stuck_bound_ms / 4000.0
+                if task == WAIT:
+                    time.sleep(self.timing.poll_ms / 1000.0)
+                    continue
+                self.execute(task)
+            except StoreUnavailable as exc:
+                # The store dropped the dead connection; the next call opens another. Whatever
+                # step we were on is left to its lease and to recovery.
+                self.journal.write("store_unavailable", error=str(exc),
+                                   outcome_unknown=isinstance(exc, OutcomeUnknown))
                 time.sleep(self.timing.poll_ms / 1000.0)
-                continue
-            self.execute(task)
 
     def monitor(self) -> None:
         """Flag a lease whose heartbeat goes on while its step makes no progress."""
@@ -235,10 +247,14 @@ class ReferenceWorker:
         to_state = states.COMPENSATING if compensation else states.RUNNING
         op = self.journal.invoke("claim", instance=row["instance"], step=row["step"],
                                  state_version=row["state_version"])
-        claim = self.store.claim(row["instance"], row["step"], self.ctx.worker_id,
-                                 expected_state_version=row["state_version"], from_state=row["state"],
-                                 to_state=to_state, ttl_ms=self.timing.lease_ttl_ms,
-                                 reset_attempt=row["state"] == states.SUCCEEDED)
+        try:
+            claim = self.store.claim(row["instance"], row["step"], self.ctx.worker_id,
+                                     expected_state_version=row["state_version"], from_state=row["state"],
+                                     to_state=to_state, ttl_ms=self.timing.lease_ttl_ms,
+                                     reset_attempt=row["state"] == states.SUCCEEDED)
+        except StoreUnavailable as exc:
+            self.lost(op, "claim", exc, instance=row["instance"], step=row["step"])
+            raise
         if claim is None:
             self.journal.complete(op, "claim", "fail", instance=row["instance"], step=row["step"])
         else:
@@ -366,17 +382,32 @@ class ReferenceWorker:
                        response: dict[str, Any]) -> None:
         op = self.journal.invoke("receipt", instance=claim.instance, step=claim.step, key=key,
                                  status=status)
-        self.store.record_receipt(claim, key, ihash, status, response)
+        try:
+            self.store.record_receipt(claim, key, ihash, status, response)
+        except StoreUnavailable as exc:
+            self.lost(op, "receipt", exc, instance=claim.instance, step=claim.step)
+            raise
         self.journal.complete(op, "receipt", "ok", instance=claim.instance, step=claim.step)
 
     def commit(self, claim: Claim, to_state: str, **detail: Any) -> bool:
         op = self.journal.invoke("commit", instance=claim.instance, step=claim.step, to_state=to_state,
                                  fence=claim.fence, expected_state_version=claim.state_version)
-        ok = self.store.commit(claim, to_state, check_fence=self.check_fence,
-                               check_version=self.check_version, **detail)
+        try:
+            ok = self.store.commit(claim, to_state, check_fence=self.check_fence,
+                                   check_version=self.check_version, **detail)
+        except StoreUnavailable as exc:
+            self.lost(op, "commit", exc, instance=claim.instance, step=claim.step, to_state=to_state,
+                      fence=claim.fence)
+            raise
         self.journal.complete(op, "commit", "ok" if ok else "fail", instance=claim.instance,
                               step=claim.step, to_state=to_state, fence=claim.fence)
         return ok
+
+    def lost(self, op: int, kind: str, exc: StoreUnavailable, **data: Any) -> None:
+        """Close an operation the store lost with its connection: ``info`` (it may have taken
+        effect) when COMMIT had been sent, ``fail`` (it certainly did not) otherwise."""
+        self.journal.complete(op, kind, "info" if isinstance(exc, OutcomeUnknown) else "fail",
+                              error=str(exc), **data)
 
 
 def reference(ctx: WorkerContext) -> None:

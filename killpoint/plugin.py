@@ -283,9 +283,9 @@ def _collection_error(message: str) -> NoReturn:
 
 def _points(asked: Sequence[str] | None, settings: Settings) -> tuple[str, ...]:
     """The points a marked test or a matrix runs: its own (or all), narrowed by --killpoint-points."""
-    from chaos.points import ORDERED_POINTS
+    from chaos.points import DEFAULT_POINTS
 
-    points = tuple(asked) if asked else ORDERED_POINTS
+    points = tuple(asked) if asked else DEFAULT_POINTS
     if settings.points is not None:
         points = tuple(p for p in points if p in settings.points)
     return points

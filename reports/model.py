@@ -467,6 +467,9 @@ def _instant(e: Event) -> tuple[str, str, str, int | None] | None:
             return e.kind, f"resume {worker} ({d.get('signal')})", "event", None
         if e.kind == "bound_hit":
             return e.kind, f"bound hit after {d.get('seconds')} s", "fail", None
+        if e.kind == "terminate_backend":
+            pids = ", ".join(str(p) for p in d.get("backend_pids") or ()) or "none"
+            return e.kind, f"pg_terminate_backend {worker} ({pids}) at {d.get('point')}", "fail", None
         return e.kind, e.kind, "event", None
     # a worker incarnation
     if e.kind in _WORKER_SKIPPED:

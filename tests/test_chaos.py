@@ -12,7 +12,7 @@ from chaos.points import ORDERED_POINTS, POINTS
 
 @pytest.mark.parametrize("text", [
     "kill", "pause", "hang", "off", "sleep(25)", "2*off->kill", "50%kill", "25%3*sleep(5)->hang",
-    "1*pause", "3*off->2*sleep(1)->kill",
+    "1*pause", "3*off->2*sleep(1)->kill", "terminate", "1*terminate", "2*off->terminate",
 ])
 def test_action_chains_print_back_exactly_as_written(text):
     assert str(parse_actions(text)) == text
@@ -42,6 +42,13 @@ def test_schedule_example_from_the_design_round_trips():
     a, b = schedule.faults
     assert (a.worker, a.step, a.point, a.hit) == ("A", "charge", "after_call", 1)
     assert (b.worker, b.step, b.point, b.hit) == ("B", "charge", "before_commit", 2)
+
+
+@pytest.mark.parametrize("text", ["A@charge.before_commit:terminate", "A@charge.in_db_commit#3:1*terminate",
+                                  "B@before_db_commit:2*off->terminate"])
+def test_terminate_and_the_db_points_round_trip(text):
+    """Protects: the connection-fault grammar reads and prints back like every other fault."""
+    assert str(chaos.parse(text)) == text
 
 
 def test_a_fault_without_a_step_applies_at_any_step():
@@ -75,7 +82,7 @@ def test_a_target_may_declare_its_own_points():
 names = st.sampled_from(["A", "B", "C", "W1"])
 steps = st.one_of(st.none(), st.sampled_from(["charge", "reserve", "notify"]))
 terms = st.tuples(st.one_of(st.none(), st.integers(1, 99)), st.one_of(st.none(), st.integers(1, 5)),
-                  st.sampled_from(["kill", "pause", "hang", "off", "sleep(3)"]))
+                  st.sampled_from(["kill", "pause", "terminate", "hang", "off", "sleep(3)"]))
 
 
 def _term(p, n, action):

@@ -4,7 +4,8 @@ Every semantic test runs on both through the one parametrized ``store`` fixture,
 backends cannot drift apart; ``test_backends_agree_event_for_event`` compares them directly. The
 PostgreSQL cases need a server (see ``tests/conftest.py``: ``KILLPOINT_PG_DSN``,
 ``KILLPOINT_REQUIRE_PG``). The end-to-end tests run the real loop on PostgreSQL: the single-crash
-matrix, and the race of many workers under kills and pauses (200 runs with ``KILLPOINT_LONG=1``).
+matrix, and the race of many workers under kills, pauses and terminated backends (200 runs with
+``KILLPOINT_LONG=1``). Connection faults on their own are in ``test_pg_faults.py``.
 """
 
 from __future__ import annotations
@@ -530,14 +531,16 @@ def test_a_mutant_that_weakens_the_compare_and_set_is_caught_on_postgres(pg_dsn,
 
 
 def _race_schedule(rng: random.Random, steps: tuple[str, ...]) -> str:
-    """A random schedule of kills and pauses for the first workers (the later ones race freely)."""
-    from chaos.points import PROTOCOL_POINTS
+    """A random schedule of kills, pauses and terminated backends for the first workers (the later
+    ones race freely); a terminate also lands inside the store's COMMIT (``DB_POINTS``)."""
+    from chaos.points import DB_POINTS, PROTOCOL_POINTS
 
     faults = []
     for worker in rng.sample("ABC", rng.randint(1, 3)):
-        point = rng.choice(PROTOCOL_POINTS)
+        action = rng.choice(["kill", "kill", "pause", "terminate"])
+        point = rng.choice(PROTOCOL_POINTS + (DB_POINTS if action == "terminate" else ()))
         step = f"{rng.choice(steps)}." if rng.random() < 0.5 else ""
-        faults.append(f"{worker}@{step}{point}:{rng.choice(['kill', 'kill', 'pause'])}")
+        faults.append(f"{worker}@{step}{point}:{action}")
     return ",".join(sorted(faults))
 
 
@@ -568,7 +571,8 @@ def _assert_race_valid(results: list[Any]) -> None:
 
 
 def test_eight_workers_race_on_postgres_under_kills_and_pauses(pg_dsn, monkeypatch):
-    """Protects: issue 7's race test, fast version — 8 workers competing on PostgreSQL, 10 runs."""
+    """Protects: issue 7's race test, fast version — 8 workers competing on PostgreSQL under kills,
+    pauses and terminated backends, 10 runs."""
     made = _recording_setups(monkeypatch)
     _assert_race_valid(_race_runs(pg_dsn, 10, seed=7))
     assert _our_schemas(pg_dsn) & set(made) == set()

@@ -11,7 +11,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
-from chaos.points import ORDERED_POINTS, POINTS
+from chaos.points import DEFAULT_POINTS, ORDERED_POINTS, POINTS
 from harness.run import RunConfig, RunResult
 from harness.worker import Timing
 
@@ -36,10 +36,13 @@ def add_common(p: argparse.ArgumentParser, *, target: bool = True) -> None:
                    help="when to write HTML reports (default: on-failure)")
 
 
-def parse_points(text: str | None, known: Iterable[str] = POINTS) -> tuple[str, ...]:
+def parse_points(text: str | None, known: Iterable[str] = POINTS,
+                 default: Iterable[str] = DEFAULT_POINTS) -> tuple[str, ...]:
+    """The crash points named by ``--points`` (any of ``known``), or without it ``default`` (the
+    points every store has: the PostgreSQL store's own are run only when asked for)."""
     known = tuple(p for p in ORDERED_POINTS if p in set(known)) + tuple(sorted(set(known) - set(ORDERED_POINTS)))
     if not text:
-        return known
+        return tuple(p for p in known if p in set(default))
     chosen = tuple(p.strip() for p in text.split(",") if p.strip())
     bad = [p for p in chosen if p not in known]
     if bad or not chosen:
@@ -61,18 +64,20 @@ def run_config(args: argparse.Namespace, schedule, **overrides: Any) -> RunConfi
         resolve(target)
     except InvalidTarget as exc:
         raise BadInput(str(exc)) from None
-    validate_store(args.store)
+    validate_store(args.store, schedule)
     values = dict(schedule=schedule, target=target, workload=args.workload, workers=args.workers,
                   seed=args.seed, store=args.store, timing=Timing())
     values.update(overrides)
     return RunConfig(**values)
 
 
-def validate_store(spec: str) -> None:
-    from harness.store import InvalidStore, check_store
+def validate_store(spec: str, schedule=None) -> None:
+    """Refuse a store we cannot use, or one that cannot carry out a fault of ``schedule``."""
+    from harness.store import InvalidStore, check_faults, check_store
 
     try:
         check_store(spec)
+        check_faults(spec, schedule)
     except InvalidStore as exc:
         raise BadInput(str(exc)) from None
 

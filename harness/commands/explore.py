@@ -41,7 +41,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "counterexample takes extra runs")
     p.add_argument("--max-faults", type=int, default=3, metavar="K",
                    help="at most K faults per schedule (default: 3)")
-    p.add_argument("--points", default=None, help="comma-separated crash points (default: all)")
+    p.add_argument("--points", default=None,
+                   help="comma-separated crash points (default: all but the PostgreSQL store's "
+                        "before_db_commit and in_db_commit)")
     p.add_argument("--steps", default=None, help="comma-separated step names (default: all)")
     p.add_argument("--database", default=DEFAULT_DATABASE, metavar="DIR",
                    help=f"Hypothesis's folder for this search: examples and caches (default: "
@@ -127,7 +129,6 @@ def run(args: argparse.Namespace) -> int:
     from hypothesis.database import DirectoryBasedExampleDatabase
     from hypothesis.errors import Flaky
 
-    from chaos.points import ORDERED_POINTS
     from chaos.strategies import schedules
     from harness.mutants import overrides_for
     from harness.run import Session
@@ -136,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
         raise BadInput(f"--budget {args.budget}: use a whole number of at least 1")
     if args.max_faults < 1:
         raise BadInput(f"--max-faults {args.max_faults}: use a whole number of at least 1")
-    points = parse_points(args.points, ORDERED_POINTS)
+    points = parse_points(args.points)
     steps = _steps(args)
     base = run_config(args, None, **overrides_for(args.target))  # validates target, store, workers
     workers = [chr(ord("A") + i) for i in range(args.workers)]

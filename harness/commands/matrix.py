@@ -2,7 +2,11 @@
 
 Depth 1 kills worker A at each point of each step (hangs it at the heartbeat) and, with the
 ``pause`` action, also freezes A past its lease at each point where it holds one, so that another
-worker takes over and A wakes up stale: the lease-takeover exercise at every point.
+worker takes over and A wakes up stale: the lease-takeover exercise at every point. On a PostgreSQL
+store, ``--actions terminate`` ends A's database sessions once at each point of each step, including
+the store's own ``before_db_commit`` and ``in_db_commit`` in each write transaction of an attempt
+(claim, receipt, commit): there a lost connection leaves the transaction rolled back, or committed
+without A knowing, and recovery must settle it.
 
 ``--depth 2`` runs every ordered pair of faults instead: A crashes at one point, then a second
 crash lands either on worker B (``workers``: the worker that recovers dies too) or on A again after
@@ -19,7 +23,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from chaos.points import POINTS
+from chaos.points import DB_POINTS, ORDERED_POINTS
 from chaos.schedule import Fault, Schedule
 from chaos.actions import parse as parse_actions
 from harness.commands.common import Progress, Summary, add_common, finish, parse_points, run_config
@@ -37,12 +41,15 @@ HIT_ORDER = ("before_claim", "after_claim", "heartbeat", "before_call", "in_call
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_common(p)
     p.add_argument("--points", default=None,
-                   help="comma-separated crash points (default: all of them)")
+                   help="comma-separated crash points (default: all but the PostgreSQL store's "
+                        "before_db_commit and in_db_commit, which --actions terminate adds)")
     p.add_argument("--steps", default=None, help="comma-separated step names (default: all)")
     p.add_argument("--actions", default="kill,pause",
                    help="with --depth 1: kill (SIGKILL at every point, hang at the heartbeat) and/or "
                         "pause (SIGSTOP past the lease at every point where a lease is held, then "
-                        "resume: the stale-worker case); default both")
+                        "resume: the stale-worker case), and on a postgresql:// store terminate "
+                        "(pg_terminate_backend of the worker's sessions at every point and inside "
+                        "the store's COMMIT); default kill,pause")
     p.add_argument("--depth", type=int, choices=(1, 2), default=1,
                    help="1: every single crash (default); 2: every ordered pair of crashes")
     p.add_argument("--forms", default=",".join(FORMS),
@@ -65,18 +72,29 @@ def single_crash_schedules(step_names, points) -> list[Schedule]:
 # The points at which the faulted worker holds a lease: a pause there makes it a stale worker.
 LEASE_HELD = ("after_claim", "before_call", "in_call", "after_call", "before_receipt", "after_receipt",
               "before_commit")
-ACTIONS = ("kill", "pause")
+ACTIONS = ("kill", "pause", "terminate")
+# At a db point, the hits ``terminate`` lands on: the write transactions of A's first attempt at a
+# step -- its claim, its receipt and its commit.
+DB_HITS = (1, 2, 3)
 
 
-def single_fault_schedules(step_names, points, actions=ACTIONS) -> list[Schedule]:
-    """The single-crash schedules (``kill``) and, with ``pause``, worker A frozen once past its lease
-    at every point where it holds one, then resumed after another worker moved the step on."""
+def single_fault_schedules(step_names, points, actions=("kill", "pause"),
+                           terminate_points=None) -> list[Schedule]:
+    """The single-crash schedules (``kill``); with ``pause``, worker A frozen once past its lease
+    at every point where it holds one, then resumed after another worker moved the step on; with
+    ``terminate``, A's database sessions ended once at every point of ``terminate_points``
+    (default ``points``), at a db point in each transaction of ``DB_HITS``."""
     out = single_crash_schedules(step_names, points) if "kill" in actions else []
     if "pause" in actions:
         for step in step_names:
             for point in points:
                 if point in LEASE_HELD:
                     out.append(Schedule((Fault("A", point, parse_actions("1*pause"), step),)))
+    if "terminate" in actions:
+        for step in step_names:
+            for point in (points if terminate_points is None else terminate_points):
+                for hit in (DB_HITS if point in DB_POINTS else (1,)):
+                    out.append(Schedule((Fault("A", point, parse_actions("1*terminate"), step, hit),)))
     return out
 
 
@@ -131,9 +149,9 @@ def repeated_steps(workload) -> tuple[str, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from harness.commands.common import BadInput
+    from harness.commands.common import BadInput, redact
 
-    points = parse_points(args.points, POINTS)
+    points = parse_points(args.points)
     if args.workload not in WORKLOADS:
         raise BadInput(f"--workload {args.workload!r}: known workloads are {', '.join(WORKLOADS)}")
     workload = WORKLOADS[args.workload](args.seed)
@@ -152,8 +170,14 @@ def run(args: argparse.Namespace) -> int:
         bad = [a for a in actions if a not in ACTIONS]
         if bad or not actions:
             raise BadInput(f"--actions: unknown action {', '.join(map(repr, bad)) or repr(args.actions)}; "
-                           f"use kill, pause or both")
-        configs = [run_config(args, s) for s in single_fault_schedules(steps, points, actions)]
+                           f"use any of {', '.join(ACTIONS)}")
+        if "terminate" in actions and not str(args.store).startswith(("postgresql://", "postgres://")):
+            raise BadInput(f"--actions terminate: ending a worker's database sessions needs a "
+                           f"postgresql:// store, not --store {redact(args.store)}")
+        # Unless --points narrows it, terminate also runs inside the PostgreSQL store's COMMIT.
+        terminate_points = points if args.points else parse_points(None, default=ORDERED_POINTS)
+        configs = [run_config(args, s)
+                   for s in single_fault_schedules(steps, points, actions, terminate_points)]
     else:
         forms = tuple(f.strip() for f in args.forms.split(",") if f.strip())
         bad = [f for f in forms if f not in FORMS]

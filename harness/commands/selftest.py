@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.quick:
         steps = WORKLOADS[args.workload](args.seed).step_names
         reference_configs += [run_config(args, s)
-                              for s in single_crash_schedules(steps, chaos.POINTS)]
+                              for s in single_crash_schedules(steps, chaos.DEFAULT_POINTS)]
     progress = Progress(len(mutant_configs) + len(reference_configs), enabled=not args.json)
     outcomes: list[MutantOutcome] = []
     reference = Summary()

@@ -6,7 +6,7 @@ import os
 import re
 import secrets
 
-from harness.store.base import Claim, Store, StoreError
+from harness.store.base import Claim, OutcomeUnknown, Store, StoreError, StoreUnavailable
 from harness.store.sqlite import SQLiteStore
 
 _PG_SCHEMES = ("postgresql://", "postgres://")
@@ -69,6 +69,26 @@ def check_store(spec: str) -> None:
         raise InvalidStore(f"--store {shown}: cannot connect to {where} ({redact(_first_line(exc))})") from None
 
 
+def check_faults(spec: str | None, schedule) -> None:
+    """Refuse, in one line naming the store, a fault that only a PostgreSQL store can carry out.
+
+    ``terminate`` ends a worker's server sessions and the db crash points sit inside the PostgreSQL
+    store's COMMIT; SQLite has neither, so such a fault could never fire and the run could only end
+    unjudged. Refused before any run starts instead.
+    """
+    from chaos.points import DB_POINTS
+
+    if schedule is None or str(spec or "").startswith(_PG_SCHEMES):
+        return
+    for fault in schedule.faults:
+        if any(term.action == "terminate" for term in fault.actions.terms):
+            raise InvalidStore(f"--store {spec or 'sqlite'}: fault {str(fault)!r} terminates the worker's "
+                               f"database backend, which only a postgresql:// store has")
+        if fault.point in DB_POINTS:
+            raise InvalidStore(f"--store {spec or 'sqlite'}: fault {str(fault)!r} is at {fault.point}, a "
+                               f"crash point inside the PostgreSQL store's COMMIT; use a postgresql:// store")
+
+
 def _first_line(exc: BaseException) -> str:
     """libpq's reason, without the server address it repeats or the hints on later lines."""
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -77,5 +97,6 @@ def _first_line(exc: BaseException) -> str:
     return (text[:1].lower() + text[1:]).rstrip(".") if text else type(exc).__name__
 
 
-__all__ = ["check_store", "Claim", "InvalidStore", "SQLiteStore", "Store", "StoreError", "open_store",
+__all__ = ["check_faults", "check_store", "Claim", "InvalidStore", "OutcomeUnknown", "SQLiteStore", "Store",
+           "StoreError", "StoreUnavailable", "open_store",
            "schema_name"]

@@ -11,6 +11,23 @@ class StoreError(RuntimeError):
     """The store was asked for something it must refuse (an illegal transition, a missing instance)."""
 
 
+class StoreUnavailable(RuntimeError):
+    """The connection to the store died and the transaction certainly did not commit (COMMIT was
+    never sent). The store has dropped the connection; the next call opens a new one.
+
+    A worker that meets it stops working on the step: whatever it held, the lease expires and
+    recovery settles the step from the evidence, as after a crash.
+    """
+
+
+class OutcomeUnknown(StoreUnavailable):
+    """The connection died after COMMIT was sent and before its answer arrived: the transaction may
+    or may not have committed, and only reading the store again can tell. A subclass of
+    :class:`StoreUnavailable` (the connection is gone all the same); catch it first to journal the
+    operation as indeterminate (``info``) rather than failed.
+    """
+
+
 @dataclass(frozen=True)
 class Claim:
     """A lease held on one step. ``fence`` is the lease version: the fencing token."""
@@ -52,3 +69,12 @@ class Store:
     def clone(self): raise NotImplementedError
     def close(self): raise NotImplementedError
     def drop(self): raise NotImplementedError
+
+    def backends(self) -> dict[str, list[int]]:
+        """This process's server sessions for this store and its clones: ``backend_pids``, and
+        ``await_idle`` (those with a COMMIT in flight). An embedded store has none."""
+        return {}
+
+    def terminate_backends(self, pids, *, await_idle=(), timeout_s: float = 10.0) -> dict[str, object]:
+        """End the given server sessions (the harness's ``terminate``); only a server store can."""
+        raise StoreError(f"{type(self).__name__} has no server sessions to terminate")

@@ -36,6 +36,15 @@ behaviour is the specification. What PostgreSQL needs beyond it:
   reports a row version older than an event before it. (Without that, a rejected commit read a
   lease version that a concurrent, not yet committed claim had already replaced, and the history
   showed the claim's fence going back: a false ``stale_writes_rejected`` violation.)
+* **Connection faults.** A connection that dies inside a method is dropped (the next call opens a
+  new one) and reported by what it means for the transaction: :class:`StoreUnavailable` when COMMIT
+  was never sent (certainly rolled back), :class:`OutcomeUnknown` when it died after COMMIT was
+  sent and before the answer was read (it may have committed). So COMMIT is sent through libpq's
+  own calls, and every write transaction passes two crash points of its own, ``before_db_commit``
+  and ``in_db_commit`` (COMMIT sent, answer unread), where the harness's ``terminate`` ends the
+  worker's sessions (:meth:`PostgresStore.terminate_backends`). Reads and the heartbeat thread do
+  not pass them: the failpoints belong to the process, and a fault meant for the worker's step must
+  not land in whichever thread gets there first.
 """
 
 from __future__ import annotations
@@ -43,15 +52,17 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
 import time
 from typing import Any, Callable, Iterable, TypeVar
 from urllib.parse import quote
 
 import psycopg
-from psycopg import conninfo
+from psycopg import conninfo, pq
 
+import chaos
 from harness import states
-from harness.store.base import Claim, Store, StoreError, row_dict
+from harness.store.base import Claim, OutcomeUnknown, Store, StoreError, StoreUnavailable, row_dict
 
 T = TypeVar("T")
 
@@ -120,6 +131,12 @@ def connect(dsn: str, **kw: Any) -> psycopg.Connection[Any]:
     return psycopg.connect(dsn, autocommit=kw.pop("autocommit", False), **kw)
 
 
+def _reason(exc: BaseException) -> str:
+    """The first line of a driver error, for a one-line message."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def redact(dsn: str) -> str:
     """The DSN with any password replaced, for messages and URLs that may be printed."""
     dsn = re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", dsn)
@@ -140,6 +157,9 @@ class PostgresStore(Store):
         self._conn: psycopg.Connection[Any] | None = None
         self._inherited: psycopg.Connection[Any] | None = None
         self._pid = -1
+        # Handles made by clone() in this process: a terminate ends the worker's every session.
+        self._clones: list[PostgresStore] = []
+        self._committing = False  # COMMIT sent and its answer not read yet
 
     @property
     def url(self) -> str:
@@ -149,7 +169,13 @@ class PostgresStore(Store):
 
     def __getstate__(self) -> dict[str, Any]:
         # A connection cannot cross a process boundary: the receiving process opens its own.
-        return {**self.__dict__, "_conn": None, "_inherited": None, "_pid": -1}
+        return {**self.__dict__, "_conn": None, "_inherited": None, "_pid": -1, "_clones": [],
+                "_committing": False}
+
+    @property
+    def application_name(self) -> str:
+        """The name every connection of this run sets: what :meth:`terminate_backends` matches on."""
+        return f"killpoint {self.schema}"[:63]
 
     # -- connection -------------------------------------------------------------------------------
     def conn(self) -> psycopg.Connection[Any]:
@@ -161,7 +187,7 @@ class PostgresStore(Store):
                 # termination from a process that did not open the connection, but dropping it
                 # would still warn about an unclosed connection.
                 self._inherited = self._conn
-            c = connect(self.dsn, application_name=f"killpoint {self.schema}"[:63])
+            c = connect(self.dsn, application_name=self.application_name)
             c.execute("SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
                       (str(int(self.idle_tx_timeout_ms)),))
             c.commit()
@@ -170,7 +196,9 @@ class PostgresStore(Store):
 
     def clone(self) -> "PostgresStore":
         """A handle with a connection of its own (for the heartbeat thread)."""
-        return PostgresStore(self.dsn, self.schema, idle_tx_timeout_ms=self.idle_tx_timeout_ms)
+        other = PostgresStore(self.dsn, self.schema, idle_tx_timeout_ms=self.idle_tx_timeout_ms)
+        self._clones.append(other)
+        return other
 
     def close(self) -> None:
         if self._conn is not None and self._pid == os.getpid():
@@ -183,22 +211,153 @@ class PostgresStore(Store):
         with connect(self.dsn, autocommit=True) as c:
             c.execute(f"DROP SCHEMA IF EXISTS {self._s} CASCADE")
 
-    def _write(self, fn: Callable[[psycopg.Cursor[Any]], T]) -> T:
-        """Run ``fn`` in one transaction: committed if it returns, rolled back if it raises."""
-        c = self.conn()
+    def _write(self, fn: Callable[[psycopg.Cursor[Any]], T], *, points: bool = True) -> T:
+        """Run ``fn`` in one transaction: committed if it returns, rolled back if it raises.
+
+        A dead connection raises :class:`StoreUnavailable` or :class:`OutcomeUnknown` (see the
+        module's "Connection faults") and is dropped. ``points``: pass the db crash points.
+        """
+        try:
+            c = self.conn()
+        except psycopg.OperationalError as exc:
+            raise StoreUnavailable(f"cannot connect to the store: {_reason(exc)}") from exc
         try:
             with c.cursor() as cur:
                 result = fn(cur)
-        except BaseException:
+            if points:
+                chaos.point("before_db_commit")
+        except BaseException as exc:
             try:
                 c.rollback()
             except psycopg.Error:
                 pass  # the connection is gone; the server rolls back on its own
+            if isinstance(exc, psycopg.Error) and c.closed:  # lost, not refused: libpq's status is BAD
+                self._lose(c)
+                raise StoreUnavailable(f"the connection to the store died before COMMIT: "
+                                       f"{_reason(exc)}") from exc
             raise
-        c.commit()
+        self._commit(c, points)
         return result
 
-    _read = _write  # a read is a transaction too: it must not stay open
+    def _read(self, fn: Callable[[psycopg.Cursor[Any]], T]) -> T:
+        """A read is a transaction too (it must not stay open), without the db crash points."""
+        return self._write(fn, points=False)
+
+    def _commit(self, c: psycopg.Connection[Any], points: bool) -> None:
+        """COMMIT with libpq's own calls, so that ``in_db_commit`` sits between sending it and
+        reading its answer, and a connection lost on the way is told apart by when it was lost."""
+        pg = c.pgconn
+        if select.select([pg.socket], [], [], 0)[0]:
+            # In a transaction, between statements, the server speaks unasked only to end the
+            # session (nothing here LISTENs): the transaction is lost and COMMIT was never sent.
+            self._lose(c)
+            raise StoreUnavailable("the store ended the session before COMMIT; the transaction "
+                                   "was rolled back")
+        try:
+            pg.send_query(b"COMMIT")
+            while pg.flush():  # the connection is non-blocking: 1 while bytes are left to write
+                select.select([], [pg.socket], [])
+        except psycopg.Error as exc:
+            self._lose(c)
+            raise OutcomeUnknown(f"the connection to the store died while sending COMMIT: "
+                                 f"{_reason(exc)}") from exc
+        self._committing = True
+        try:
+            action = chaos.point("in_db_commit") if points else None
+        finally:
+            self._committing = False
+        if action == "terminate":
+            # The harness ended the session once the server had processed the COMMIT (it waits
+            # for that), so the transaction committed. A real cut loses the answer in flight with
+            # the connection; pg_terminate_backend alone cannot (the server flushes its answer
+            # before it exits), so our end drops the answer unread, as the cut would have.
+            self._lose(c)
+            raise OutcomeUnknown("the connection to the store was cut after COMMIT was sent; "
+                                 "its answer was lost")
+        try:
+            while True:
+                pg.consume_input()
+                if not pg.is_busy():
+                    break
+                select.select([pg.socket], [], [])
+            results = []
+            while (r := pg.get_result()) is not None:
+                results.append(r)
+        except psycopg.Error as exc:
+            self._lose(c)
+            raise OutcomeUnknown(f"the connection to the store died before COMMIT's answer: "
+                                 f"{_reason(exc)}") from exc
+        failed = [r for r in results if r.status != pq.ExecStatus.COMMAND_OK]
+        if not results or failed:
+            why = failed[0].error_message.decode(errors="replace").strip() if failed else "no answer"
+            severity = failed[0].error_field(pq.DiagnosticField.SEVERITY_NONLOCALIZED) if failed else None
+            if not failed or severity in (b"FATAL", b"PANIC") or pg.status != pq.ConnStatus.OK:
+                self._lose(c)  # the session ended as it answered: it may have committed first
+                raise OutcomeUnknown(f"the store ended the session in answer to COMMIT: {why}")
+            raise StoreError(f"COMMIT failed, the transaction was rolled back: {why}")
+
+    def _lose(self, c: psycopg.Connection[Any]) -> None:
+        """Drop a dead (or cut) connection without reading anything more from it; the next call
+        opens a new one."""
+        if self._conn is c:
+            self._conn = None
+        try:
+            c.close()
+        except psycopg.Error:
+            pass
+
+    # -- connection faults (the harness's side) ------------------------------------------------
+    def backends(self) -> dict[str, list[int]]:
+        """The server sessions this process holds for this run through this handle and its clones
+        (``backend_pids``, this handle's first), and those with a COMMIT in flight (``await_idle``)."""
+        pids: list[int] = []
+        awaiting: list[int] = []
+        for handle in (self, *self._clones):
+            c = handle._conn
+            if c is None or handle._pid != os.getpid() or c.closed:
+                continue
+            pids.append(c.info.backend_pid)
+            if handle._committing:
+                awaiting.append(c.info.backend_pid)
+        return {"backend_pids": pids, "await_idle": awaiting}
+
+    def terminate_backends(self, pids: Iterable[int], *, await_idle: Iterable[int] = (),
+                           timeout_s: float = 10.0) -> dict[str, Any]:
+        """End server sessions of this run (``pg_terminate_backend``), from a connection of our own.
+
+        Only sessions of this run are touched, matched on :attr:`application_name`, whatever PIDs
+        are asked. A session in ``await_idle`` has a COMMIT in flight: it is ended only once the
+        server shows it ``idle``, the COMMIT processed and the transaction committed, so what its
+        worker cannot learn is a definite commit rather than a race. Then waits until every
+        ended session has left ``pg_stat_activity``, so that the worker's next call meets a dead
+        connection. Returns the PIDs ended and the state each was in when it was ended.
+        """
+        pids = [int(p) for p in pids]
+        awaiting = [int(p) for p in await_idle]
+        deadline = time.monotonic() + timeout_s
+        query = ("SELECT pid, state FROM pg_stat_activity WHERE pid = ANY(%s) AND application_name = %s")
+        with connect(self.dsn, autocommit=True) as admin:
+            def sessions() -> dict[int, str | None]:
+                return dict(admin.execute(query, (pids, self.application_name)).fetchall())
+
+            seen = sessions()
+            while any(seen.get(p, "idle") != "idle" for p in awaiting):
+                if "disabled" in seen.values():
+                    raise StoreError("track_activities is off on the server, so pg_stat_activity cannot "
+                                     "show when a COMMIT in flight has been processed")
+                if time.monotonic() > deadline:
+                    raise StoreError(f"backend {awaiting} did not finish its COMMIT within {timeout_s:g} s")
+                time.sleep(0.001)
+                seen = sessions()
+            ended = [pid for pid, ok in admin.execute(
+                "SELECT pid, pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE pid = ANY(%s) AND application_name = %s", (pids, self.application_name)) if ok]
+            while set(sessions()) & set(ended):
+                if time.monotonic() > deadline:
+                    raise StoreError(f"backend {ended} still running {timeout_s:g} s after "
+                                     f"pg_terminate_backend")
+                time.sleep(0.001)
+        return {"backend_pids": ended, "states": {str(p): seen.get(p) for p in ended}}
 
     def _event(self, cur: psycopg.Cursor[Any], kind: str, instance: str | None, step: str | None, *,
                worker: str | None = None, from_state: str | None = None, to_state: str | None = None,
@@ -398,7 +557,9 @@ class PostgresStore(Store):
                         (ttl_ms / 1000.0, claim.instance, claim.step, claim.fence, claim.worker))
             return cur.rowcount == 1
         try:
-            return self._write(do)
+            return self._write(do, points=False)
+        except StoreUnavailable:
+            return False  # lost, and maybe even committed: either way we cannot count on the lease
         except psycopg.Error as exc:
             # The server ending an idle transaction raises IdleInTransactionSessionTimeout (not an
             # OperationalError); what matters is whether the connection is gone or failing.
