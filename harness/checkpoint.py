@@ -145,6 +145,18 @@ def checkpoint_row(spec: InstanceSpec, data: Mapping[str, Any] | None = None, *,
             "steps": [s.name for s in spec.steps]}
 
 
+def corrupt(row: Mapping[str, Any], path: tuple[str, ...] = ("amount",)) -> dict[str, Any]:
+    """The row with one number of its data (at ``path``) changed after the hash was taken: a torn
+    write, a bad disk. Shared by the scenario, the damaged workload and the tests, so that all of
+    them damage a checkpoint the same way the verification must notice."""
+    data = json.loads(row["data"])
+    inner = data
+    for key in path[:-1]:
+        inner = inner[key]
+    inner[path[-1]] += 1
+    return {**row, "data": json.dumps(data, sort_keys=True)}
+
+
 @dataclass(frozen=True)
 class CheckpointedWorkload(Workload):
     """A workload whose deployment has a checkpoint policy, and whose store starts from rows an
@@ -165,4 +177,4 @@ def policy_of(workload: Workload) -> Policy:
 
 
 __all__ = ["CheckpointedWorkload", "DEFAULT_POLICY", "Loaded", "MIGRATED", "Migration", "Migrations",
-           "OK", "Policy", "REFUSED", "checkpoint_row", "policy_of", "verify"]
+           "OK", "Policy", "REFUSED", "checkpoint_row", "corrupt", "policy_of", "verify"]

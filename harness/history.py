@@ -8,7 +8,9 @@ is one clock for every process on a Linux machine):
   before it saw the answer, :func:`merge` closes the operation with ``info`` (indeterminate).
   Kinds: ``claim``, ``call``, ``receipt``, ``commit`` (op kinds) and ``point`` (type ``event``:
   a failpoint hit, ``data`` = point, instance, step, hit, action -- ``action`` is ``None`` when
-  nothing fired), ``recover`` (type ``event``: evidence and the action decided), ``heartbeat_stopped``.
+  nothing fired), ``recover`` (type ``event``: evidence and the action decided), ``heartbeat_stopped``,
+  ``checkpoint`` (type ``event``: instance, outcome, reason, fingerprint; written when a worker
+  did not read an instance's checkpoint as is: migrated or refused).
   ``call`` invoke data: instance, step, resource, key, intent_hash, fence, attempt, direction.
 * **store events** (``process`` = ``"store"``, type ``event``): the append-only event table.
   ``kind`` is one of ``created``, ``claimed``, ``committed``, ``commit_rejected``,
@@ -89,6 +91,10 @@ class History:
     bound_hit: bool = False
     stuck_bound_ms: float = 1000.0
     stuck_slack_ms: float = 500.0
+    # The harness's own verdict on each instance's stored checkpoint, the one a correct worker
+    # reaches (harness.checkpoint.verify): instance, outcome (ok | migrated | refused), reason.
+    # The checkers cannot read the store, so the oracle's answer travels in the history.
+    checkpoints: tuple[Mapping[str, Any], ...] = ()
 
     def __iter__(self) -> Iterator[Event]:
         return iter(self.events)
@@ -101,6 +107,13 @@ class History:
         for s in self.steps:
             if s.instance == instance and s.step == step:
                 return s
+        return None
+
+    def checkpoint(self, instance: str) -> Mapping[str, Any] | None:
+        """The oracle's verdict on ``instance``'s stored checkpoint, if the run recorded one."""
+        for row in self.checkpoints:
+            if row["instance"] == instance:
+                return row
         return None
 
     def final_state(self, instance: str, step: str) -> str | None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
-from harness import recovery, states
+from harness import checkpoint, recovery, states
 from harness.store.base import Claim
 from harness.worker import ReferenceWorker, WorkerContext, reference
 from harness.workload import InstanceSpec, StepSpec
@@ -41,6 +41,9 @@ class Mutant:
     workers: int = 2  # workers per run for the schedule to land deterministically
     # A tighter run bound for a mutant whose bug is that nothing ever moves again.
     bound_s: float | None = None
+    # A named workload (harness.workload.WORKLOADS) for a bug the default workload cannot show,
+    # such as a damaged checkpoint; named, not built, so the replay command can say it.
+    workload: str | None = None
 
     @property
     def target_name(self) -> str:
@@ -51,6 +54,8 @@ class Mutant:
         extra: dict[str, Any] = {"workers": self.workers}
         if self.bound_s is not None:
             extra["bound_s"] = self.bound_s
+        if self.workload is not None:
+            extra["workload"] = self.workload
         return extra
 
 
@@ -192,6 +197,13 @@ class ReceiptIgnoresIntent(ReferenceWorker):
         return super().decide(inst, spec, claim, key, receipt_key, ihash, compensation)
 
 
+class TrustCheckpoint(ReferenceWorker):
+    """Loads every stored checkpoint as it is: no format, integrity or definition check."""
+
+    def load_instance(self, instance_id: str) -> checkpoint.Loaded:
+        return checkpoint.Loaded(instance_id, checkpoint.OK)
+
+
 class NoHeartbeatProgress(ReferenceWorker):
     """The monitor trusts heartbeats alone: a live heartbeat means a healthy worker."""
 
@@ -259,6 +271,11 @@ _ZOO = (
            "recovery takes a receipt found under the step's key as its own without comparing "
            "the intent hash, so an amendment that reuses the charge's key is recorded as done",
            "effects_accounted", _runner(ReceiptIgnoresIntent), "A@amend.before_call:kill"),
+    Mutant("trust-checkpoint",
+           "loads every stored checkpoint without verifying it, so an order whose checkpoint was "
+           "damaged after its hash was taken is reserved and charged instead of sent to manual "
+           "review (in the default workload, order-5's checkpoint is corrupt)",
+           "checkpoints_honoured", _runner(TrustCheckpoint), ""),
 )
 
 # name -> mutant; read-only so no caller can change the zoo for others.

@@ -33,6 +33,7 @@ import chaos
 from chaos.journal import Journal
 from chaos.points import Failpoints
 from chaos.schedule import Schedule
+from harness import checkpoint
 from harness import downstream as ds
 from harness import history as hist
 from harness.checkers import check_all
@@ -518,15 +519,29 @@ class _Run:
             self.s._live.pop(w.proc.pid, None)
 
     # -- judging ------------------------------------------------------------------------------------
+    def checkpoint_verdicts(self) -> tuple[dict[str, Any], ...]:
+        """What a correct worker concludes about each stored checkpoint: the same pure
+        ``checkpoint.verify`` on the stored row, this code's definition and the deployment's key
+        and migrations that ``ReferenceWorker.load_instance`` uses. The harness is the oracle, so a
+        target that skips or botches the verification cannot also change the answer it is judged by."""
+        policy = checkpoint.policy_of(self.workload)
+        verdicts = []
+        for inst in self.workload.instances:
+            loaded = checkpoint.verify(self.store.instance(inst.id), inst, policy)
+            verdicts.append({"instance": inst.id, "outcome": loaded.outcome, "reason": loaded.reason})
+        return tuple(verdicts)
+
     def judge(self, client: ds.DownstreamClient, started: float, bound_hit: bool,
               quiescent: bool) -> RunResult:
         journals = {w.label: hist.read_journal(w.journal) for w in self.workers if os.path.exists(w.journal)}
         dead = {w.label for w in self.workers if w.exitcode != 0}
+        checkpoints = self.checkpoint_verdicts()
         steps = tuple(hist.StepConfig(inst.id, s.name, s.resource, s.key(inst.id), not s.retry_safe,
                                       s.max_attempts, s.compensation_key(inst.id))
                       for inst in self.workload.instances for s in inst.steps)
         history = hist.merge(journals, self.store.events(), client.ledger(), self.harness_events,
                              dead=dead, steps=steps, final=tuple(self.store.steps()),
+                             checkpoints=checkpoints,
                              schedule=str(self.schedule), quiescent=quiescent, bound_hit=bound_hit,
                              stuck_bound_ms=self.config.timing.stuck_bound_ms,
                              stuck_slack_ms=max(250.0, 2 * self.config.timing.heartbeat_ms

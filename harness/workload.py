@@ -3,7 +3,9 @@
 The default workload is an order workflow whose data comes from Faker with a seed. It is built so
 that every invariant has something real to judge: a legacy step (manual review on an unknown
 outcome), an amendment under the same intent version (a reused key with another amount), a declined
-charge (compensation), transient downstream errors (retries and the budget).
+charge (compensation), transient downstream errors (retries and the budget), and a checkpoint
+written by the previous version of the order definition, which this code reads through its
+registered migration (so the checkpoint rule is judged on every run, not only in its scenario).
 """
 
 from __future__ import annotations
@@ -135,14 +137,40 @@ def order_steps(*, sku: str, qty: int, amount: int, card: str, email: str,
     return tuple(steps)
 
 
+ORDER_VERSION = 2  # the order definition this code runs; version 1 kept the amount as amount_cents
+
+
+def upgrade_order_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """Order v1 -> v2: version 1 stored the amount as ``amount_cents``; version 2 calls it ``amount``."""
+    out = {k: v for k, v in data.items() if k != "amount_cents"}
+    out["amount"] = data["amount_cents"]
+    return out
+
+
+def order_v1(inst: InstanceSpec) -> InstanceSpec:
+    """The same order as the version 1 code defined and checkpointed it."""
+    data = {k: v for k, v in inst.data.items() if k != "amount"}
+    data["amount_cents"] = inst.data["amount"]
+    return InstanceSpec(inst.id, inst.steps, data, inst.definition, 1)
+
+
 def default_workload(seed: int = 0) -> Workload:
-    """Four orders with Faker data from ``seed``: plain, declined, amended, flaky inventory."""
+    """Five orders with Faker data from ``seed``: plain, declined, amended, flaky inventory, tampered.
+
+    The code runs order definition v2; order-1 was checkpointed by the v1 code before the upgrade
+    and is read through the registered v1 -> v2 migration. order-5's stored checkpoint was damaged
+    after its hash was taken: a correct worker refuses it and sends its first step to manual review
+    (and ``checkpoints_honoured`` has a refused checkpoint to judge in every run).
+    """
     from faker import Faker
+
+    from harness.checkpoint import (CheckpointedWorkload, Migration, Migrations, Policy, checkpoint_row,
+                                    corrupt)
 
     fake = Faker()
     fake.seed_instance(seed)
     instances = []
-    for n, kind in enumerate(("plain", "declined", "amended", "flaky"), start=1):
+    for n, kind in enumerate(("plain", "declined", "amended", "flaky", "tampered"), start=1):
         amount = fake.random_int(500, 50000)
         data = {"customer": fake.name(), "email": fake.email(),
                 "sku": fake.bothify("SKU-????-###").upper(), "qty": fake.random_int(1, 5),
@@ -152,14 +180,19 @@ def default_workload(seed: int = 0) -> Workload:
             data["amended_amount"] = amount + fake.random_int(100, 900)
         steps = order_steps(sku=data["sku"], qty=data["qty"], amount=amount, card=data["card"],
                             email=data["email"], amended_amount=data.get("amended_amount"))
-        instances.append(InstanceSpec(f"order-{n}", steps, data))
-    flaky = instances[3]
+        instances.append(InstanceSpec(f"order-{n}", steps, data, "order", ORDER_VERSION))
+    flaky, tampered = instances[3], instances[4]
     faults = ({"key": flaky.step("reserve").key(flaky.id), "action": "status:503", "times": 2},)
     resources = {"inventory": {"legacy": False, "fencing": True},
                  "inventory-release": {"legacy": False, "fencing": True},
                  "payment": {"legacy": False, "fencing": True},
                  "notify": {"legacy": True, "fencing": False}}
-    return Workload("orders", tuple(instances), resources, faults)
+    stored_by_v1 = order_v1(instances[0])
+    migrations = Migrations().register(Migration.between(stored_by_v1, instances[0], upgrade_order_v1))
+    return CheckpointedWorkload("orders", tuple(instances), resources, faults,
+                                Policy(migrations=migrations),
+                                {stored_by_v1.id: checkpoint_row(stored_by_v1),
+                                 tampered.id: corrupt(checkpoint_row(tampered))})
 
 
 def single_step_workload(seed: int = 0) -> Workload:

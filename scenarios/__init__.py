@@ -77,7 +77,7 @@ _ALL = (
     Scenario("checkpoint_version",
              "a v1 checkpoint read by v2 code (migrated when registered, manual otherwise); corrupt "
              "and forged checkpoints refused, the forged one only with an HMAC key",
-             None, None),
+             "trust-checkpoint", "checkpoints_honoured"),
     Scenario("same_identity_restart",
              "a worker restarted under its own identity claims a new fence; a twin with the same "
              "identity and the old fence is refused",

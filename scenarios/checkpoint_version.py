@@ -68,9 +68,7 @@ def hmac_key(seed: int) -> bytes:
 
 def corrupt(row: dict[str, Any]) -> dict[str, Any]:
     """The row with its data changed after the hash was taken (a torn write, a bad disk)."""
-    data = json.loads(row["data"])
-    data["amount"]["value"] += 1
-    return {**row, "data": json.dumps(data, sort_keys=True)}
+    return checkpoint.corrupt(row, ("amount", "value"))
 
 
 def forge(spec: InstanceSpec) -> dict[str, Any]:

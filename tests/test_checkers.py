@@ -1,4 +1,4 @@
-"""The ten invariant checkers, judged on small hand-written histories (no processes, no clock).
+"""The eleven invariant checkers, judged on small hand-written histories (no processes, no clock).
 
 Each invariant gets a history where it holds, one where it is violated (naming the right step and
 the proving events) and, where it matters, one with nothing to judge.
@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from harness.checkers import (ALL, Result, Verdict, Violation, check_all, effects_accounted,
-                              intent_conflict, legal_transitions, manual_stable,
+from harness.checkers import (ALL, Result, Verdict, Violation, check_all, checkpoints_honoured,
+                              effects_accounted, intent_conflict, legal_transitions, manual_stable,
                               no_duplicate_effects, retry_budget, stale_writes_rejected,
                               stuck_detected, terminates, version_chain)
 from harness.checkers.base import rank
@@ -447,13 +447,65 @@ def test_stuck_detected_cannot_judge_a_hang_whose_worker_died():
 
 
 # ---------------------------------------------------------------------------------------------
+# 11. checkpoints_honoured (the harness's own verification of each stored checkpoint)
+
+REFUSED = ({"instance": "order-1", "outcome": "refused",
+            "reason": "integrity hash mismatch: the checkpoint is corrupt"},
+           {"instance": "order-2", "outcome": "ok", "reason": ""})
+MIGRATED = ({"instance": "order-1", "outcome": "migrated", "reason": "order v1 -> v2"},)
+
+
+def commit_ok(t: float, worker: str, inst: str, step: str, to_state: str = "succeeded") -> Raw:
+    return (int(t * MS), worker, "commit", "ok", {"instance": inst, "step": step, "to_state": to_state})
+
+
+def test_checkpoints_honoured_holds_when_a_refused_checkpoints_step_went_to_manual_review():
+    # The correct worker: refused, its step to manual review, the downstream never called; an
+    # intact instance next to it runs as usual.
+    holds(checkpoints_honoured(build([
+        claimed(100, "order-1", "charge", "A", 1, 2),
+        committed(110, "order-1", "charge", "A", 1, 3, to_state="manual_intervention"),
+        claimed(200, "order-2", "charge", "A", 1, 2), request(210, "order-2"),
+        committed(220, "order-2", "charge", "A", 1, 3)], checkpoints=REFUSED)))
+
+
+def test_checkpoints_honoured_flags_a_step_run_on_a_refused_checkpoint():
+    v = only(checkpoints_honoured(build([
+        claimed(100, "order-1", "charge", "A", 1, 2), request(110, "order-1"),
+        committed(120, "order-1", "charge", "A", 1, 3)], checkpoints=REFUSED)))
+    assert (v.instance, v.step) == ("order-1", "charge")
+    assert "had to be refused" in v.detail and "integrity hash mismatch" in v.detail
+    assert v.events == (1, 2)  # the applied effect and the commit to succeeded
+
+
+def test_checkpoints_honoured_flags_an_effect_even_without_a_commit():
+    # Killed after the call: the downstream applied an effect for an instance that must not run.
+    v = only(checkpoints_honoured(build([
+        claimed(100, "order-1", "charge", "A", 1, 2), request(110, "order-1")], checkpoints=REFUSED)))
+    assert v.step == "charge" and "1 downstream effect(s) applied" in v.detail
+
+
+def test_checkpoints_honoured_has_nothing_to_judge_in_a_migrated_checkpoint():
+    # A migration is the worker's business; what the store and ledger show cannot tell it apart.
+    unjudged(checkpoints_honoured(build([commit_ok(120, "A", "order-1", "charge")],
+                                        checkpoints=MIGRATED)))
+
+
+def test_checkpoints_honoured_has_nothing_to_judge_when_every_checkpoint_was_read_as_is():
+    unjudged(checkpoints_honoured(build([
+        claimed(100, "order-1", "charge", "A", 1, 2), committed(120, "order-1", "charge", "A", 1, 3)],
+        checkpoints=({"instance": "order-1", "outcome": "ok", "reason": ""},))))
+    unjudged(checkpoints_honoured(build([])))  # a history from before the oracle existed
+
+
+# ---------------------------------------------------------------------------------------------
 # check_all, ALL and ranking
 
 
-def test_all_lists_the_ten_invariants_in_design_order():
+def test_all_lists_the_eleven_invariants_in_design_order():
     assert list(ALL) == ["no_duplicate_effects", "effects_accounted", "stale_writes_rejected",
                          "version_chain", "legal_transitions", "manual_stable", "intent_conflict",
-                         "retry_budget", "terminates", "stuck_detected"]
+                         "retry_budget", "terminates", "stuck_detected", "checkpoints_honoured"]
     assert all(ALL[name].__name__ == name for name in ALL)
 
 
@@ -461,7 +513,7 @@ def test_an_empty_history_is_judged_by_nobody():
     verdict = check_all(build([]))
     assert verdict.valid is True
     assert not any(r.checked for r in verdict.results)
-    assert len(verdict.results) == 10
+    assert len(verdict.results) == 11
 
 
 def test_a_checker_that_raises_makes_the_verdict_unknown_never_valid():

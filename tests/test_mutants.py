@@ -17,7 +17,7 @@ from harness.targets import resolve
 
 REQUIRED = {"random-request-id", "no-fence-check", "local-clock-lease", "retry-unsafe",
             "auto-resolve-manual", "commit-before-call", "no-cas", "unbounded-retry",
-            "downstream-ignores-intent", "no-heartbeat-progress"}
+            "downstream-ignores-intent", "no-heartbeat-progress", "trust-checkpoint"}
 
 
 @pytest.fixture(scope="module")

@@ -79,6 +79,21 @@ def test_a_hung_worker_with_a_live_heartbeat_is_flagged_and_taken_over(session):
     assert flags and flags[0].get("stuck_owner") == "A"
 
 
+def test_the_harness_judges_every_stored_checkpoint_as_a_correct_worker_must(session):
+    # The oracle checkpoints_honoured relies on: order-1 was written by the v1 definition
+    # (migrated), order-5's checkpoint is corrupt (refused: its first step goes to manual review,
+    # the steps behind it are held, the downstream never hears of it, and the run still terminates).
+    result = run(session)
+    assert [(c["instance"], c["outcome"]) for c in result.history.checkpoints] == \
+        [("order-1", "migrated"), ("order-2", "ok"), ("order-3", "ok"), ("order-4", "ok"),
+         ("order-5", "refused")]
+    assert "integrity hash mismatch" in result.history.checkpoint("order-5")["reason"]
+    assert result.valid is True and "checkpoints_honoured" in checked(result)
+    assert result.history.final_state("order-5", "reserve") == "manual_intervention"
+    assert not [e for e in result.history.events if e.process == "downstream"
+                and e.get("meta", {}).get("instance") == "order-5"]
+
+
 def test_a_legacy_step_with_unknown_outcome_goes_to_manual_review(session):
     result = run(session, "A@notify.after_call:kill")
     assert result.valid is True

@@ -49,7 +49,8 @@ def test_the_mutant_that_breaks_a_storys_rule_is_caught_by_its_invariant(session
 
 
 def test_checkpoint_version_fails_a_worker_that_runs_checkpoints_unverified(session):
-    # No mutant in the zoo skips verification; one defined here must fail the story's checks.
+    # A worker that skips verification (defined here, like the zoo's trust-checkpoint) fails both
+    # the story's checks and the invariant that watches checkpoints.
     class Trusting(ReferenceWorker):
         def load_instance(self, instance_id):
             return checkpoint.Loaded(instance_id, checkpoint.OK)
@@ -61,6 +62,7 @@ def test_checkpoint_version_fails_a_worker_that_runs_checkpoints_unverified(sess
     assert story.verdict is False
     assert "order-3's checkpoint refused: its integrity hash does not match" in missing(story)
     assert "the downstream never heard of order-4" in missing(story)
+    assert "checkpoints_honoured" in violated(story)
 
 
 @pytest.mark.parametrize("name", ["lease_takeover", "unsafe_activity", "recovery_under_restart"])

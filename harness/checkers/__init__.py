@@ -11,13 +11,14 @@ from types import MappingProxyType
 from typing import Iterable, Mapping
 
 from harness.checkers.base import Checker, Result, Verdict, Violation, rank
-from harness.checkers.invariants import (CHECKERS, effects_accounted, intent_conflict,
-                                         legal_transitions, manual_stable, no_duplicate_effects,
-                                         retry_budget, stale_writes_rejected, stuck_detected,
-                                         terminates, version_chain)
+from harness.checkers.invariants import (CHECKERS, checkpoints_honoured, effects_accounted,
+                                         intent_conflict, legal_transitions, manual_stable,
+                                         no_duplicate_effects, retry_budget, stale_writes_rejected,
+                                         stuck_detected, terminates, version_chain)
 from harness.history import History
 
-# name -> checker, in the order of DESIGN section 7; read-only so no caller can change it for others.
+# name -> checker, in the order of DESIGN section 7, then checkpoints_honoured (section 3);
+# read-only so no caller can change it for others.
 ALL: Mapping[str, Checker] = MappingProxyType({c.__name__: c for c in CHECKERS})
 
 
@@ -55,4 +56,4 @@ def check_all(history: History, checkers: Mapping[str, Checker] | Iterable[Check
 __all__ = ["ALL", "Checker", "Result", "Verdict", "Violation", "check_all", "rank",
            "no_duplicate_effects", "effects_accounted", "stale_writes_rejected", "version_chain",
            "legal_transitions", "manual_stable", "intent_conflict", "retry_budget", "terminates",
-           "stuck_detected"]
+           "stuck_detected", "checkpoints_honoured"]

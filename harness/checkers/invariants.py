@@ -1,4 +1,4 @@
-"""The ten invariants of DESIGN section 7, each a pure function ``History -> Result``.
+"""The invariants of DESIGN section 7 (its ten, and checkpoints_honoured for section 3), each a pure function ``History -> Result``.
 
 No checker does I/O or reads a clock: they only walk the events of one history, so each one is
 tested on small hand-written histories. Every violation names the events that prove it, so a report
@@ -587,7 +587,53 @@ def stuck_detected(history: History) -> Result:
     return _result(name, checked, violations)
 
 
-# The order is the order of DESIGN section 7 (and of reports).
+# ---------------------------------------------------------------------------------------------
+# 11. checkpoints_honoured
+
+REFUSED = "refused"
+
+
+def checkpoints_honoured(history: History) -> Result:
+    """A worker runs an instance only on a checkpoint it could trust (DESIGN section 3).
+
+    ``history.checkpoints`` holds the harness's own verification of every stored checkpoint, the
+    conclusion a correct worker must reach. For an instance whose checkpoint had to be *refused*
+    (corrupt, forged, or an unreadable definition with no migration), no step may be committed to
+    ``succeeded`` and the downstream may apply no effect for it: either proves a worker ran on a
+    checkpoint it had to refuse. Only what the store and the ledger show is judged, so any worker,
+    not only ours, can be held to it. A history with no refused checkpoint is not checked.
+    """
+    name = "checkpoints_honoured"
+    refused = {c["instance"]: c for c in history.checkpoints if c.get("outcome") == REFUSED}
+    if not refused:
+        return _result(name, False, [], "no checkpoint had to be refused")
+    violations: list[Violation] = []
+    for instance, verdict in refused.items():
+        by_step: dict[Any, list[Event]] = defaultdict(list)
+        for e in _store(history):
+            if e.kind == "committed" and e.get("instance") == instance and e.get("to_state") == SUCCEEDED:
+                by_step[e.get("step")].append(e)
+        for e in _applied(history):
+            if _effect_step(e)[0] == instance:
+                by_step[_effect_step(e)[1]].append(e)
+        for step, proof in by_step.items():
+            proof.sort(key=lambda e: e.index)
+            commits = [e for e in proof if e.process == "store"]
+            effects = [e for e in proof if e.process == "downstream"]
+            what = []
+            if commits:
+                workers = ", ".join(sorted({str(e.get("worker")) for e in commits}))
+                what.append(f"committed to succeeded by {workers}")
+            if effects:
+                what.append(f"{len(effects)} downstream effect(s) applied")
+            violations.append(Violation(
+                name, instance, step,
+                f"{instance}'s checkpoint had to be refused ({verdict.get('reason')}), yet step "
+                f"{step} ran: {'; '.join(what)}", _idx(proof)))
+    return _result(name, True, violations, f"{len(refused)} checkpoint(s) had to be refused")
+
+
+# The order is the order of DESIGN section 7 (and of reports), then the checkpoint rule of section 3.
 CHECKERS = (no_duplicate_effects, effects_accounted, stale_writes_rejected, version_chain,
             legal_transitions, manual_stable, intent_conflict, retry_budget, terminates,
-            stuck_detected)
+            stuck_detected, checkpoints_honoured)
