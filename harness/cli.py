@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from harness.commands.common import EXIT_BAD_INPUT, BadInput
@@ -65,6 +66,10 @@ def main(argv: list[str] | None = None) -> int:
     except BadInput as exc:
         print(f"killpoint: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except BrokenPipeError:  # e.g. `killpoint demo | head`: the reader left; end quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
     except KeyboardInterrupt:
         print("killpoint: interrupted; every process it started has been ended", file=sys.stderr)
         return 130
