@@ -1,7 +1,7 @@
 """The PostgreSQL store: a schema per run, database time for leases, one-statement compare-and-set.
 
-It mirrors :mod:`harness.store.sqlite` method for method; where the two could differ, SQLite's
-behaviour is the specification. What PostgreSQL needs beyond it:
+The protocol is :mod:`harness.store.sql`, shared with SQLite; this module is PostgreSQL's dialect
+(``%s`` placeholders, a schema per run, row locks) and its transactions. What it needs beyond SQLite:
 
 * **One connection per process per handle.** Workers are forked from the harness, so the handle
   (and any connection it holds) is copied into every child. A connection is only used by the
@@ -49,7 +49,6 @@ behaviour is the specification. What PostgreSQL needs beyond it:
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import select
@@ -62,7 +61,8 @@ from psycopg import conninfo, pq
 
 import chaos
 from harness import states
-from harness.store.base import Claim, OutcomeUnknown, Store, StoreError, StoreUnavailable, row_dict
+from harness.store.base import Claim, OutcomeUnknown, StoreError, StoreUnavailable
+from harness.store.sql import SqlStore, event_args
 
 T = TypeVar("T")
 
@@ -143,8 +143,13 @@ def redact(dsn: str) -> str:
     return re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", dsn)
 
 
-class PostgresStore(Store):
+class PostgresStore(SqlStore):
     """One run's store: the tables of :mod:`harness.store.sqlite` in a schema of their own."""
+
+    NOW = NOW
+    LOCK = " FOR UPDATE"
+    SKIP_LOCKED = " FOR UPDATE SKIP LOCKED"
+    PARAM = "%s"
 
     def __init__(self, dsn: str, schema: str, *, idle_tx_timeout_ms: int = 1000):
         if not _IDENT.match(schema):
@@ -359,29 +364,8 @@ class PostgresStore(Store):
                 time.sleep(0.001)
         return {"backend_pids": ended, "states": {str(p): seen.get(p) for p in ended}}
 
-    def _event(self, cur: psycopg.Cursor[Any], kind: str, instance: str | None, step: str | None, *,
-               worker: str | None = None, from_state: str | None = None, to_state: str | None = None,
-               state_version: int | None = None, fence: int | None = None,
-               lease_version: int | None = None, attempt: int | None = None, **data: Any) -> None:
-        cur.execute(self._event_sql(), self._event_args(kind, instance, step, worker=worker,
-                                                         from_state=from_state, to_state=to_state,
-                                                         state_version=state_version, fence=fence,
-                                                         lease_version=lease_version, attempt=attempt,
-                                                         **data))
-
-    def _event_sql(self) -> str:
-        return (f"INSERT INTO {self._s}.events (t, db_time, kind, instance, step, worker, from_state, "
-                f"to_state, state_version, fence, lease_version, attempt, data) "
-                f"VALUES (%s, {NOW}, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)")
-
-    @staticmethod
-    def _event_args(kind: str, instance: str | None, step: str | None, *, worker: str | None = None,
-                    from_state: str | None = None, to_state: str | None = None,
-                    state_version: int | None = None, fence: int | None = None,
-                    lease_version: int | None = None, attempt: int | None = None,
-                    **data: Any) -> tuple[Any, ...]:
-        return (time.monotonic_ns(), kind, instance, step, worker, from_state, to_state, state_version,
-                fence, lease_version, attempt, json.dumps(data, default=str))
+    def _tables(self) -> dict[str, str]:
+        return {t: f"{self._s}.{t}" for t in ("steps", "receipts", "events", "instances")}
 
     # -- set-up and reading -----------------------------------------------------------------------
     def setup(self, instances: Iterable[dict[str, Any]]) -> None:
@@ -396,153 +380,14 @@ class PostgresStore(Store):
                                   inst["data"], inst["integrity"]))
                 for idx, step in enumerate(inst["steps"]):
                     step_rows.append((inst["id"], step, idx, states.PENDING))
-                    event_rows.append(self._event_args("created", inst["id"], step, to_state=states.PENDING,
-                                                       state_version=1, lease_version=0, attempt=0))
+                    event_rows.append(event_args("created", inst["id"], step, to_state=states.PENDING,
+                                                 state_version=1, lease_version=0, attempt=0))
             cur.executemany(f"INSERT INTO {s}.instances (id, seq, format_version, fingerprint, data, "
                             f"integrity) VALUES (%s, %s, %s, %s, %s, %s)", inst_rows)
             cur.executemany(f"INSERT INTO {s}.steps (instance, step, idx, state, state_version) "
                             f"VALUES (%s, %s, %s, %s, 1)", step_rows)
             cur.executemany(self._event_sql(), event_rows)
         self._write(do)
-
-    def now(self) -> float:
-        def do(cur: psycopg.Cursor[Any]) -> float:
-            return cur.execute(f"SELECT {NOW}").fetchone()[0]  # type: ignore[index]
-        return self._read(do)
-
-    def snapshot(self) -> tuple[float, list[dict[str, Any]]]:
-        """Database time and every step row, in instance then step order (one statement)."""
-        def do(cur: psycopg.Cursor[Any]) -> tuple[float, list[dict[str, Any]]]:
-            cur.execute(f"SELECT {NOW} AS now, s.* FROM {self._s}.steps s "
-                        f"JOIN {self._s}.instances i ON i.id = s.instance ORDER BY i.seq, s.idx")
-            cols = [d.name for d in cur.description or ()]
-            rows = cur.fetchall()
-            if not rows:
-                return cur.execute(f"SELECT {NOW}").fetchone()[0], []  # type: ignore[index]
-            dicts = [dict(zip(cols, r)) for r in rows]
-            now = dicts[0].pop("now")
-            for d in dicts[1:]:
-                d.pop("now")
-            return now, dicts
-        return self._read(do)
-
-    def steps(self) -> list[dict[str, Any]]:
-        return self.snapshot()[1]
-
-    def instance(self, instance: str) -> dict[str, Any]:
-        def do(cur: psycopg.Cursor[Any]) -> Any:
-            return cur.execute(f"SELECT id, format_version, fingerprint, data, integrity "
-                               f"FROM {self._s}.instances WHERE id = %s", (instance,)).fetchone()
-        row = self._read(do)
-        if row is None:
-            raise StoreError(f"no instance {instance!r} in the store")
-        return dict(zip(("id", "format_version", "fingerprint", "data", "integrity"), row))
-
-    def events(self) -> list[dict[str, Any]]:
-        def do(cur: psycopg.Cursor[Any]) -> list[dict[str, Any]]:
-            cur.execute(f"SELECT * FROM {self._s}.events ORDER BY seq")
-            cols = [d.name for d in cur.description or ()]
-            return [row_dict(dict(zip(cols, r))) for r in cur.fetchall()]
-        return self._read(do)
-
-    def receipt(self, key: str) -> dict[str, Any] | None:
-        def do(cur: psycopg.Cursor[Any]) -> Any:
-            return cur.execute(f"SELECT key, instance, step, intent_hash, status, response "
-                               f"FROM {self._s}.receipts WHERE key = %s", (key,)).fetchone()
-        row = self._read(do)
-        if row is None:
-            return None
-        d = dict(zip(("key", "instance", "step", "intent_hash", "status", "response"), row))
-        d["response"] = json.loads(d["response"])
-        return d
-
-    # -- the protocol -----------------------------------------------------------------------------
-    def claim(self, instance: str, step: str, worker: str, *, expected_state_version: int,
-              from_state: str, to_state: str, ttl_ms: float, reset_attempt: bool = False) -> Claim | None:
-        """Take the step if its version and state are as seen and its lease is free or expired.
-
-        One conditional UPDATE: of many workers claiming the same row at once, exactly one matches.
-        """
-        if not states.allowed(from_state, to_state):
-            raise StoreError(f"illegal claim {from_state} -> {to_state} for {instance}:{step}")
-        attempt_sql = "1" if reset_attempt else "attempt + 1"
-
-        def do(cur: psycopg.Cursor[Any]) -> Claim | None:
-            row = cur.execute(
-                f"UPDATE {self._s}.steps SET owner_worker = %s, lease_version = lease_version + 1, "
-                f"expires_at = {NOW} + %s, heartbeat_at = {NOW}, progress_at = {NOW}, "
-                f"state = %s, state_version = state_version + 1, attempt = {attempt_sql} "
-                f"WHERE instance = %s AND step = %s AND state_version = %s AND state = %s "
-                f"AND (owner_worker IS NULL OR expires_at < {NOW}) "
-                f"RETURNING lease_version, state_version, attempt",
-                (worker, ttl_ms / 1000.0, to_state, instance, step, expected_state_version,
-                 from_state)).fetchone()
-            if row is None:
-                return None
-            fence, sv, attempt = row
-            self._event(cur, "claimed", instance, step, worker=worker, from_state=from_state,
-                        to_state=to_state, state_version=sv, fence=fence, lease_version=fence,
-                        attempt=attempt)
-            return Claim(instance, step, worker, fence, sv, attempt, from_state, to_state)
-        return self._write(do)
-
-    def commit(self, claim: Claim, to_state: str, *, check_fence: bool = True, check_version: bool = True,
-               **detail: Any) -> bool:
-        """Compare-and-set on (state_version, lease_version, owner); a refusal is recorded."""
-        if not states.allowed(claim.state, to_state):
-            raise StoreError(f"illegal transition {claim.state} -> {to_state} for "
-                             f"{claim.instance}:{claim.step}")
-        conds, args = ["instance = %s", "step = %s"], [claim.instance, claim.step]
-        if check_version:
-            conds.append("state_version = %s")
-            args.append(claim.state_version)
-        if check_fence:
-            conds += ["lease_version = %s", "owner_worker = %s"]
-            args += [claim.fence, claim.worker]
-
-        def do(cur: psycopg.Cursor[Any]) -> bool:
-            row = cur.execute(
-                f"UPDATE {self._s}.steps SET state = %s, state_version = %s, owner_worker = NULL, "
-                f"expires_at = NULL, progress_at = {NOW} WHERE {' AND '.join(conds)} "
-                f"RETURNING state_version, lease_version",
-                [to_state, claim.state_version + 1, *args]).fetchone()
-            if row is None:
-                # Locked, so the rejection is recorded against the row as it is once any claim in
-                # flight has committed (see "Event order" above), not against an older version.
-                now = cur.execute(f"SELECT state_version, lease_version, owner_worker FROM {self._s}.steps "
-                                  f"WHERE instance = %s AND step = %s FOR UPDATE",
-                                  (claim.instance, claim.step)).fetchone()
-                if now is None:
-                    raise StoreError(f"no step {claim.instance}:{claim.step} in the store")
-                self._event(cur, "commit_rejected", claim.instance, claim.step, worker=claim.worker,
-                            from_state=claim.state, to_state=to_state, state_version=now[0],
-                            fence=claim.fence, lease_version=now[1], attempt=claim.attempt,
-                            expected_state_version=claim.state_version, current_owner=now[2], **detail)
-                return False
-            self._event(cur, "committed", claim.instance, claim.step, worker=claim.worker,
-                        from_state=claim.state, to_state=to_state, state_version=row[0], fence=claim.fence,
-                        lease_version=row[1], attempt=claim.attempt, **detail)
-            return True
-        return self._write(do)
-
-    def settle(self, instance: str, step: str, *, expected_state_version: int, from_state: str,
-               to_state: str, worker: str, **detail: Any) -> bool:
-        """A lease-free planning transition (e.g. pending -> cancelled), compare-and-set on the version."""
-        if not states.allowed(from_state, to_state):
-            raise StoreError(f"illegal transition {from_state} -> {to_state} for {instance}:{step}")
-
-        def do(cur: psycopg.Cursor[Any]) -> bool:
-            row = cur.execute(
-                f"UPDATE {self._s}.steps SET state = %s, state_version = state_version + 1 "
-                f"WHERE instance = %s AND step = %s AND state_version = %s AND state = %s "
-                f"AND owner_worker IS NULL RETURNING state_version, lease_version",
-                (to_state, instance, step, expected_state_version, from_state)).fetchone()
-            if row is None:
-                return False
-            self._event(cur, "committed", instance, step, worker=worker, from_state=from_state,
-                        to_state=to_state, state_version=row[0], lease_version=row[1], **detail)
-            return True
-        return self._write(do)
 
     def heartbeat(self, claim: Claim, ttl_ms: float) -> bool:
         """Extend the lease, only while it is still ours (same fence, same owner).
@@ -551,13 +396,8 @@ class PostgresStore(Store):
         whose answer was lost may or may not have landed), and the heartbeat thread must not die
         of it. The next call opens a new connection.
         """
-        def do(cur: psycopg.Cursor[Any]) -> bool:
-            cur.execute(f"UPDATE {self._s}.steps SET expires_at = {NOW} + %s, heartbeat_at = {NOW} "
-                        f"WHERE instance = %s AND step = %s AND lease_version = %s AND owner_worker = %s",
-                        (ttl_ms / 1000.0, claim.instance, claim.step, claim.fence, claim.worker))
-            return cur.rowcount == 1
         try:
-            return self._write(do, points=False)
+            return super().heartbeat(claim, ttl_ms)
         except StoreUnavailable:
             return False  # lost, and maybe even committed: either way we cannot count on the lease
         except psycopg.Error as exc:
@@ -566,75 +406,3 @@ class PostgresStore(Store):
             if isinstance(exc, psycopg.OperationalError) or self._conn is None or self._conn.closed:
                 return False
             raise
-
-    def progress(self, claim: Claim) -> None:
-        def do(cur: psycopg.Cursor[Any]) -> None:
-            cur.execute(f"UPDATE {self._s}.steps SET progress_at = {NOW} WHERE instance = %s AND step = %s "
-                        f"AND lease_version = %s AND owner_worker = %s",
-                        (claim.instance, claim.step, claim.fence, claim.worker))
-        self._write(do)
-
-    def record_receipt(self, claim: Claim, key: str, intent_hash: str | None, status: str,
-                       response: dict[str, Any]) -> None:
-        """Keep the first receipt for a key (a later one for the same key is ignored, as in SQLite)."""
-        def do(cur: psycopg.Cursor[Any]) -> None:
-            cur.execute(f"INSERT INTO {self._s}.receipts (key, instance, step, intent_hash, status, response) "
-                        f"VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (key) DO NOTHING",
-                        (key, claim.instance, claim.step, intent_hash, status, json.dumps(response)))
-            # Progress only under our fence, but the row is locked either way (see "Event order").
-            cur.execute(f"UPDATE {self._s}.steps SET progress_at = CASE WHEN lease_version = %s "
-                        f"THEN {NOW} ELSE progress_at END WHERE instance = %s AND step = %s",
-                        (claim.fence, claim.instance, claim.step))
-            self._event(cur, "receipt_recorded", claim.instance, claim.step, worker=claim.worker,
-                        fence=claim.fence, key=key, status=status)
-        self._write(do)
-
-    def flag_stuck(self, bound_ms: float, worker: str, *, use_progress: bool = True) -> list[tuple[str, str]]:
-        """Flag leases whose heartbeat goes on but whose progress stopped more than ``bound_ms`` ago,
-        and free them so another worker can take over (the next claim raises the fence).
-
-        The rows found are locked (``FOR UPDATE``), so a commit or another monitor cannot slip in
-        between finding and freeing: a step is flagged once, and never after its owner finished.
-        ``SKIP LOCKED`` and a fixed order mean monitors never wait on each other or deadlock; a
-        row that is busy now is looked at again on the next poll.
-        """
-        if not use_progress:
-            return []  # a monitor that trusts heartbeats alone never finds anything
-
-        def do(cur: psycopg.Cursor[Any]) -> list[tuple[str, str]]:
-            rows = cur.execute(
-                f"SELECT instance, step, owner_worker, lease_version, state_version, state, "
-                f"({NOW} - progress_at) * 1000.0 FROM {self._s}.steps WHERE owner_worker IS NOT NULL "
-                f"AND expires_at >= {NOW} AND progress_at < {NOW} - %s "
-                f"ORDER BY instance, step FOR UPDATE SKIP LOCKED", (bound_ms / 1000.0,)).fetchall()
-            found = []
-            for inst, step, owner, fence, sv, state, idle_ms in rows:
-                cur.execute(f"UPDATE {self._s}.steps SET owner_worker = NULL, expires_at = NULL "
-                            f"WHERE instance = %s AND step = %s AND lease_version = %s", (inst, step, fence))
-                self._event(cur, "stuck_flagged", inst, step, worker=worker, state_version=sv,
-                            lease_version=fence, from_state=state, stuck_owner=owner,
-                            idle_ms=round(idle_ms, 1))
-                found.append((inst, step))
-            return found
-        return self._write(do)
-
-    def resolve(self, instance: str, step: str, to_state: str, *, actor: str, evidence: str) -> bool:
-        """An operator moves a step out of manual review by an appended event (actor, evidence)."""
-        if not actor or not evidence:
-            raise StoreError("an operator resolution needs both an actor and evidence")
-
-        def do(cur: psycopg.Cursor[Any]) -> bool:
-            now = cur.execute(f"SELECT state, state_version FROM {self._s}.steps "
-                              f"WHERE instance = %s AND step = %s FOR UPDATE", (instance, step)).fetchone()
-            if now is None or not states.allowed(now[0], to_state) or now[0] != states.MANUAL:
-                return False
-            row = cur.execute(f"UPDATE {self._s}.steps SET state = %s, state_version = state_version + 1 "
-                              f"WHERE instance = %s AND step = %s AND state_version = %s "
-                              f"RETURNING state_version, lease_version",
-                              (to_state, instance, step, now[1])).fetchone()
-            assert row is not None  # the row is locked since the SELECT
-            self._event(cur, "operator_resolved", instance, step, worker=None, from_state=now[0],
-                        to_state=to_state, state_version=row[0], lease_version=row[1], actor=actor,
-                        evidence=evidence)
-            return True
-        return self._write(do)
