@@ -52,6 +52,7 @@ from typing import Any, Callable, Mapping
 from urllib.parse import quote, unquote, urlsplit
 
 from harness.intent import intent_hash
+from harness.signals import sigint_deferred, unblock_sigint
 
 __all__ = ["Answer", "DownstreamClient", "DownstreamProcess", "LostResponse", "start",
            "DEFAULT_RESOURCE", "OUTCOMES"]
@@ -540,6 +541,7 @@ def _serve(ledger_path: str, conn: Any, parent_pid: int, port: int = 0) -> None:
     try:
         _die_with_parent(parent_pid)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business
+        unblock_sigint()
         server = _bind(_Ledger(ledger_path), port)
     except BaseException as e:
         conn.send(("error", f"{type(e).__name__}: {e}"))
@@ -586,7 +588,8 @@ class DownstreamProcess:
         reader, writer = ctx.Pipe(duplex=False)
         proc = ctx.Process(target=_serve, args=(self.ledger_path, writer, os.getpid(), port),
                            name="killpoint-downstream", daemon=False)
-        proc.start()
+        with sigint_deferred():
+            proc.start()
         writer.close()
         try:
             if not reader.poll(_START_TIMEOUT):

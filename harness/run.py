@@ -37,6 +37,7 @@ from harness import checkpoint
 from harness import downstream as ds
 from harness import history as hist
 from harness.checkers import check_all
+from harness.signals import sigint_deferred, unblock_sigint
 from harness.checkers.base import Verdict
 from harness.store import check_faults, open_store
 from harness.store.base import Store
@@ -132,6 +133,7 @@ def _worker_main(target: Target, ctx_args: dict[str, Any], faults, hits, seed: i
     """The body of a worker process (runs in the forked child)."""
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the harness decides when workers end
+    unblock_sigint()
     journal = Journal(ctx_args["journal"])
     journal.write("start", pid=os.getpid(), worker=ctx_args["worker_id"])
     store: Store = ctx_args["store"]
@@ -248,7 +250,8 @@ class _Run:
         seed = hash((self.config.seed, label)) & 0xFFFFFFFF
         proc = _FORK.Process(target=_worker_main, name=f"killpoint-worker-{label}",
                              args=(self.target, ctx_args, faults, self.hits, seed, events_w, control_r))
-        proc.start()
+        with sigint_deferred():
+            proc.start()
         os.close(events_w)
         os.close(control_r)
         w = _Worker(label, worker_id, proc, events_r, control_w, journal)
