@@ -382,12 +382,7 @@ class _Run:
                 continue
             killed = self.live()
             for w in killed:
-                self.note("kill", worker=w.label, pid=w.proc.pid, signal="SIGKILL",
-                          reason="store restart: every connection to the store is cut")
-                _kill(w)
-                w.exitcode = -signal.SIGKILL
-                self.s._live.pop(w.proc.pid, None)
-                self.note("exit", worker=w.label, pid=w.proc.pid, code=w.exitcode, signal="SIGKILL")
+                self.kill_worker(w, "store restart: every connection to the store is cut")
             self.store.close()
             self.store.snapshot()  # a new connection, on what the killed writers left
             self.note("store_restart", fault=fault, killed=[w.label for w in killed])
@@ -463,11 +458,7 @@ class _Run:
                     now, rows = self.store.snapshot()
                     if plan(rows, now, self.workload) == DONE or len(self.workers) >= self.spawn_cap:
                         for w in live:  # only hung workers are left: end them
-                            self.note("kill", worker=w.label, pid=w.proc.pid, signal="SIGKILL",
-                                      reason="quiescent: the run is done and this worker hangs")
-                            _kill(w)
-                            self.s._live.pop(w.proc.pid, None)
-                            self.note("exit", worker=w.label, pid=w.proc.pid, code=-9, signal="SIGKILL")
+                            self.kill_worker(w, "quiescent: the run is done and this worker hangs")
                         quiescent = plan(rows, now, self.workload) == DONE
                         if not quiescent:  # the workers keep dying: the run could not finish
                             bound_hit = True
@@ -482,9 +473,7 @@ class _Run:
                     bound_hit = True
                     self.note("bound_hit", seconds=self.config.bound_s)
                     for w in live:
-                        self.note("kill", worker=w.label, pid=w.proc.pid, signal="SIGKILL", reason="bound")
-                        _kill(w)
-                        self.s._live.pop(w.proc.pid, None)
+                        self.kill_worker(w, "bound")
                     break
                 fds = {w.events: w for w in live}
                 sentinels = {w.proc.sentinel: w for w in live}
@@ -515,6 +504,14 @@ class _Run:
             return self.judge(client, started, bound_hit, quiescent)
         finally:
             client.close()
+
+    def kill_worker(self, w: _Worker, reason: str) -> None:
+        """SIGKILL a live worker on the harness's own account, and record it as its death."""
+        self.note("kill", worker=w.label, pid=w.proc.pid, signal="SIGKILL", reason=reason)
+        _kill(w)
+        w.exitcode = -signal.SIGKILL
+        self.s._live.pop(w.proc.pid, None)
+        self.note("exit", worker=w.label, pid=w.proc.pid, code=w.exitcode, signal="SIGKILL")
 
     def end_workers(self) -> None:
         for w in self.live():

@@ -99,8 +99,8 @@ def single_fault_schedules(step_names, points, actions=("kill", "pause"),
 
 
 def _action(point: str) -> str:
-    # Once: a bare hang is not spent like a kill, so a restart under the same identity would
-    # hang again at the next hit and the pair would never reach its second fault.
+    # Once, said in the schedule itself: the pair's text then reads the same whatever the
+    # harness's rule for spent faults (a hang, like a kill, is not inherited by a restart).
     return "1*hang" if point == "heartbeat" else "kill"
 
 
