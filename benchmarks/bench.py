@@ -27,13 +27,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import multiprocess  # noqa: E402
 
-import chaos  # noqa: E402
-from harness import downstream as ds  # noqa: E402
-from harness.run import RunConfig, Session  # noqa: E402
-from harness.store.base import Claim  # noqa: E402
-from harness.store import InvalidStore, check_store, open_store  # noqa: E402
-from harness.worker import Timing  # noqa: E402
-from harness.workload import single_step_workload  # noqa: E402
+from killpoint import chaos  # noqa: E402
+from killpoint.harness import downstream as ds  # noqa: E402
+from killpoint.harness.run import RunConfig, Session  # noqa: E402
+from killpoint.harness.store.base import Claim  # noqa: E402
+from killpoint.harness.store import InvalidStore, check_store, open_store  # noqa: E402
+from killpoint.harness.worker import Timing  # noqa: E402
+from killpoint.harness.workload import single_step_workload  # noqa: E402
 
 FORK = multiprocess.get_context("fork")
 TIMING = Timing(lease_ttl_ms=8.0, heartbeat_ms=3.0, stuck_bound_ms=300.0, poll_ms=1.0)

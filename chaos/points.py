@@ -22,10 +22,10 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
-from chaos.journal import Journal
+from killpoint.chaos.journal import Journal
 
 if TYPE_CHECKING:
-    from chaos.schedule import Fault
+    from killpoint.chaos.schedule import Fault
 
 # The protocol's points, in order, then the two that are not between protocol steps.
 PROTOCOL_POINTS = ("before_claim", "after_claim", "before_call", "after_call",

@@ -13,8 +13,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from chaos.actions import Chain, InvalidAction, parse as parse_chain
-from chaos.points import POINTS
+from killpoint.chaos.actions import Chain, InvalidAction, parse as parse_chain
+from killpoint.chaos.points import POINTS
 
 
 class InvalidSchedule(ValueError):

@@ -22,9 +22,9 @@ from typing import Sequence
 
 from hypothesis import strategies as st
 
-from chaos.actions import Chain, parse as parse_actions
-from chaos.points import DEFAULT_POINTS
-from chaos.schedule import Fault, Schedule
+from killpoint.chaos.actions import Chain, parse as parse_actions
+from killpoint.chaos.points import DEFAULT_POINTS
+from killpoint.chaos.schedule import Fault, Schedule
 
 MAX_SLEEP_MS = 100
 MAX_HIT = 3

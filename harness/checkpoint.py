@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
-from harness.workload import FORMAT_VERSION, InstanceSpec, Workload, integrity
+from killpoint.harness.workload import FORMAT_VERSION, InstanceSpec, Workload, integrity
 
 OK = "ok"
 MIGRATED = "migrated"

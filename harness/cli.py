@@ -11,7 +11,7 @@ import importlib
 import os
 import sys
 
-from harness.commands.common import EXIT_BAD_INPUT, BadInput
+from killpoint.harness.commands.common import EXIT_BAD_INPUT, BadInput
 
 # name -> module under harness.commands; each has HELP, add_arguments(parser) and run(args) -> int.
 COMMANDS = {
@@ -30,9 +30,9 @@ def _available() -> dict[str, object]:
     found = {}
     for name, module in COMMANDS.items():
         try:
-            found[name] = importlib.import_module(f"harness.commands.{module}")
+            found[name] = importlib.import_module(f"killpoint.harness.commands.{module}")
         except ModuleNotFoundError as exc:
-            if exc.name != f"harness.commands.{module}":
+            if exc.name != f"killpoint.harness.commands.{module}":
                 raise
     return found
 

@@ -51,8 +51,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Mapping
 from urllib.parse import quote, unquote, urlsplit
 
-from harness.intent import intent_hash
-from harness.signals import sigint_deferred, unblock_sigint
+from killpoint.harness.intent import intent_hash
+from killpoint.harness.signals import sigint_deferred, unblock_sigint
 
 __all__ = ["Answer", "DownstreamClient", "DownstreamProcess", "LostResponse", "start",
            "DEFAULT_RESOURCE", "OUTCOMES"]

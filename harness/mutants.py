@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
-from harness import checkpoint, recovery, states
-from harness.store.base import Claim
-from harness.worker import ReferenceWorker, WorkerContext, reference
-from harness.workload import InstanceSpec, StepSpec
+from killpoint.harness import checkpoint, recovery, states
+from killpoint.harness.store.base import Claim
+from killpoint.harness.worker import ReferenceWorker, WorkerContext, reference
+from killpoint.harness.workload import InstanceSpec, StepSpec
 
 Target = Callable[[WorkerContext], None]
 

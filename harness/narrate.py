@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from harness.history import Event, History
+from killpoint.harness.history import Event, History
 
 
 def _ms(e: Event, t0: int) -> str:

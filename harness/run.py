@@ -29,21 +29,21 @@ from typing import Any, Callable, Mapping
 
 import multiprocess
 
-import chaos
-from chaos.journal import Journal
-from chaos.points import Failpoints
-from chaos.schedule import Schedule
-from harness import checkpoint
-from harness import downstream as ds
-from harness import history as hist
-from harness.checkers import check_all
-from harness.signals import sigint_deferred, unblock_sigint
-from harness.checkers.base import Verdict
-from harness.store import check_faults, open_store
-from harness.store.base import Store
-from harness.targets import Target, resolve
-from harness.worker import DONE, Heartbeat, Timing, WorkerContext, plan
-from harness.workload import WORKLOADS, Workload
+from killpoint import chaos
+from killpoint.chaos.journal import Journal
+from killpoint.chaos.points import Failpoints
+from killpoint.chaos.schedule import Schedule
+from killpoint.harness import checkpoint
+from killpoint.harness import downstream as ds
+from killpoint.harness import history as hist
+from killpoint.harness.checkers import check_all
+from killpoint.harness.signals import sigint_deferred, unblock_sigint
+from killpoint.harness.checkers.base import Verdict
+from killpoint.harness.store import check_faults, open_store
+from killpoint.harness.store.base import Store
+from killpoint.harness.targets import Target, resolve
+from killpoint.harness.worker import DONE, Heartbeat, Timing, WorkerContext, plan
+from killpoint.harness.workload import WORKLOADS, Workload
 
 _FORK = multiprocess.get_context("fork")
 
@@ -429,7 +429,7 @@ class _Run:
 
     def downstream_config(self) -> dict[str, Any]:
         """The workload's downstream configuration with the target's and the run's overrides."""
-        from harness.mutants import downstream_for
+        from killpoint.harness.mutants import downstream_for
 
         return {**self.workload.downstream_config(), **downstream_for(self.config.target),
                 **self.config.downstream_overrides}

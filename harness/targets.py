@@ -7,7 +7,7 @@ import os
 import sys
 from typing import Callable
 
-from harness.worker import WorkerContext, reference
+from killpoint.harness.worker import WorkerContext, reference
 
 Target = Callable[[WorkerContext], None]
 
@@ -17,10 +17,8 @@ class InvalidTarget(ValueError):
 
 
 def mutants() -> dict[str, object]:
-    try:
-        from harness.mutants import MUTANTS
-    except ImportError:
-        return {}
+    from killpoint.harness.mutants import MUTANTS
+
     return MUTANTS
 
 

@@ -18,13 +18,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import chaos
-from chaos.journal import Journal
-from harness import checkpoint, recovery, states
-from harness.downstream import DownstreamClient, LostResponse
-from harness.intent import idempotency_key, intent_hash
-from harness.store.base import Claim, OutcomeUnknown, Store, StoreUnavailable
-from harness.workload import InstanceSpec, StepSpec, Workload
+from killpoint import chaos
+from killpoint.chaos.journal import Journal
+from killpoint.harness import checkpoint, recovery, states
+from killpoint.harness.downstream import DownstreamClient, LostResponse
+from killpoint.harness.intent import idempotency_key, intent_hash
+from killpoint.harness.store.base import Claim, OutcomeUnknown, Store, StoreUnavailable
+from killpoint.harness.workload import InstanceSpec, StepSpec, Workload
 
 
 @dataclass(frozen=True)

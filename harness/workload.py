@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.intent import idempotency_key
+from killpoint.harness.intent import idempotency_key
 
 FORMAT_VERSION = 1
 
@@ -164,7 +164,7 @@ def default_workload(seed: int = 0) -> Workload:
     """
     from faker import Faker
 
-    from harness.checkpoint import (CheckpointedWorkload, Migration, Migrations, Policy, checkpoint_row,
+    from killpoint.harness.checkpoint import (CheckpointedWorkload, Migration, Migrations, Policy, checkpoint_row,
                                     corrupt)
 
     fake = Faker()

@@ -17,30 +17,30 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from chaos import InvalidAction, InvalidSchedule, at, point
-from chaos.schedule import Fault, Schedule
-from chaos.schedule import parse as parse_schedule
+from killpoint.chaos import InvalidAction, InvalidSchedule, at, point
+from killpoint.chaos.schedule import Fault, Schedule
+from killpoint.chaos.schedule import parse as parse_schedule
 
 __version__ = "0.1.0"
 
 _LAZY = {
-    "INVARIANTS": ("harness.checkers", "ALL"),
-    "check_all": ("harness.checkers", "check_all"),
-    "Result": ("harness.checkers.base", "Result"),
-    "Verdict": ("harness.checkers.base", "Verdict"),
-    "Violation": ("harness.checkers.base", "Violation"),
-    "Event": ("harness.history", "Event"),
-    "History": ("harness.history", "History"),
-    "Evidence": ("harness.recovery", "Evidence"),
-    "recover": ("harness.recovery", "recover"),
-    "RunConfig": ("harness.run", "RunConfig"),
-    "RunResult": ("harness.run", "RunResult"),
-    "Session": ("harness.run", "Session"),
-    "ReferenceWorker": ("harness.worker", "ReferenceWorker"),
-    "Timing": ("harness.worker", "Timing"),
-    "WorkerContext": ("harness.worker", "WorkerContext"),
-    "Claim": ("harness.store.base", "Claim"),
-    "LostResponse": ("harness.downstream", "LostResponse"),
+    "INVARIANTS": ("killpoint.harness.checkers", "ALL"),
+    "check_all": ("killpoint.harness.checkers", "check_all"),
+    "Result": ("killpoint.harness.checkers.base", "Result"),
+    "Verdict": ("killpoint.harness.checkers.base", "Verdict"),
+    "Violation": ("killpoint.harness.checkers.base", "Violation"),
+    "Event": ("killpoint.harness.history", "Event"),
+    "History": ("killpoint.harness.history", "History"),
+    "Evidence": ("killpoint.harness.recovery", "Evidence"),
+    "recover": ("killpoint.harness.recovery", "recover"),
+    "RunConfig": ("killpoint.harness.run", "RunConfig"),
+    "RunResult": ("killpoint.harness.run", "RunResult"),
+    "Session": ("killpoint.harness.run", "Session"),
+    "ReferenceWorker": ("killpoint.harness.worker", "ReferenceWorker"),
+    "Timing": ("killpoint.harness.worker", "Timing"),
+    "WorkerContext": ("killpoint.harness.worker", "WorkerContext"),
+    "Claim": ("killpoint.harness.store.base", "Claim"),
+    "LostResponse": ("killpoint.harness.downstream", "LostResponse"),
     "CrashVerdict": ("killpoint.plugin", "CrashVerdict"),
 }
 

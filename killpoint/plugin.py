@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING, Any, Callable, Generator, NoReturn, Sequence
 import pytest
 
 if TYPE_CHECKING:
-    from chaos.schedule import Schedule
-    from harness.checkers.base import Violation
-    from harness.run import RunConfig, RunResult, Session
+    from killpoint.chaos.schedule import Schedule
+    from killpoint.harness.checkers.base import Violation
+    from killpoint.harness.run import RunConfig, RunResult, Session
 
 __all__ = ["CrashVerdict", "Killpoint", "KillpointUnavailable", "Settings"]
 
@@ -121,12 +121,9 @@ class _State:
         lights = sorted((r for r in self.records if r.get("light")), key=lambda r: (r["nodeid"], r["page"]))
         if not lights:
             return
-        try:
-            from reports.model import build_index
-            from reports.render import render_index, write_text
-        except ImportError as exc:
-            self.index_error = f"HTML index not written: {exc}"
-            return
+        from killpoint.reports.model import build_index
+        from killpoint.reports.render import render_index, write_text
+
         results = [pickle.loads(base64.b64decode(r["light"])) for r in lights]
         model = build_index(results, [os.path.basename(r["page"]) for r in lights],
                             title="killpoint: pytest session", reproduce=[r["reproduce"] for r in lights])
@@ -189,7 +186,7 @@ def _settings(config: pytest.Config) -> Settings:
         values[name] = number
     points, where = _raw(config, "points")
     if points is not None:
-        from chaos.points import ORDERED_POINTS
+        from killpoint.chaos.points import ORDERED_POINTS
 
         chosen = tuple(p.strip() for p in points.split(",") if p.strip())
         bad = [p for p in chosen if p not in ORDERED_POINTS]
@@ -266,7 +263,7 @@ def _marker_kwargs(name: str, kwargs: dict[str, Any]) -> dict[str, Any]:
                                         f"names such as 'after_call'")
         out[key] = value
     if out["action"] is not None:
-        from chaos.actions import InvalidAction, parse
+        from killpoint.chaos.actions import InvalidAction, parse
 
         try:
             parse(out["action"])
@@ -283,7 +280,7 @@ def _collection_error(message: str) -> NoReturn:
 
 def _points(asked: Sequence[str] | None, settings: Settings) -> tuple[str, ...]:
     """The points a marked test or a matrix runs: its own (or all), narrowed by --killpoint-points."""
-    from chaos.points import DEFAULT_POINTS
+    from killpoint.chaos.points import DEFAULT_POINTS
 
     points = tuple(asked) if asked else DEFAULT_POINTS
     if settings.points is not None:
@@ -420,7 +417,7 @@ def _tail(r: _Run) -> list[str]:
 def _verdict(runs: Sequence[_Run], results: Sequence["RunResult"], target: str, seed: int, *,
              total: int | None = None) -> CrashVerdict:
     """Rank the runs (False > None > True); no runs at all is unknown, never valid."""
-    from harness.checkers.base import rank
+    from killpoint.harness.checkers.base import rank
 
     total = len(runs) if total is None else total
     valid = (rank(r.valid for r in runs) if runs else True) if total else None
@@ -467,7 +464,7 @@ class Killpoint:
         ``config`` passes further :class:`killpoint.RunConfig` fields (``timing``, ``bound_s``,
         ``same_identity``).
         """
-        import chaos
+        from killpoint import chaos
 
         parsed = chaos.parse(schedule) if isinstance(schedule, str) else schedule
         return self._judge([self._config(parsed, target, workload, workers, seed, config)])
@@ -482,7 +479,7 @@ class Killpoint:
         Points default to all (narrowed by ``--killpoint-points``); under ``--killpoint-shard K/N``
         this runs the K-th share of the list, which is the same in every job.
         """
-        from harness.workload import WORKLOADS
+        from killpoint.harness.workload import WORKLOADS
 
         seed = self.settings.seed if seed is None else seed
         if workload not in WORKLOADS:
@@ -515,9 +512,9 @@ class Killpoint:
         import json
 
         try:
-            command = importlib.import_module("harness.commands.explore")
+            command = importlib.import_module("killpoint.harness.commands.explore")
         except ModuleNotFoundError as exc:
-            if exc.name != "harness.commands.explore":
+            if exc.name != "killpoint.harness.commands.explore":
                 raise
             raise KillpointUnavailable(
                 "killpoint.explore() needs schedule exploration (the `killpoint explore` command), "
@@ -548,8 +545,8 @@ class Killpoint:
     # -- inside ------------------------------------------------------------------------------
     def _config(self, schedule: Any, target: Any, workload: str, workers: int, seed: int | None,
                 extra: dict[str, Any]) -> "RunConfig":
-        from harness.run import RunConfig
-        from harness.targets import InvalidTarget, resolve
+        from killpoint.harness.run import RunConfig
+        from killpoint.harness.targets import InvalidTarget, resolve
 
         try:
             resolve(target)
@@ -564,14 +561,14 @@ class Killpoint:
 
     def _guard(self) -> None:
         """Crashes must only ever hit children: refuse if this (pytest's) process has failpoints."""
-        import chaos.points
+        from killpoint.chaos import points as chaos_points
 
-        if getattr(chaos.points, "_installed", None) is not None:
+        if getattr(chaos_points, "_installed", None) is not None:
             raise RuntimeError("killpoint: failpoints are installed in the pytest process itself, so a "
                                "scheduled kill would kill pytest; only worker processes may install them")
 
     def _judge(self, configs: Sequence["RunConfig"]) -> CrashVerdict:
-        from harness.commands.common import replay_command
+        from killpoint.harness.commands.common import replay_command
 
         session = self._session_getter()
         results, runs = [], []
@@ -597,10 +594,10 @@ class Killpoint:
         """A verdict from a command's ``--json`` object (DESIGN section 10); it has no histories."""
         import types
 
-        import chaos
-        from harness.checkers.base import Violation
-        from harness.commands.common import replay_command
-        from harness.run import RunConfig
+        from killpoint import chaos
+        from killpoint.harness.checkers.base import Violation
+        from killpoint.harness.commands.common import replay_command
+        from killpoint.harness.run import RunConfig
 
         found: dict[str, list[Violation]] = {}
         commands: dict[str, str] = {}
@@ -633,10 +630,8 @@ class Killpoint:
         report_dir = self.settings.report_dir
         if report_dir is None:
             return None
-        try:
-            from reports import write_run_report
-        except ImportError:
-            return None
+        from killpoint.reports import write_run_report
+
         self._state.pages += 1
         prefix = f"{self._state.worker_id}-" if self._state.worker_id else ""
         path = os.path.join(report_dir, f"{prefix}run-{self._state.pages:04d}.html")
@@ -656,7 +651,7 @@ class Killpoint:
 
 def _schedules(steps: Sequence[str], points: Sequence[str], depth: int) -> list[tuple[Any, dict[str, Any]]]:
     """The matrix as ``killpoint matrix`` builds it: (schedule, RunConfig fields it needs) pairs."""
-    from harness.commands import matrix
+    from killpoint.harness.commands import matrix
 
     if depth == 1:
         return [(s, {}) for s in matrix.single_crash_schedules(steps, points)]
@@ -686,7 +681,7 @@ def _light(result: "RunResult") -> str:
     Pickle is fine here: it travels only between this session's own processes (xdist workers and
     their controller), which already trust each other with code.
     """
-    from harness.history import History
+    from killpoint.harness.history import History
 
     config = dataclasses.replace(result.config, target=result.config.target_name)
     light = dataclasses.replace(result, config=config, history=History(()))
@@ -701,8 +696,8 @@ def _killpoint_session(pytestconfig: pytest.Config,
     Its folder is under this process's pytest temporary directory, so xdist workers never share one;
     the downstream listens on an ephemeral port; PostgreSQL runs each get a schema of their own.
     """
-    from harness.run import Session
-    from harness.store import InvalidStore, check_store
+    from killpoint.harness.run import Session
+    from killpoint.harness.store import InvalidStore, check_store
 
     settings = pytestconfig.stash[_STATE].settings
     try:
@@ -730,8 +725,8 @@ def killpoint(request: pytest.FixtureRequest) -> Killpoint:
     if isinstance(case, _Case):
         marker = request.node.get_closest_marker("killpoint")
         kw = _marker_kwargs(request.node.name, marker.kwargs if marker else {})
-        from chaos.actions import parse as parse_actions
-        from chaos.schedule import Fault, Schedule
+        from killpoint.chaos.actions import parse as parse_actions
+        from killpoint.chaos.schedule import Fault, Schedule
 
         action = kw["action"] or ("hang" if case.point == "heartbeat" else "kill")
         schedule = Schedule((Fault("A", case.point, parse_actions(action), case.step),))

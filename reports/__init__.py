@@ -14,11 +14,11 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Sequence
 
-from reports.model import DEFAULT_MAX_EVENTS, build_index, build_run
-from reports.render import render_index, render_run, write_text
+from killpoint.reports.model import DEFAULT_MAX_EVENTS, build_index, build_run
+from killpoint.reports.render import render_index, render_run, write_text
 
 if TYPE_CHECKING:
-    from harness.run import RunResult
+    from killpoint.harness.run import RunResult
 
 INDEX = "index.html"
 

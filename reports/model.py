@@ -18,11 +18,11 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
-from harness.checkers.base import rank
-from harness.history import OP_KINDS, Event, History
+from killpoint.harness.checkers.base import rank
+from killpoint.harness.history import OP_KINDS, Event, History
 
 if TYPE_CHECKING:
-    from harness.run import RunResult
+    from killpoint.harness.run import RunResult
 
 # ok: took effect; fail: certainly did not; info: unknown (indeterminate); event: a plain fact.
 STATUSES = ("ok", "fail", "info", "event")
@@ -245,7 +245,7 @@ def build_run(result: RunResult, *, max_events: int = DEFAULT_MAX_EVENTS,
     if max_events < 1:
         raise ValueError(f"max_events={max_events}: a report must show at least one event")
     if reproduce is None:
-        from harness.commands.common import replay_command
+        from killpoint.harness.commands.common import replay_command
 
         reproduce = replay_command(result)
     reproduce = redact(reproduce)
@@ -584,7 +584,7 @@ def build_index(results: Sequence[RunResult], hrefs: Sequence[str], *, title: st
     if len(hrefs) != len(results):
         raise ValueError(f"{len(results)} results but {len(hrefs)} links: give one link per run")
     if reproduce is None:
-        from harness.commands.common import replay_command
+        from killpoint.harness.commands.common import replay_command
 
         reproduce = [replay_command(r) for r in results]
     reproduce = [redact(cmd) for cmd in reproduce]

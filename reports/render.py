@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import jinja2
 
-from reports.model import IndexReport, Item, Lane, RunReport, Timeline, clip
+from killpoint.reports.model import IndexReport, Item, Lane, RunReport, Timeline, clip
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
 GLYPHS = {"ok": "\u2713", "fail": "\u2717", "info": "?", "event": ""}  # shape and colour tell too
@@ -98,7 +98,7 @@ def layout(t: Timeline) -> Layout:
 
 def environment() -> jinja2.Environment:
     """The one environment: autoescape for every template, and a loud error on a missing name."""
-    env = jinja2.Environment(loader=jinja2.PackageLoader("reports", "templates"), autoescape=True,
+    env = jinja2.Environment(loader=jinja2.PackageLoader("killpoint.reports", "templates"), autoescape=True,
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.filters["clip"] = clip
     env.globals.update(CSP=CSP, GLYPHS=GLYPHS, ROW_H=ROW_H, LANE_W=LANE_W, GUTTER=GUTTER,

@@ -20,8 +20,8 @@ from types import MappingProxyType, ModuleType
 from typing import TYPE_CHECKING, Any, Mapping
 
 if TYPE_CHECKING:
-    from harness.run import Session
-    from scenarios._story import Story
+    from killpoint.harness.run import Session
+    from killpoint.scenarios._story import Story
 
 
 class UnknownScenario(KeyError):
@@ -42,7 +42,7 @@ class Scenario:
 
     @property
     def module(self) -> ModuleType:
-        return importlib.import_module(f"scenarios.{self.name}")
+        return importlib.import_module(f"killpoint.scenarios.{self.name}")
 
     @property
     def story(self) -> str:

@@ -11,12 +11,12 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-import chaos
-from harness.checkers.base import rank
-from harness.history import Event, History
-from harness.narrate import narrate
-from harness.run import RunConfig, RunResult, Session
-from harness.worker import ReferenceWorker
+from killpoint import chaos
+from killpoint.harness.checkers.base import rank
+from killpoint.harness.history import Event, History
+from killpoint.harness.narrate import narrate
+from killpoint.harness.run import RunConfig, RunResult, Session
+from killpoint.harness.worker import ReferenceWorker
 
 WORD = {True: "valid", False: "VIOLATED", None: "unknown"}
 
@@ -96,7 +96,7 @@ def config(target: Any, seed: int, store: str, schedule: str = "", *,
     """A run configuration for a scenario; a ``mutant:NAME`` target brings the run fields and the
     downstream overrides it needs. ``wraps`` is the target a scenario built ``target`` around
     (a mutant's needs come from its name). ``points`` are crash points the scenario adds."""
-    from harness.mutants import downstream_for, overrides_for
+    from killpoint.harness.mutants import downstream_for, overrides_for
 
     name = wraps if wraps is not None else target
     known = chaos.POINTS | frozenset(points)
@@ -112,8 +112,8 @@ def worker_class(target: Any) -> type[ReferenceWorker] | None:
     Known for ``reference`` and the built-in mutants (each runs one subclass, the ``cls`` its
     runner closes over); None for any other target, which a scenario then runs as it is.
     """
-    from harness.targets import resolve
-    from harness.worker import reference
+    from killpoint.harness.targets import resolve
+    from killpoint.harness.worker import reference
 
     fn = resolve(target)
     if fn is reference:

@@ -25,12 +25,12 @@ import hashlib
 import json
 from typing import Any
 
-from harness import checkpoint
-from harness.checkpoint import CheckpointedWorkload, Migration, Migrations, Policy
-from harness.run import Session
-from harness.targets import Target
-from harness.workload import InstanceSpec, default_workload
-from scenarios._story import Story, config, requests, store_events, who, worker_events
+from killpoint.harness import checkpoint
+from killpoint.harness.checkpoint import CheckpointedWorkload, Migration, Migrations, Policy
+from killpoint.harness.run import Session
+from killpoint.harness.targets import Target
+from killpoint.harness.workload import InstanceSpec, default_workload
+from killpoint.scenarios._story import Story, config, requests, store_events, who, worker_events
 
 STEP = "charge"
 RESOURCES = {"payment": {"legacy": False, "fencing": True}}

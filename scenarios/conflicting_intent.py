@@ -19,11 +19,11 @@ Either way the provider applied exactly one effect under K: the original charge.
 
 from __future__ import annotations
 
-from harness.history import History
-from harness.run import Session
-from harness.targets import Target
-from harness.workload import WORKLOADS
-from scenarios._story import Story, applied, config, requests, store_events, who, worker_events
+from killpoint.harness.history import History
+from killpoint.harness.run import Session
+from killpoint.harness.targets import Target
+from killpoint.harness.workload import WORKLOADS
+from killpoint.scenarios._story import Story, applied, config, requests, store_events, who, worker_events
 
 CHARGE, AMEND = "charge", "amend"
 

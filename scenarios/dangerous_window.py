@@ -18,10 +18,10 @@ request id), and the provider keeps the intent's hash and its outcome under it.
 
 from __future__ import annotations
 
-from harness.run import Session
-from harness.targets import Target
-from harness.workload import WORKLOADS
-from scenarios._story import Story, applied, config, requests, store_events, who, worker_events
+from killpoint.harness.run import Session
+from killpoint.harness.targets import Target
+from killpoint.harness.workload import WORKLOADS
+from killpoint.scenarios._story import Story, applied, config, requests, store_events, who, worker_events
 
 INSTANCE, STEP = "order-1", "charge"
 

@@ -34,16 +34,16 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import chaos
-from harness import states
-from harness.downstream import Answer, DownstreamClient, LostResponse
-from harness.run import Session
-from harness.targets import Target
-from harness.store.base import Claim, Store
-from harness.worker import ReferenceWorker, WorkerContext
-from harness.workload import InstanceSpec, StepSpec, Workload, default_workload
-from scenarios import checkpoint_version
-from scenarios._story import Story, applied, config, requests, store_events, who, worker_class
+from killpoint import chaos
+from killpoint.harness import states
+from killpoint.harness.downstream import Answer, DownstreamClient, LostResponse
+from killpoint.harness.run import Session
+from killpoint.harness.targets import Target
+from killpoint.harness.store.base import Claim, Store
+from killpoint.harness.worker import ReferenceWorker, WorkerContext
+from killpoint.harness.workload import InstanceSpec, StepSpec, Workload, default_workload
+from killpoint.scenarios import checkpoint_version
+from killpoint.scenarios._story import Story, applied, config, requests, store_events, who, worker_class
 
 INSTANCE, STEP = "order-1", "charge"
 RETRY_POINT = "before_retry"

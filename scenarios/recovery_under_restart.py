@@ -20,10 +20,10 @@ the last, so every run tells the same story.
 
 from __future__ import annotations
 
-from harness.run import Session
-from harness.targets import Target
-from harness.workload import InstanceSpec, Workload, default_workload
-from scenarios._story import (Story, applied, config, harness_events, requests, store_events, who,
+from killpoint.harness.run import Session
+from killpoint.harness.targets import Target
+from killpoint.harness.workload import InstanceSpec, Workload, default_workload
+from killpoint.scenarios._story import (Story, applied, config, harness_events, requests, store_events, who,
                               worker_events)
 
 STEP = "charge"

@@ -19,11 +19,11 @@ still shows that name as the owner of the step it was working on, and it is temp
 
 from __future__ import annotations
 
-from harness.run import Session
-from harness.targets import Target, resolve
-from harness.worker import WorkerContext
-from harness.workload import WORKLOADS
-from scenarios._story import Story, applied, config, harness_events, store_events, who, worker_events
+from killpoint.harness.run import Session
+from killpoint.harness.targets import Target, resolve
+from killpoint.harness.worker import WorkerContext
+from killpoint.harness.workload import WORKLOADS
+from killpoint.scenarios._story import Story, applied, config, harness_events, store_events, who, worker_events
 
 INSTANCE, STEP = "order-1", "charge"
 IDENTITY = "A"

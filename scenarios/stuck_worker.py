@@ -15,10 +15,10 @@ hanging, with SIGKILL.
 
 from __future__ import annotations
 
-from harness.run import Session
-from harness.targets import Target
-from harness.workload import WORKLOADS
-from scenarios._story import (Story, applied, config, harness_events, store_events, who,
+from killpoint.harness.run import Session
+from killpoint.harness.targets import Target
+from killpoint.harness.workload import WORKLOADS
+from killpoint.scenarios._story import (Story, applied, config, harness_events, store_events, who,
                               worker_events)
 
 INSTANCE, STEP = "order-1", "charge"

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness import states
-from harness.downstream import DownstreamClient
-from harness.run import Session
-from harness.targets import Target
-from harness.store.base import Store
-from scenarios._story import (Story, applied, config, harness_events, requests, store_events, who,
+from killpoint.harness import states
+from killpoint.harness.downstream import DownstreamClient
+from killpoint.harness.run import Session
+from killpoint.harness.targets import Target
+from killpoint.harness.store.base import Store
+from killpoint.scenarios._story import (Story, applied, config, harness_events, requests, store_events, who,
                               worker_events)
 
 INSTANCE, STEP = "order-1", "notify"

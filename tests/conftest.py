@@ -17,7 +17,7 @@ DEFAULT_PG_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 @pytest.fixture(scope="session")
 def pg_dsn() -> str:
     """The DSN of a reachable PostgreSQL server, or a skip (a failure when it is required)."""
-    from harness.store import InvalidStore, check_store
+    from killpoint.harness.store import InvalidStore, check_store
 
     dsn = os.environ.get("KILLPOINT_PG_DSN") or DEFAULT_PG_DSN
     try:

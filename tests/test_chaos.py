@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, strategies as st
 
-import chaos
-from chaos.actions import InvalidAction, parse as parse_actions
-from chaos.points import ORDERED_POINTS, POINTS
+from killpoint import chaos
+from killpoint.chaos.actions import InvalidAction, parse as parse_actions
+from killpoint.chaos.points import ORDERED_POINTS, POINTS
 
 
 @pytest.mark.parametrize("text", [

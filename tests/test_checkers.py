@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from harness.checkers import (ALL, Result, Verdict, Violation, check_all, checkpoints_honoured,
+from killpoint.harness.checkers import (ALL, Result, Verdict, Violation, check_all, checkpoints_honoured,
                               effects_accounted, intent_conflict, legal_transitions, manual_stable,
                               no_duplicate_effects, retry_budget, stale_writes_rejected,
                               stuck_detected, terminates, version_chain)
-from harness.checkers.base import rank
-from harness.history import History, StepConfig, build
+from killpoint.harness.checkers.base import rank
+from killpoint.harness.history import History, StepConfig, build
 
 MS = 1_000_000  # nanoseconds per millisecond
 Raw = tuple[int, str, str, str, dict[str, Any]]

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from chaos.points import DEFAULT_POINTS, POINTS
-from harness.checkers import ALL
-from harness.cli import main
+from killpoint.chaos.points import DEFAULT_POINTS, POINTS
+from killpoint.harness.checkers import ALL
+from killpoint.harness.cli import main
 
 
 def run_cli(capsys, *argv):

@@ -19,8 +19,8 @@ _ROOT = str(Path(__file__).resolve().parents[1])
 if _ROOT not in sys.path:  # the repository root, for running the tests from a checkout
     sys.path.insert(0, _ROOT)
 
-from harness.downstream import Answer, DownstreamClient, LostResponse, start  # noqa: E402
-from harness.intent import intent_hash  # noqa: E402
+from killpoint.harness.downstream import Answer, DownstreamClient, LostResponse, start  # noqa: E402
+from killpoint.harness.intent import intent_hash  # noqa: E402
 
 META = {"instance": "order-42", "step": "charge", "worker": "A", "attempt": 1,
         "direction": "forward"}

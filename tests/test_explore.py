@@ -14,10 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import chaos
-from chaos.strategies import MAX_SLEEP_MS, schedules
-from harness.cli import main
-from harness.mutants import MUTANTS
+from killpoint import chaos
+from killpoint.chaos.strategies import MAX_SLEEP_MS, schedules
+from killpoint.harness.cli import main
+from killpoint.harness.mutants import MUTANTS
 
 STEPS = ("reserve", "charge", "notify", "amend")
 
@@ -162,8 +162,8 @@ def test_matrix_depth_2_runs_every_ordered_pair_of_two_workers_and_two_hits(caps
 def test_matrix_depth_2_defaults_to_the_steps_more_than_one_instance_runs():
     # After a crash, recovery skips the points it does not need; a second fault at the same step
     # is reached on a later instance, which the amendment (order-3 only) does not have.
-    from harness.commands.matrix import repeated_steps
-    from harness.workload import default_workload
+    from killpoint.harness.commands.matrix import repeated_steps
+    from killpoint.harness.workload import default_workload
 
     assert repeated_steps(default_workload(0)) == ("reserve", "charge", "notify")
 

@@ -8,12 +8,12 @@ import json
 
 import pytest
 
-import chaos
-from harness.checkers import ALL
-from harness.cli import main
-from harness.mutants import MUTANTS
-from harness.run import RunConfig, Session
-from harness.targets import resolve
+from killpoint import chaos
+from killpoint.harness.checkers import ALL
+from killpoint.harness.cli import main
+from killpoint.harness.mutants import MUTANTS
+from killpoint.harness.run import RunConfig, Session
+from killpoint.harness.targets import resolve
 
 REQUIRED = {"random-request-id", "no-fence-check", "local-clock-lease", "retry-unsafe",
             "auto-resolve-manual", "commit-before-call", "no-cas", "unbounded-retry",
@@ -97,7 +97,7 @@ def test_selftest_fails_when_a_mutant_escapes(monkeypatch, capsys):
     # A mutant whose bug its schedule cannot show must fail the selftest, not pass it quietly.
     import dataclasses
 
-    import harness.mutants as zoo
+    import killpoint.harness.mutants as zoo
 
     blind = dataclasses.replace(zoo.MUTANTS["no-cas"], schedule="A@charge.after_call:kill")
     monkeypatch.setattr(zoo, "MUTANTS", {"no-cas": blind})

@@ -18,14 +18,14 @@ from typing import Any, Iterator
 
 import pytest
 
-import chaos
-from chaos.journal import Journal
-from chaos.points import DB_POINTS, DEFAULT_POINTS, Failpoints
-from harness import states
-from harness.cli import main
-from harness.run import RunConfig, Session
-from harness.store import OutcomeUnknown, StoreUnavailable, schema_name
-from harness.store.postgres import PostgresStore, connect
+from killpoint import chaos
+from killpoint.chaos.journal import Journal
+from killpoint.chaos.points import DB_POINTS, DEFAULT_POINTS, Failpoints
+from killpoint.harness import states
+from killpoint.harness.cli import main
+from killpoint.harness.run import RunConfig, Session
+from killpoint.harness.store import OutcomeUnknown, StoreUnavailable, schema_name
+from killpoint.harness.store.postgres import PostgresStore, connect
 
 INSTANCES = [{"id": "order-1", "format_version": 1, "fingerprint": "fp", "data": "{}", "integrity": "ih",
               "steps": ["charge"]}]

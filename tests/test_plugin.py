@@ -66,15 +66,15 @@ def test_a_matrix_of_crash_pairs(killpoint):
 
 
 def test_failpoints_installed_in_the_pytest_process_itself_are_refused(killpoint):
-    import chaos.points
-    from chaos.journal import NullJournal
+    from killpoint.chaos import points as chaos_points
+    from killpoint.chaos.journal import NullJournal
 
-    chaos.points.install(chaos.points.Failpoints([], NullJournal()))  # a kill here would kill pytest
+    chaos_points.install(chaos_points.Failpoints([], NullJournal()))  # a kill here would kill pytest
     try:
         with pytest.raises(RuntimeError, match="pytest process itself"):
             killpoint.run("A@charge.after_call:kill")
     finally:
-        chaos.points.install(None)
+        chaos_points.install(None)
 
 
 @pytest.mark.killpoint(points=["after_claim", "after_call"])

@@ -9,8 +9,8 @@ import sys
 import time
 import uuid
 
-import chaos
-from harness.run import RunConfig, Session
+from killpoint import chaos
+from killpoint.harness.run import RunConfig, Session
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -76,7 +76,7 @@ def test_a_failing_test_body_still_ends_every_process():
 
 def _cli(marker: str) -> subprocess.Popen:
     env = {**os.environ, "KILLPOINT_TEST_MARK": marker, "PYTHONPATH": ROOT}
-    return subprocess.Popen([sys.executable, "-m", "harness.cli", "matrix", "--json"], env=env,
+    return subprocess.Popen([sys.executable, "-m", "killpoint.harness.cli", "matrix", "--json"], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)
 
 

@@ -6,10 +6,10 @@ import itertools
 
 import pytest
 
-from harness import recovery, states
-from harness.recovery import Evidence, recover
-from harness.worker import DONE, WAIT, plan
-from harness.workload import default_workload
+from killpoint.harness import recovery, states
+from killpoint.harness.recovery import Evidence, recover
+from killpoint.harness.worker import DONE, WAIT, plan
+from killpoint.harness.workload import default_workload
 
 
 def test_the_four_cases_of_the_source_document():

@@ -17,15 +17,15 @@ from typing import Any
 
 import pytest
 
-import chaos
-from harness.checkers.base import Result, Verdict, Violation
-from harness.cli import main
-from harness.history import History, build
-from harness.run import RunConfig, RunResult, Session
-from harness.worker import ReferenceWorker
-from reports import run_report_name, write_reports, write_run_report
-from reports.model import build_index, build_run, build_timeline
-from reports.render import CSP, LABEL_CHARS, layout
+from killpoint import chaos
+from killpoint.harness.checkers.base import Result, Verdict, Violation
+from killpoint.harness.cli import main
+from killpoint.harness.history import History, build
+from killpoint.harness.run import RunConfig, RunResult, Session
+from killpoint.harness.worker import ReferenceWorker
+from killpoint.reports import run_report_name, write_reports, write_run_report
+from killpoint.reports.model import build_index, build_run, build_timeline
+from killpoint.reports.render import CSP, LABEL_CHARS, layout
 
 MS = 1_000_000
 TAKEOVER = "A@charge.after_call:1*pause"

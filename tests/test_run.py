@@ -7,9 +7,9 @@ import os
 
 import pytest
 
-import chaos
-from harness.run import RunConfig, Session
-from harness.worker import ReferenceWorker
+from killpoint import chaos
+from killpoint.harness.run import RunConfig, Session
+from killpoint.harness.worker import ReferenceWorker
 
 
 @pytest.fixture(scope="module")

@@ -8,14 +8,14 @@ import json
 
 import pytest
 
-import chaos
-from harness import checkpoint
-from harness.checkpoint import Migration, Migrations, Policy
-from harness.cli import main
-from harness.run import RunConfig, Session
-from harness.worker import ReferenceWorker
-from scenarios import SCENARIOS, checkpoint_version
-from scenarios._story import Story
+from killpoint import chaos
+from killpoint.harness import checkpoint
+from killpoint.harness.checkpoint import Migration, Migrations, Policy
+from killpoint.harness.cli import main
+from killpoint.harness.run import RunConfig, Session
+from killpoint.harness.worker import ReferenceWorker
+from killpoint.scenarios import SCENARIOS, checkpoint_version
+from killpoint.scenarios._story import Story
 
 
 @pytest.fixture(scope="module")

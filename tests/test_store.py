@@ -25,11 +25,11 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from harness import states
-from harness.cli import main
-from harness.store import SQLiteStore, StoreError, open_store, schema_name
-from harness.store.base import Claim, Store
-from harness.store.postgres import SCHEMA_PREFIX, PostgresStore, connect
+from killpoint.harness import states
+from killpoint.harness.cli import main
+from killpoint.harness.store import SQLiteStore, StoreError, open_store, schema_name
+from killpoint.harness.store.base import Claim, Store
+from killpoint.harness.store.postgres import SCHEMA_PREFIX, PostgresStore, connect
 
 INSTANCES = [
     {"id": "order-1", "format_version": 1, "fingerprint": "fp", "data": "{}", "integrity": "ih",
@@ -515,9 +515,9 @@ def test_single_crash_matrix_on_postgres_is_valid_fires_every_fault_and_leaves_n
 def test_a_mutant_that_weakens_the_compare_and_set_is_caught_on_postgres(pg_dsn, name):
     """Protects: issue 7's 'done when' — the store-level mutants are caught on PostgreSQL too, and
     the reference is valid under the very same schedule there."""
-    import chaos
-    from harness.mutants import MUTANTS
-    from harness.run import RunConfig, Session
+    from killpoint import chaos
+    from killpoint.harness.mutants import MUTANTS
+    from killpoint.harness.run import RunConfig, Session
 
     mutant = MUTANTS[name]
     with Session() as session:
@@ -533,7 +533,7 @@ def test_a_mutant_that_weakens_the_compare_and_set_is_caught_on_postgres(pg_dsn,
 def _race_schedule(rng: random.Random, steps: tuple[str, ...]) -> str:
     """A random schedule of kills, pauses and terminated backends for the first workers (the later
     ones race freely); a terminate also lands inside the store's COMMIT (``DB_POINTS``)."""
-    from chaos.points import DB_POINTS, PROTOCOL_POINTS
+    from killpoint.chaos.points import DB_POINTS, PROTOCOL_POINTS
 
     faults = []
     for worker in rng.sample("ABC", rng.randint(1, 3)):
@@ -545,9 +545,9 @@ def _race_schedule(rng: random.Random, steps: tuple[str, ...]) -> str:
 
 
 def _race_runs(pg_dsn: str, runs: int, seed: int) -> list[Any]:
-    import chaos
-    from harness.run import RunConfig, Session
-    from harness.workload import WORKLOADS
+    from killpoint import chaos
+    from killpoint.harness.run import RunConfig, Session
+    from killpoint.harness.workload import WORKLOADS
 
     steps = tuple(WORKLOADS["orders"](0).step_names)
     rng = random.Random(seed)

@@ -10,12 +10,12 @@ import dataclasses
 from types import MappingProxyType
 from typing import Iterable, Mapping
 
-from harness.checkers.base import Checker, Result, Verdict, Violation, rank
-from harness.checkers.invariants import (CHECKERS, checkpoints_honoured, effects_accounted,
+from killpoint.harness.checkers.base import Checker, Result, Verdict, Violation, rank
+from killpoint.harness.checkers.invariants import (CHECKERS, checkpoints_honoured, effects_accounted,
                                          intent_conflict, legal_transitions, manual_stable,
                                          no_duplicate_effects, retry_budget, stale_writes_rejected,
                                          stuck_detected, terminates, version_chain)
-from harness.history import History
+from killpoint.harness.history import History
 
 # name -> checker, in the order of DESIGN section 7, then checkpoints_honoured (section 3);
 # read-only so no caller can change it for others.

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from harness.history import History
+from killpoint.harness.history import History
 
 
 @dataclass(frozen=True)

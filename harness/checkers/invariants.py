@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any, Iterable, Mapping
 
-from harness.checkers.base import Result, Violation
-from harness.history import ACCEPTED_TRANSITIONS, Event, History
-from harness.states import (COMPENSATED, COMPENSATING, MANUAL, PENDING, RETRY_SCHEDULED, RUNNING,
+from killpoint.harness.checkers.base import Result, Violation
+from killpoint.harness.history import ACCEPTED_TRANSITIONS, Event, History
+from killpoint.harness.states import (COMPENSATED, COMPENSATING, MANUAL, PENDING, RETRY_SCHEDULED, RUNNING,
                             SETTLED, SUCCEEDED, UNKNOWN, WAITING_APPROVAL, allowed)
 
 # Processes that are not worker incarnations; every other process name is a worker.

@@ -11,9 +11,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
-from chaos.points import DEFAULT_POINTS, ORDERED_POINTS, POINTS
-from harness.run import RunConfig, RunResult
-from harness.worker import Timing
+from killpoint.chaos.points import DEFAULT_POINTS, ORDERED_POINTS, POINTS
+from killpoint.harness.run import RunConfig, RunResult
+from killpoint.harness.worker import Timing
 
 EXIT_VALID, EXIT_VIOLATED, EXIT_BAD_INPUT, EXIT_UNKNOWN = 0, 1, 2, 3
 
@@ -52,8 +52,8 @@ def parse_points(text: str | None, known: Iterable[str] = POINTS,
 
 
 def run_config(args: argparse.Namespace, schedule, **overrides: Any) -> RunConfig:
-    from harness.targets import InvalidTarget, resolve
-    from harness.workload import WORKLOADS
+    from killpoint.harness.targets import InvalidTarget, resolve
+    from killpoint.harness.workload import WORKLOADS
 
     if args.workers < 1 or args.workers > 26:
         raise BadInput(f"--workers {args.workers}: use a number from 1 to 26")
@@ -73,7 +73,7 @@ def run_config(args: argparse.Namespace, schedule, **overrides: Any) -> RunConfi
 
 def validate_store(spec: str, schedule=None) -> None:
     """Refuse a store we cannot use, or one that cannot carry out a fault of ``schedule``."""
-    from harness.store import InvalidStore, check_faults, check_store
+    from killpoint.harness.store import InvalidStore, check_faults, check_store
 
     try:
         check_store(spec)
@@ -109,7 +109,7 @@ class Summary:
 
     @property
     def valid(self) -> bool | None:
-        from harness.checkers.base import rank
+        from killpoint.harness.checkers.base import rank
 
         return rank(r.valid for r in self.results) if self.results else None
 
@@ -182,10 +182,8 @@ def write_reports(args: argparse.Namespace, summary: Summary, title: str) -> Non
         return
     if args.report == "on-failure" and summary.valid is True:
         return
-    try:
-        from reports import write_reports as write
-    except ImportError:
-        return
+    from killpoint.reports import write_reports as write
+
     try:
         summary.report = write(summary.results, args.report_dir, title=title)
     except OSError as exc:

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import argparse
 
-import chaos
-from harness.commands.common import Summary, add_common, finish, run_config
-from harness.narrate import narrate
-from harness.run import Session
-from harness.workload import WORKLOADS
+from killpoint import chaos
+from killpoint.harness.commands.common import Summary, add_common, finish, run_config
+from killpoint.harness.narrate import narrate
+from killpoint.harness.run import Session
+from killpoint.harness.workload import WORKLOADS
 
 HELP = "a short guided tour: crash the reference worker at five telling points and check the invariants"
 

@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from harness.commands.common import (EXIT_UNKNOWN, EXIT_VALID, EXIT_VIOLATED, BadInput, Progress,
+from killpoint.harness.commands.common import (EXIT_UNKNOWN, EXIT_VALID, EXIT_VIOLATED, BadInput, Progress,
                                      add_common, parse_points, replay_command, run_config)
 
 HELP = ("search schedules with Hypothesis (several faults per run); shrink a failure to a minimal "
@@ -101,7 +101,7 @@ class _Found(Exception):
 
 
 def _steps(args: argparse.Namespace) -> tuple[str, ...]:
-    from harness.workload import WORKLOADS
+    from killpoint.harness.workload import WORKLOADS
 
     if args.workload not in WORKLOADS:
         raise BadInput(f"--workload {args.workload!r}: known workloads are {', '.join(WORKLOADS)}")
@@ -129,9 +129,9 @@ def run(args: argparse.Namespace) -> int:
     from hypothesis.database import DirectoryBasedExampleDatabase
     from hypothesis.errors import Flaky
 
-    from chaos.strategies import schedules
-    from harness.mutants import overrides_for
-    from harness.run import Session
+    from killpoint.chaos.strategies import schedules
+    from killpoint.harness.mutants import overrides_for
+    from killpoint.harness.run import Session
 
     if args.budget < 1:
         raise BadInput(f"--budget {args.budget}: use a whole number of at least 1")

@@ -23,12 +23,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from chaos.points import DB_POINTS, ORDERED_POINTS
-from chaos.schedule import Fault, Schedule
-from chaos.actions import parse as parse_actions
-from harness.commands.common import Progress, Summary, add_common, finish, parse_points, run_config
-from harness.run import Session
-from harness.workload import WORKLOADS
+from killpoint.chaos.points import DB_POINTS, ORDERED_POINTS
+from killpoint.chaos.schedule import Fault, Schedule
+from killpoint.chaos.actions import parse as parse_actions
+from killpoint.harness.commands.common import Progress, Summary, add_common, finish, parse_points, run_config
+from killpoint.harness.run import Session
+from killpoint.harness.workload import WORKLOADS
 
 HELP = ("run every single-fault schedule (each point x each step, killed or paused past its lease), "
         "or with --depth 2 every ordered pair of crashes, and check every invariant")
@@ -149,7 +149,7 @@ def repeated_steps(workload) -> tuple[str, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from harness.commands.common import BadInput, redact
+    from killpoint.harness.commands.common import BadInput, redact
 
     points = parse_points(args.points)
     if args.workload not in WORKLOADS:

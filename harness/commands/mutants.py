@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from harness.commands.common import EXIT_VALID
+from killpoint.harness.commands.common import EXIT_VALID
 
 HELP = "list the built-in mutants: the rule each one breaks and the invariant that must catch it"
 
@@ -16,7 +16,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from harness.mutants import MUTANTS
+    from killpoint.harness.mutants import MUTANTS
 
     if args.json:
         print(json.dumps([{"name": m.name, "breaks": m.breaks, "caught_by": m.caught_by}

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from harness.commands.common import (EXIT_VIOLATED, BadInput, Summary, add_common,
+from killpoint.harness.commands.common import (EXIT_VIOLATED, BadInput, Summary, add_common,
                                      replay_command, run_config, write_reports)
 
 HELP = "run one schedule again (as printed by matrix, explore or selftest) and give its verdict"
@@ -29,7 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def parse_schedule(text: str):
     """The schedule, or a one-line :class:`BadInput` that quotes the bad part."""
-    import chaos
+    from killpoint import chaos
 
     try:
         return chaos.parse(text)
@@ -38,8 +38,8 @@ def parse_schedule(text: str):
 
 
 def run(args: argparse.Namespace) -> int:
-    from harness.mutants import overrides_for
-    from harness.run import Session
+    from killpoint.harness.mutants import overrides_for
+    from killpoint.harness.run import Session
 
     schedule = parse_schedule(args.schedule)
     if not 0.0 <= args.same_identity <= 1.0:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from harness.commands.common import BadInput, Summary, add_common, finish, run_config
+from killpoint.harness.commands.common import BadInput, Summary, add_common, finish, run_config
 
 HELP = "run one schedule and write its HTML report (verdict, violations, timeline, ledger)"
 DEFAULT_DIR = "killpoint-report"
@@ -25,9 +25,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import chaos
-    from harness.run import Session
-    from reports import run_report_name
+    from killpoint import chaos
+    from killpoint.harness.run import Session
+    from killpoint.reports import run_report_name
 
     try:
         schedule = chaos.parse(args.schedule)

@@ -14,12 +14,12 @@ import json
 import shlex
 from typing import TYPE_CHECKING, Any
 
-from harness.commands.common import (EXIT_UNKNOWN, EXIT_VALID, EXIT_VIOLATED, BadInput, Summary,
+from killpoint.harness.commands.common import (EXIT_UNKNOWN, EXIT_VALID, EXIT_VIOLATED, BadInput, Summary,
                                      print_judgement, redact, validate_store, write_reports)
 
 if TYPE_CHECKING:
-    from scenarios import Scenario
-    from scenarios._story import Story
+    from killpoint.scenarios import Scenario
+    from killpoint.scenarios._story import Story
 
 HELP = ("run a named crash story (the lease-takeover exercise and others), narrate it and check "
         "the facts it must show; --list names them")
@@ -54,7 +54,7 @@ def reproduce(args: argparse.Namespace) -> str:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from scenarios import SCENARIOS
+    from killpoint.scenarios import SCENARIOS
 
     if args.json:
         print(json.dumps([{"name": s.name, "summary": s.summary, "mutant": s.mutant,
@@ -71,8 +71,8 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _scenario(args: argparse.Namespace) -> Scenario:
-    from harness.targets import InvalidTarget, resolve
-    from scenarios import UnknownScenario, get
+    from killpoint.harness.targets import InvalidTarget, resolve
+    from killpoint.scenarios import UnknownScenario, get
 
     if not args.name:
         raise BadInput("name a scenario, or use --list to see them")
@@ -92,7 +92,7 @@ def _scenario(args: argparse.Namespace) -> Scenario:
 
 def _verdict(stories: list[Story]) -> tuple[bool | None, bool]:
     """The combined verdict (false > unknown > true) and whether all repeats agreed."""
-    from harness.checkers.base import rank
+    from killpoint.harness.checkers.base import rank
 
     outcomes = [(s.verdict, tuple(sorted({v.invariant for r in s.results for v in r.verdict.violations})),
                  tuple(c.expected for c in s.checks if not c.held)) for s in stories]
@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     if args.list:
         return _list(args)
     scenario = _scenario(args)
-    from harness.run import Session
+    from killpoint.harness.run import Session
 
     stories: list[Story] = []
     with Session() as session:

@@ -13,12 +13,12 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import chaos
-from harness.commands.common import (EXIT_VALID, EXIT_VIOLATED, BadInput, Progress,
+from killpoint import chaos
+from killpoint.harness.commands.common import (EXIT_VALID, EXIT_VIOLATED, BadInput, Progress,
                                      Summary, replay_command, run_config, validate_store)
 
 if TYPE_CHECKING:
-    from harness.run import RunResult
+    from killpoint.harness.run import RunResult
 
 HELP = ("run every mutant under its schedule and the reference on the single-crash matrix; "
         "print the mutation score (exit 0 only when every mutant is caught and the reference is valid)")
@@ -62,7 +62,7 @@ class MutantOutcome:
 
 
 def _chosen(text: str | None) -> list[Any]:
-    from harness.mutants import MUTANTS
+    from killpoint.harness.mutants import MUTANTS
 
     if not text:
         return list(MUTANTS.values())
@@ -75,9 +75,9 @@ def _chosen(text: str | None) -> list[Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from harness.commands.matrix import single_crash_schedules
-    from harness.run import Session
-    from harness.workload import WORKLOADS
+    from killpoint.harness.commands.matrix import single_crash_schedules
+    from killpoint.harness.run import Session
+    from killpoint.harness.workload import WORKLOADS
 
     validate_store(args.store)
     mutants = _chosen(args.mutants)

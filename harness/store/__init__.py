@@ -6,8 +6,8 @@ import os
 import re
 import secrets
 
-from harness.store.base import Claim, OutcomeUnknown, Store, StoreError, StoreUnavailable
-from harness.store.sqlite import SQLiteStore
+from killpoint.harness.store.base import Claim, OutcomeUnknown, Store, StoreError, StoreUnavailable
+from killpoint.harness.store.sqlite import SQLiteStore
 
 _PG_SCHEMES = ("postgresql://", "postgres://")
 
@@ -23,7 +23,7 @@ def schema_name(run_id: str, pid: int | None = None) -> str:
     id alone would collide; the PID (which lets a process find the schemas it made) and a random
     suffix make the name unique. Lowercase letters, digits and ``_`` only, at most 63 characters.
     """
-    from harness.store.postgres import SCHEMA_PREFIX
+    from killpoint.harness.store.postgres import SCHEMA_PREFIX
 
     tail = f"_p{os.getpid() if pid is None else pid}_{secrets.token_hex(3)}"
     slug = re.sub(r"[^a-z0-9_]+", "_", run_id.lower()).strip("_") or "run"
@@ -35,7 +35,7 @@ def open_store(spec: str, run_dir: str, run_id: str) -> Store:
     if spec in ("sqlite", "", None):
         return SQLiteStore(os.path.join(run_dir, f"{run_id}.sqlite"))
     if spec.startswith(_PG_SCHEMES):
-        from harness.store.postgres import PostgresStore
+        from killpoint.harness.store.postgres import PostgresStore
 
         return PostgresStore(spec, schema_name(run_id))
     raise InvalidStore(f"--store {spec!r}: expected 'sqlite' or a postgresql:// URL")
@@ -54,7 +54,7 @@ def check_store(spec: str) -> None:
     import psycopg
     from psycopg import conninfo
 
-    from harness.store.postgres import redact
+    from killpoint.harness.store.postgres import redact
 
     shown = redact(spec)
     try:
@@ -76,7 +76,7 @@ def check_faults(spec: str | None, schedule) -> None:
     store's COMMIT; SQLite has neither, so such a fault could never fire and the run could only end
     unjudged. Refused before any run starts instead.
     """
-    from chaos.points import DB_POINTS
+    from killpoint.chaos.points import DB_POINTS
 
     if schedule is None or str(spec or "").startswith(_PG_SCHEMES):
         return

@@ -59,10 +59,10 @@ from urllib.parse import quote
 import psycopg
 from psycopg import conninfo, pq
 
-import chaos
-from harness import states
-from harness.store.base import Claim, OutcomeUnknown, StoreError, StoreUnavailable
-from harness.store.sql import SqlStore, event_args
+from killpoint import chaos
+from killpoint.harness import states
+from killpoint.harness.store.base import Claim, OutcomeUnknown, StoreError, StoreUnavailable
+from killpoint.harness.store.sql import SqlStore, event_args
 
 T = TypeVar("T")
 

@@ -13,8 +13,8 @@ import json
 import time
 from typing import Any, Callable, TypeVar
 
-from harness import states
-from harness.store.base import Claim, Store, StoreError, row_dict
+from killpoint.harness import states
+from killpoint.harness.store.base import Claim, Store, StoreError, row_dict
 
 T = TypeVar("T")
 

@@ -12,8 +12,8 @@ import os
 import sqlite3
 from typing import Any, Callable, Iterable, TypeVar
 
-from harness import states
-from harness.store.sql import SqlStore
+from killpoint.harness import states
+from killpoint.harness.store.sql import SqlStore
 
 T = TypeVar("T")
 
