@@ -42,6 +42,16 @@ _LAZY = {
     "Claim": ("killpoint.harness.store.base", "Claim"),
     "LostResponse": ("killpoint.harness.downstream", "LostResponse"),
     "CrashVerdict": ("killpoint.plugin", "CrashVerdict"),
+    "target": ("killpoint.harness.declaration", "target"),
+    "Target": ("killpoint.harness.declaration", "Target"),
+    "TargetRun": ("killpoint.harness.declaration", "TargetRun"),
+    "InvalidPoint": ("killpoint.harness.declaration", "InvalidPoint"),
+    "InvalidTarget": ("killpoint.harness.declaration", "InvalidTarget"),
+    "Workload": ("killpoint.harness.workload", "Workload"),
+    "InstanceSpec": ("killpoint.harness.workload", "InstanceSpec"),
+    "StepSpec": ("killpoint.harness.workload", "StepSpec"),
+    "InvalidWorkload": ("killpoint.harness.workload", "InvalidWorkload"),
+    "DownstreamClient": ("killpoint.harness.downstream", "DownstreamClient"),
 }
 
 
