@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 from killpoint.chaos.points import DEFAULT_POINTS, ORDERED_POINTS
+from killpoint.errors import InvalidPoint, InvalidTarget
 
 if TYPE_CHECKING:
     from killpoint.harness.worker import WorkerContext
@@ -44,14 +45,6 @@ __all__ = ["InvalidPoint", "InvalidTarget", "Target", "TargetRun", "target"]
 
 HOOKS = ("setup", "done", "final_states", "history", "recover", "teardown")
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
-
-
-class InvalidTarget(ValueError):
-    """A target name or declaration that names no worker we can run."""
-
-
-class InvalidPoint(ValueError):
-    """A crash point the target did not declare (raised at once by ``ctx.point``)."""
 
 
 @dataclass

@@ -16,6 +16,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from killpoint.errors import InvalidWorkload
 from killpoint.harness.intent import idempotency_key
 
 FORMAT_VERSION = 1
@@ -238,10 +239,6 @@ def default_for(name: object, declared: object = None) -> str:
     if isinstance(name, str) and (name == "reference" or name.startswith("mutant:")):
         return "orders"
     return USER_DEFAULT
-
-
-class InvalidWorkload(ValueError):
-    """A workload name that names none we can build, or a function that did not build one."""
 
 
 def resolve_workload(spec: "str | Workload", seed: int = 0) -> Workload:
