@@ -48,7 +48,7 @@ def write_reports(results: Sequence[RunResult], report_dir: str, *, title: str,
     """Write one report per run and an index over them into ``report_dir``; returns the index path.
 
     A single run's report shows every event; among many, each report's event table follows the
-    run's focus (see :func:`write_run_report`), so a 68-run matrix writes about 2 MB, not 20.
+    run's focus (see :func:`write_run_report`), so a 68-run matrix writes 3.6 MB, not 20.
     ``tests`` names the test that made each run (a pytest node id), for the index.
     """
     os.makedirs(report_dir, exist_ok=True)
