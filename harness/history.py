@@ -122,7 +122,7 @@ class History:
     def final_state(self, instance: str, step: str) -> str | None:
         for row in self.final:
             if row["instance"] == instance and row["step"] == step:
-                return row["state"]
+                return str(row["state"])
         return None
 
 
