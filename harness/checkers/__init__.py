@@ -15,11 +15,14 @@ from killpoint.harness.checkers.invariants import (CHECKERS, checkpoints_honoure
                                          intent_conflict, legal_transitions, manual_stable,
                                          no_duplicate_effects, retry_budget, stale_writes_rejected,
                                          stuck_detected, terminates, version_chain)
+from killpoint.harness.checkers.replay import replay_compatible
 from killpoint.harness.history import History
 
 # name -> checker, in the order of DESIGN section 7, then checkpoints_honoured (section 3);
 # read-only so no caller can change it for others.
-ALL: Mapping[str, Checker] = MappingProxyType({c.__name__: c for c in CHECKERS})
+# replay_compatible (a workflow's code against its recorded histories) judges only the runs of
+# targets that replay one.
+ALL: Mapping[str, Checker] = MappingProxyType({c.__name__: c for c in CHECKERS + (replay_compatible,)})
 
 
 def _named(checkers: Mapping[str, Checker] | Iterable[Checker] | None) -> list[tuple[str, Checker]]:
@@ -56,4 +59,4 @@ def check_all(history: History, checkers: Mapping[str, Checker] | Iterable[Check
 __all__ = ["ALL", "Checker", "Result", "Verdict", "Violation", "check_all", "rank",
            "no_duplicate_effects", "effects_accounted", "stale_writes_rejected", "version_chain",
            "legal_transitions", "manual_stable", "intent_conflict", "retry_budget", "terminates",
-           "stuck_detected", "checkpoints_honoured"]
+           "stuck_detected", "checkpoints_honoured", "replay_compatible"]
