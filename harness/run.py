@@ -32,6 +32,7 @@ import multiprocess
 from killpoint import chaos
 from killpoint.chaos.journal import Journal
 from killpoint.chaos.points import Failpoints
+from killpoint.chaos import seeds
 from killpoint.chaos.schedule import Schedule
 from killpoint.harness import checkpoint
 from killpoint.harness import downstream as ds
@@ -217,7 +218,7 @@ class _Run:
                                  f"and any of 'downstream', 'store'")
         check_faults(config.store, config.schedule)  # InvalidStore, a ValueError
         self.target = resolve(config.target)
-        self.rng = random.Random(config.seed)
+        self.rng = random.Random(config.seed)  # an int seed: stable in every process
         self.harness_events: list[dict[str, Any]] = []
         self.workers: list[_Worker] = []
         self.schedule = config.schedule
@@ -247,7 +248,7 @@ class _Run:
         ctx_args = {"worker_id": worker_id, "store": self.store, "url": self.s.downstream.url,
                     "run_id": self.run_id, "workload": self.workload, "timing": self.config.timing,
                     "journal": journal}
-        seed = hash((self.config.seed, label)) & 0xFFFFFFFF
+        seed = seeds.derive(self.config.seed, f"worker:{label}")
         proc = _FORK.Process(target=_worker_main, name=f"killpoint-worker-{label}",
                              args=(self.target, ctx_args, faults, self.hits, seed, events_w, control_r))
         with sigint_deferred():
