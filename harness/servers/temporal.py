@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from killpoint import chaos
 from killpoint.harness import states
@@ -43,6 +43,9 @@ from killpoint.harness.servers import KEY_POLICIES, SdkMissing, call_downstream,
 from killpoint.harness.store.base import Claim
 from killpoint.harness.worker import ReferenceWorker, Task, WorkerContext
 from killpoint.harness.workload import InstanceSpec, StepSpec
+
+if TYPE_CHECKING:
+    from killpoint.harness.declaration import Target
 
 __all__ = ["ACTIVITY_POINTS", "ActivityWorker", "activity_target", "sdk"]
 
@@ -234,10 +237,16 @@ def _run_activities(ctx: WorkerContext, *, keyed: bool, replays: tuple[dict[str,
     ActivityWorker(ctx, keyed=keyed).run()
 
 
-def activity_target(policy: str, *, workflow: type | None = None) -> Callable[[WorkerContext], None]:
+def activity_target(policy: str, *, workflow: type | None = None) -> "Target":
     """``temporal-activity:naive`` or ``temporal-activity:keyed``: the activities, and the
     replay of the recorded histories against ``workflow`` (default: the shipped ``OrderWorkflow``).
-    Imports the SDK here, in the harness, so that forked workers do not pay for it."""
+    Imports the SDK here, in the harness, so that forked workers do not pay for it.
+
+    Killpoint's store is the server's record here (see the module's doc), so the target does not
+    own its state: every invariant judges it. Its workload is ``plain`` unless a run names another.
+    """
+    from killpoint.harness.declaration import Target
+
     if policy not in KEY_POLICIES:
         raise ValueError(f"temporal-activity:{policy}: expected one of "
                          f"{', '.join('temporal-activity:' + p for p in KEY_POLICIES)}")
@@ -245,6 +254,5 @@ def activity_target(policy: str, *, workflow: type | None = None) -> Callable[[W
     if workflow is None:
         from killpoint.harness.servers.temporal_orders import OrderWorkflow as workflow
     fn = functools.partial(_run_activities, keyed=policy == "keyed", replays=replayed(workflow))
-    functools.update_wrapper(fn, _run_activities)
-    fn.__qualname__ = f"temporal-activity:{policy}"  # type: ignore[attr-defined]
-    return fn
+    return Target(fn, points=ACTIVITY_POINTS, owns_state=False, workload="plain",
+                  name=f"temporal-activity:{policy}")
