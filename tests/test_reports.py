@@ -21,6 +21,7 @@ from killpoint import chaos
 from killpoint.harness.checkers.base import Result, Verdict, Violation
 from killpoint.harness.cli import main
 from killpoint.harness.history import History, build
+from killpoint.harness.mutants import BlindCommits
 from killpoint.harness.run import RunConfig, RunResult, Session
 from killpoint.harness.worker import ReferenceWorker
 from killpoint.reports import run_report_name, write_reports, write_run_report
@@ -40,12 +41,13 @@ HOSTILE = ("\"'><b>quoted</b>", HOSTILE_SCRIPT, "</script><script>alert(1)</scri
 class _StaleCommitter(ReferenceWorker):
     """Commits without any compare-and-set: neither the fence nor the state version is checked.
 
-    ``check_fence = False`` alone is not enough for a stale commit to land: the state-version
-    check still refuses it, because the new lease holder's claim moved the version on.
+    Dropping the fence alone is not enough for a stale commit to land: the state-version check
+    still refuses it, because the new lease holder's claim moved the version on.
     """
 
-    check_fence = False
-    check_version = False
+    def __init__(self, ctx) -> None:
+        super().__init__(ctx)
+        self.store = BlindCommits(self.store)
 
 
 def stale_committer(ctx) -> None:
