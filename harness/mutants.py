@@ -20,8 +20,8 @@ from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
 from killpoint.harness import checkpoint, recovery, states
-from killpoint.harness.store.base import Claim
-from killpoint.harness.worker import ReferenceWorker, WorkerContext, reference
+from killpoint.harness.store.base import Claim, Store, StoreUnavailable
+from killpoint.harness.worker import Heartbeat, ReferenceWorker, WorkerContext, reference
 from killpoint.harness.workload import InstanceSpec, StepSpec
 
 Target = Callable[[WorkerContext], None]
@@ -210,12 +210,106 @@ class NoHeartbeatProgress(ReferenceWorker):
     use_progress_monitor = False
 
 
-def _runner(cls: type[ReferenceWorker]) -> Target:
+class CommitBeforeReceipt(ReferenceWorker):
+    """Commits a step's outcome first and records its receipt after the commit."""
+
+    _deferred: tuple[Any, ...] | None = None
+
+    def record_receipt(self, claim: Claim, key: str, ihash: str | None, status: str,
+                       response: dict[str, Any]) -> None:
+        self._deferred = (claim, key, ihash, status, response)  # written once the commit is done
+
+    def commit(self, claim: Claim, to_state: str, **detail: Any) -> bool:
+        ok = super().commit(claim, to_state, **detail)
+        deferred, self._deferred = self._deferred, None
+        if deferred is not None:
+            super().record_receipt(*deferred)
+        return ok
+
+
+# ---------------------------------------------------------------------------------------------
+# store mutants: the real store with one method replaced, around the worker's own handle
+
+
+class _StoreWrapper:
+    """The run's store with one method replaced; everything else goes to the real one."""
+
+    def __init__(self, inner: Store):
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def clone(self) -> "_StoreWrapper":
+        return type(self)(self._inner.clone())
+
+
+class RenewByInstance(_StoreWrapper):
+    """The heartbeat renews the step's lease by instance and step alone, not by holder and fence.
+
+    A worker whose business thread hangs keeps its heartbeat; once the monitor has freed its lease
+    (and another worker has taken it), the stale heartbeat goes on extending a lease that is no
+    longer its own (aegra #502, where it also took the lease back from the new holder).
+    """
+
+    def heartbeat(self, claim: Claim, ttl_ms: float) -> bool:
+        inner: Any = self._inner
+
+        def do(cur: Any) -> bool:
+            row = cur.execute(inner._q(
+                "UPDATE {steps} SET expires_at = {now} + ?, heartbeat_at = {now} "
+                "WHERE instance = ? AND step = ? RETURNING lease_version"),
+                (ttl_ms / 1000.0, claim.instance, claim.step)).fetchone()
+            if row is None:
+                return False
+            inner._event(cur, "renewed", claim.instance, claim.step, worker=claim.worker,
+                         fence=claim.fence, lease_version=row[0])
+            return True
+        try:
+            return inner._write(do, points=False)
+        except StoreUnavailable:
+            return False
+
+
+class FenceReset(_StoreWrapper):
+    """Every claim sets the lease version (the fencing token) to 1 instead of raising it: a lease
+    generation reset on re-grant (semaprax #192), so each holder of a step gets the same token."""
+
+    def claim(self, instance: str, step: str, worker: str, *, expected_state_version: int,
+              from_state: str, to_state: str, ttl_ms: float, reset_attempt: bool = False) -> Claim | None:
+        inner: Any = self._inner
+        attempt_sql = "1" if reset_attempt else "attempt + 1"
+
+        def do(cur: Any) -> Claim | None:
+            row = cur.execute(inner._q(
+                "UPDATE {steps} SET owner_worker = ?, lease_version = 1, "
+                "expires_at = {now} + ?, heartbeat_at = {now}, progress_at = {now}, "
+                f"state = ?, state_version = state_version + 1, attempt = {attempt_sql} "
+                "WHERE instance = ? AND step = ? AND state_version = ? AND state = ? "
+                "AND (owner_worker IS NULL OR expires_at < {now}) "
+                "RETURNING lease_version, state_version, attempt"),
+                (worker, ttl_ms / 1000.0, to_state, instance, step, expected_state_version,
+                 from_state)).fetchone()
+            if row is None:
+                return None
+            fence, sv, attempt = row
+            inner._event(cur, "claimed", instance, step, worker=worker, from_state=from_state,
+                         to_state=to_state, state_version=sv, fence=fence, lease_version=fence,
+                         attempt=attempt)
+            return Claim(instance, step, worker, fence, sv, attempt, from_state, to_state)
+        return inner._write(do)
+
+
+def _runner(cls: type[ReferenceWorker], store: type[_StoreWrapper] | None = None) -> Target:
     def target(ctx: WorkerContext) -> None:
+        if store is not None:
+            ctx.store = store(ctx.store)  # type: ignore[assignment]
+            ctx.heartbeat = Heartbeat(ctx.store, ctx.journal, ctx.timing)
         cls(ctx).run()
 
-    target.__name__ = target.__qualname__ = f"run_{cls.__name__}"
-    target.__doc__ = cls.__doc__
+    broken = store or cls
+    target.__name__ = target.__qualname__ = f"run_{broken.__name__}"
+    target.__doc__ = broken.__doc__
     return target
 
 
@@ -276,6 +370,20 @@ _ZOO = (
            "damaged after its hash was taken is reserved and charged instead of sent to manual "
            "review (in the default workload, order-5's checkpoint is corrupt)",
            "checkpoints_honoured", _runner(TrustCheckpoint), ""),
+    Mutant("renew-by-instance",
+           "the heartbeat renews a step's lease by instance and step alone, not by holder and "
+           "fence, so a hung worker's heartbeat keeps renewing the lease after the monitor freed "
+           "it and another worker took it (aegra #502)",
+           "lease_fenced", _runner(ReferenceWorker, RenewByInstance), "A@charge.heartbeat:hang"),
+    Mutant("fence-reset",
+           "every claim sets the step's lease version to 1 instead of raising it, so the worker "
+           "that takes over after a crash gets the same fencing token as the one it replaces "
+           "(semaprax #192)",
+           "fence_rises", _runner(ReferenceWorker, FenceReset), "A@charge.after_call:kill"),
+    Mutant("commit-before-receipt",
+           "commits a step's outcome before recording its receipt, so a crash in between leaves "
+           "a success that no receipt explains; every keyed success shows it, no fault needed",
+           "receipt_first", _runner(CommitBeforeReceipt), ""),
 )
 
 # name -> mutant; read-only so no caller can change the zoo for others.

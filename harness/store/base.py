@@ -63,6 +63,7 @@ class Store:
     def commit(self, claim, to_state, **kw): raise NotImplementedError
     def settle(self, instance, step, **kw): raise NotImplementedError
     def heartbeat(self, claim, ttl_ms): raise NotImplementedError
+    def release(self, claim): raise NotImplementedError
     def record_receipt(self, claim, key, intent_hash, status, response): raise NotImplementedError
     def flag_stuck(self, bound_ms, worker, **kw): raise NotImplementedError
     def resolve(self, instance, step, to_state, **kw): raise NotImplementedError
