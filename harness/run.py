@@ -44,7 +44,7 @@ from killpoint.harness.store import check_faults, open_store
 from killpoint.harness.store.base import Store
 from killpoint.harness.targets import Target, resolve
 from killpoint.harness.worker import DONE, Heartbeat, Timing, WorkerContext, plan
-from killpoint.harness.workload import WORKLOADS, Workload
+from killpoint.harness.workload import Workload, resolve_workload
 
 _FORK = multiprocess.get_context("fork")
 
@@ -52,7 +52,7 @@ _FORK = multiprocess.get_context("fork")
 @functools.lru_cache(maxsize=64)
 def _workload(name: str, seed: int) -> Workload:
     """Workloads are immutable values of (name, seed); building one with Faker costs milliseconds."""
-    return WORKLOADS[name](seed)
+    return resolve_workload(name, seed)
 _PR_SET_PDEATHSIG = 1
 
 
