@@ -43,7 +43,8 @@ from killpoint.harness.store import check_faults, open_store
 from killpoint.harness.store.base import Store
 from killpoint.harness.targets import Target, resolve
 from killpoint.harness.worker import DONE, Heartbeat, Timing, WorkerContext, plan
-from killpoint.harness.workload import WORKLOADS, Workload
+from killpoint.harness.workload import Workload
+from killpoint.harness.orders import WORKLOADS
 
 _FORK = multiprocess.get_context("fork")
 

@@ -53,7 +53,7 @@ def parse_points(text: str | None, known: Iterable[str] = POINTS,
 
 def run_config(args: argparse.Namespace, schedule, **overrides: Any) -> RunConfig:
     from killpoint.harness.targets import InvalidTarget, resolve
-    from killpoint.harness.workload import WORKLOADS
+    from killpoint.harness.orders import WORKLOADS
 
     if args.workers < 1 or args.workers > 26:
         raise BadInput(f"--workers {args.workers}: use a number from 1 to 26")

@@ -12,7 +12,7 @@ from killpoint import chaos
 from killpoint.harness.commands.common import Summary, add_common, finish, run_config
 from killpoint.harness.narrate import narrate
 from killpoint.harness.run import Session
-from killpoint.harness.workload import WORKLOADS
+from killpoint.harness.orders import WORKLOADS
 
 HELP = "a short guided tour: crash the reference worker at five telling points and check the invariants"
 

@@ -101,7 +101,7 @@ class _Found(Exception):
 
 
 def _steps(args: argparse.Namespace) -> tuple[str, ...]:
-    from killpoint.harness.workload import WORKLOADS
+    from killpoint.harness.orders import WORKLOADS
 
     if args.workload not in WORKLOADS:
         raise BadInput(f"--workload {args.workload!r}: known workloads are {', '.join(WORKLOADS)}")

@@ -28,7 +28,7 @@ from killpoint.chaos.schedule import Fault, Schedule
 from killpoint.chaos.actions import parse as parse_actions
 from killpoint.harness.commands.common import Progress, Summary, add_common, finish, parse_points, run_config
 from killpoint.harness.run import Session
-from killpoint.harness.workload import WORKLOADS
+from killpoint.harness.orders import WORKLOADS
 
 HELP = ("run every single-fault schedule (each point x each step, killed or paused past its lease), "
         "or with --depth 2 every ordered pair of crashes, and check every invariant")
