@@ -27,6 +27,7 @@ import multiprocess
 
 from killpoint import chaos
 from killpoint.chaos.journal import Journal
+from killpoint.chaos import seeds
 from killpoint.chaos.points import Failpoints
 from killpoint.harness import downstream as ds
 from killpoint.harness import messages
@@ -131,7 +132,7 @@ class Supervisor:
         self.downstream = downstream
         self.registry = registry
         self.note = note
-        self.rng = random.Random(config.seed)
+        self.rng = random.Random(config.seed)  # an int seed: stable in every process
         self.tally = FaultTally()
         self.workers: list[WorkerProcess] = []
         pool = [string.ascii_uppercase[i] for i in range(config.workers)]
@@ -155,7 +156,7 @@ class Supervisor:
         ctx_args = {"worker_id": worker_id, "store": self.store, "url": self.downstream.url,
                     "run_id": self.run_id, "workload": self.workload, "timing": self.config.timing,
                     "journal": journal}
-        seed = hash((self.config.seed, label)) & 0xFFFFFFFF
+        seed = seeds.derive(self.config.seed, f"worker:{label}")
         proc = _FORK.Process(target=worker_main, name=f"killpoint-worker-{label}",
                              args=(self.target, ctx_args, faults, self.tally.hits, seed, events_w,
                                    control_r))

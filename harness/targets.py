@@ -7,13 +7,10 @@ import os
 import sys
 from typing import Callable
 
+from killpoint.errors import InvalidTarget
 from killpoint.harness.worker import WorkerContext, reference
 
 Target = Callable[[WorkerContext], None]
-
-
-class InvalidTarget(ValueError):
-    """A target name that names no worker we can run."""
 
 
 def mutants() -> dict[str, object]:

@@ -17,9 +17,15 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from killpoint.chaos import InvalidAction, InvalidSchedule, at, point
+from killpoint.chaos import at, point
 from killpoint.chaos.schedule import Fault, Schedule
 from killpoint.chaos.schedule import parse as parse_schedule
+from killpoint.errors import (InvalidAction, InvalidSchedule, InvalidStore, InvalidTarget, KillpointError,
+                              OutcomeUnknown, StoreError, StoreUnavailable, UnknownScenario)
+
+# The errors a library caller can meet; the CLI's BadInput stays in killpoint.errors.
+_ERRORS = ["InvalidAction", "InvalidSchedule", "InvalidStore", "InvalidTarget", "KillpointError",
+           "OutcomeUnknown", "StoreError", "StoreUnavailable", "UnknownScenario"]
 
 __version__ = "0.1.0"
 
@@ -59,5 +65,4 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
 
 
-__all__ = sorted(["Fault", "InvalidAction", "InvalidSchedule", "Schedule", "at", "parse_schedule",
-                  "point", *_LAZY])
+__all__ = sorted(["Fault", "Schedule", "at", "parse_schedule", "point", *_ERRORS, *_LAZY])

@@ -12,14 +12,11 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 from killpoint.chaos.points import DEFAULT_POINTS, ORDERED_POINTS, POINTS
+from killpoint.errors import BadInput
 from killpoint.harness.run import RunConfig, RunResult
 from killpoint.harness.worker import Timing
 
 EXIT_VALID, EXIT_VIOLATED, EXIT_BAD_INPUT, EXIT_UNKNOWN = 0, 1, 2, 3
-
-
-class BadInput(Exception):
-    """Input the user must fix; the message is one line naming the bad value."""
 
 
 def add_common(p: argparse.ArgumentParser, *, target: bool = True) -> None:

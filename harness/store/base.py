@@ -6,26 +6,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from killpoint.errors import OutcomeUnknown, StoreError, StoreUnavailable
 
-class StoreError(RuntimeError):
-    """The store was asked for something it must refuse (an illegal transition, a missing instance)."""
-
-
-class StoreUnavailable(RuntimeError):
-    """The connection to the store died and the transaction certainly did not commit (COMMIT was
-    never sent). The store has dropped the connection; the next call opens a new one.
-
-    A worker that meets it stops working on the step: whatever it held, the lease expires and
-    recovery settles the step from the evidence, as after a crash.
-    """
-
-
-class OutcomeUnknown(StoreUnavailable):
-    """The connection died after COMMIT was sent and before its answer arrived: the transaction may
-    or may not have committed, and only reading the store again can tell. A subclass of
-    :class:`StoreUnavailable` (the connection is gone all the same); catch it first to journal the
-    operation as indeterminate (``info``) rather than failed.
-    """
+__all__ = ["Claim", "OutcomeUnknown", "Store", "StoreError", "StoreUnavailable", "row_dict"]
 
 
 @dataclass(frozen=True)
