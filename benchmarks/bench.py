@@ -33,7 +33,7 @@ from killpoint.harness.run import RunConfig, Session  # noqa: E402
 from killpoint.harness.store.base import Claim  # noqa: E402
 from killpoint.harness.store import InvalidStore, check_store, open_store  # noqa: E402
 from killpoint.harness.worker import Timing  # noqa: E402
-from killpoint.harness.orders import single_step_workload  # noqa: E402
+from killpoint.harness.workload import single_step_workload  # noqa: E402
 
 FORK = multiprocess.get_context("fork")
 TIMING = Timing(lease_ttl_ms=8.0, heartbeat_ms=3.0, stuck_bound_ms=300.0, poll_ms=1.0)

@@ -20,7 +20,7 @@ from killpoint.harness.checkers import check_all
 from killpoint.harness.checkers.base import Verdict
 from killpoint.harness.store.base import Store
 from killpoint.harness.worker import Timing
-from killpoint.harness.workload import Workload
+from killpoint.harness.workload import Workload, policy_of
 
 __all__ = ["Judgement", "checkpoint_verdicts", "gather_history", "judge"]
 
@@ -30,7 +30,7 @@ def checkpoint_verdicts(workload: Workload, store: Store) -> tuple[dict[str, Any
     ``checkpoint.verify`` on the stored row, this code's definition and the deployment's key
     and migrations that ``ReferenceWorker.load_instance`` uses. The harness is the oracle, so a
     target that skips or botches the verification cannot also change the answer it is judged by."""
-    policy = checkpoint.policy_of(workload)
+    policy = policy_of(workload)
     verdicts = []
     for inst in workload.instances:
         loaded = checkpoint.verify(store.instance(inst.id), inst, policy)

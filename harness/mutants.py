@@ -41,7 +41,7 @@ class Mutant:
     workers: int = 2  # workers per run for the schedule to land deterministically
     # A tighter run bound for a mutant whose bug is that nothing ever moves again.
     bound_s: float | None = None
-    # A named workload (harness.orders.WORKLOADS) for a bug the default workload cannot show,
+    # A named workload (harness.workload.WORKLOADS) for a bug the default workload cannot show,
     # such as a damaged checkpoint; named, not built, so the replay command can say it.
     workload: str | None = None
 

@@ -22,19 +22,18 @@ from killpoint.harness import downstream as ds
 from killpoint.harness import history as hist
 from killpoint.harness.checkers.base import Verdict
 from killpoint.harness.judge import gather_history, judge
-from killpoint.harness.orders import WORKLOADS
 from killpoint.harness.store import check_faults, open_store
 from killpoint.harness.store.base import Store
 from killpoint.harness.supervise import Supervisor, WorkerProcess, kill
 from killpoint.harness.targets import Target, resolve
 from killpoint.harness.worker import Timing
-from killpoint.harness.workload import Workload
+from killpoint.harness.workload import Workload, resolve_workload
 
 
 @functools.lru_cache(maxsize=64)
 def _workload(name: str, seed: int) -> Workload:
     """Workloads are immutable values of (name, seed); building one with Faker costs milliseconds."""
-    return WORKLOADS[name](seed)
+    return resolve_workload(name, seed)
 
 
 @dataclass(frozen=True)

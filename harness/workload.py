@@ -1,6 +1,5 @@
 """Workloads: the instances a run executes, and what their steps ask of the downstream.
 
-The built-in workloads and their registry ``WORKLOADS`` live in :mod:`killpoint.harness.orders`.
 The default workload is an order workflow whose data comes from Faker with a seed. It is built so
 that every invariant has something real to judge: a legacy step (manual review on an unknown
 outcome), an amendment under the same intent version (a reused key with another amount), a declined
@@ -12,14 +11,15 @@ registered migration (so the checkpoint rule is judged on every run, not only in
 from __future__ import annotations
 
 import hashlib
-import hmac
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Mapping
 
+from killpoint.errors import InvalidWorkload
+from killpoint.harness.checkpoint import (DEFAULT_POLICY, FORMAT_VERSION, Migration, Migrations, Policy, checkpoint_row,
+                                          corrupt, integrity)
 from killpoint.harness.intent import idempotency_key
-
-FORMAT_VERSION = 1
 
 IDEMPOTENT = "idempotent"  # keyed, replayed by the downstream, receipts can be queried
 PURE = "pure"  # no downstream effect; safe to run again
@@ -112,10 +112,180 @@ class Workload:
         return rows
 
 
-def integrity(instance: str, format_version: int, fingerprint: str, data: str,
-              hmac_key: bytes | None = None) -> str:
-    """A hash over the checkpoint; with a key, an HMAC (which, unlike a hash, authenticates)."""
-    text = json.dumps([instance, format_version, fingerprint, data]).encode()
-    if hmac_key:
-        return "hmac:" + hmac.new(hmac_key, text, hashlib.sha256).hexdigest()
-    return "sha256:" + hashlib.sha256(text).hexdigest()
+@dataclass(frozen=True)
+class CheckpointedWorkload(Workload):
+    """A workload whose deployment has a checkpoint policy, and whose store starts from rows an
+    earlier deployment (or an accident, or an attacker) left: ``stored`` maps an instance id to
+    the checkpoint fields that replace the ones this code would write."""
+
+    policy: Policy = DEFAULT_POLICY
+    stored: Mapping[str, Mapping[str, Any]] = field(default_factory=lambda: MappingProxyType({}))
+
+    def checkpoints(self, hmac_key: bytes | None = None) -> list[dict[str, Any]]:
+        rows = super().checkpoints(hmac_key or self.policy.hmac_key)
+        return [{**row, **self.stored.get(row["id"], {})} for row in rows]
+
+
+def policy_of(workload: Workload) -> Policy:
+    """The checkpoint policy of the deployment a workload describes (plain hashes by default)."""
+    return workload.policy if isinstance(workload, CheckpointedWorkload) else DEFAULT_POLICY
+
+
+def order_steps(*, sku: str, qty: int, amount: int, card: str, email: str,
+                amended_amount: int | None = None) -> tuple[StepSpec, ...]:
+    charge = {"amount": amount, "currency": "EUR", "card": card}
+    steps = [
+        StepSpec("reserve", IDEMPOTENT, "inventory", params={"sku": sku, "qty": qty},
+                 compensation="inventory-release"),
+        StepSpec("charge", IDEMPOTENT, "payment", params=charge, compensate_on_failure=True),
+        StepSpec("notify", LEGACY, "notify", params={"email": email, "template": "order-confirmed"}),
+    ]
+    if amended_amount is not None:
+        # The order was amended after the charge, but the amendment reuses the charge's key and
+        # intent version: the downstream must answer 422, never replay the old charge.
+        steps.append(StepSpec("amend", IDEMPOTENT, "payment", key_step="charge",
+                              params={**charge, "amount": amended_amount}))
+    return tuple(steps)
+
+
+ORDER_VERSION = 2  # the order definition this code runs; version 1 kept the amount as amount_cents
+
+
+def upgrade_order_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """Order v1 -> v2: version 1 stored the amount as ``amount_cents``; version 2 calls it ``amount``."""
+    out = {k: v for k, v in data.items() if k != "amount_cents"}
+    out["amount"] = data["amount_cents"]
+    return out
+
+
+def order_v1(inst: InstanceSpec) -> InstanceSpec:
+    """The same order as the version 1 code defined and checkpointed it."""
+    data = {k: v for k, v in inst.data.items() if k != "amount"}
+    data["amount_cents"] = inst.data["amount"]
+    return InstanceSpec(inst.id, inst.steps, data, inst.definition, 1)
+
+
+def default_workload(seed: int = 0) -> Workload:
+    """Five orders with Faker data from ``seed``: plain, declined, amended, flaky inventory, tampered.
+
+    The code runs order definition v2; order-1 was checkpointed by the v1 code before the upgrade
+    and is read through the registered v1 -> v2 migration. order-5's stored checkpoint was damaged
+    after its hash was taken: a correct worker refuses it and sends its first step to manual review
+    (and ``checkpoints_honoured`` has a refused checkpoint to judge in every run).
+    """
+    from faker import Faker
+
+
+    fake = Faker()
+    fake.seed_instance(seed)
+    instances = []
+    for n, kind in enumerate(("plain", "declined", "amended", "flaky", "tampered"), start=1):
+        amount = fake.random_int(500, 50000)
+        data = {"customer": fake.name(), "email": fake.email(),
+                "sku": fake.bothify("SKU-????-###").upper(), "qty": fake.random_int(1, 5),
+                "amount": amount, "card": "declined" if kind == "declined" else f"tok_{fake.lexify('????')}",
+                "kind": kind}
+        if kind == "amended":
+            data["amended_amount"] = amount + fake.random_int(100, 900)
+        steps = order_steps(sku=data["sku"], qty=data["qty"], amount=amount, card=data["card"],
+                            email=data["email"], amended_amount=data.get("amended_amount"))
+        instances.append(InstanceSpec(f"order-{n}", steps, data, "order", ORDER_VERSION))
+    flaky, tampered = instances[3], instances[4]
+    faults = ({"key": flaky.step("reserve").key(flaky.id), "action": "status:503", "times": 2},)
+    resources = {"inventory": {"legacy": False, "fencing": True},
+                 "inventory-release": {"legacy": False, "fencing": True},
+                 "payment": {"legacy": False, "fencing": True},
+                 "notify": {"legacy": True, "fencing": False}}
+    stored_by_v1 = order_v1(instances[0])
+    migrations = Migrations().register(Migration.between(stored_by_v1, instances[0], upgrade_order_v1))
+    return CheckpointedWorkload("orders", tuple(instances), resources, faults,
+                                Policy(migrations=migrations),
+                                {stored_by_v1.id: checkpoint_row(stored_by_v1),
+                                 tampered.id: corrupt(checkpoint_row(tampered))})
+
+
+def single_step_workload(seed: int = 0) -> Workload:
+    """One order with one charge: the smallest crash scenario (used by the benchmark)."""
+    base = default_workload(seed).instances[0]
+    inst = InstanceSpec("order-1", (base.step("charge"),), base.data)
+    return Workload("single", (inst,), {"payment": {"legacy": False, "fencing": True}})
+
+
+def plain_workload(seed: int = 0) -> Workload:
+    """Three orders, each a reserve then a charge, with Faker data from ``seed``: every input
+    well-formed. No tampered checkpoint, no legacy step, no reused key, no declined card, no
+    injected downstream error -- the default for a user's own target, which a correct worker
+    passes without knowing any of ``orders``' deliberate traps."""
+    from faker import Faker
+
+    fake = Faker()
+    fake.seed_instance(seed)
+    instances = []
+    for n in range(1, 4):
+        data = {"customer": fake.name(), "sku": fake.bothify("SKU-????-###").upper(),
+                "qty": fake.random_int(1, 5), "amount": fake.random_int(500, 50000),
+                "card": f"tok_{fake.lexify('????')}"}
+        steps = (StepSpec("reserve", IDEMPOTENT, "inventory", params={"sku": data["sku"], "qty": data["qty"]}),
+                 StepSpec("charge", IDEMPOTENT, "payment",
+                          params={"amount": data["amount"], "currency": "EUR", "card": data["card"]}))
+        instances.append(InstanceSpec(f"order-{n}", steps, data, "order", ORDER_VERSION))
+    return Workload("plain", tuple(instances), {"inventory": {"legacy": False, "fencing": True},
+                                                "payment": {"legacy": False, "fencing": True}})
+
+
+WORKLOADS = {"orders": default_workload, "single": single_step_workload, "plain": plain_workload}
+# What a run of a user's own target uses when neither it nor the caller names a workload.
+USER_DEFAULT = "plain"
+
+
+def default_for(name: object, declared: object = None) -> str:
+    """The workload a target runs when nobody names one: its declared one, ``orders`` for the
+    reference and the mutants, ``plain`` (no deliberately broken input) for a user's own target."""
+    own = getattr(declared, "workload", None)
+    if isinstance(own, str):
+        return own
+    if isinstance(name, str) and (name == "reference" or name.startswith("mutant:")):
+        return "orders"
+    return USER_DEFAULT
+
+
+def resolve_workload(spec: "str | Workload", seed: int = 0) -> Workload:
+    """A built-in name (``orders``, ``single``, ``plain``), ``pkg.module:function`` (called with the
+    seed when it takes an argument), or a :class:`Workload` as it is."""
+    if isinstance(spec, Workload):
+        return spec
+    if not isinstance(spec, str):
+        raise InvalidWorkload(f"workload {spec!r}: give a name, pkg.module:function or a Workload")
+    if spec in WORKLOADS:
+        return WORKLOADS[spec](seed)
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise InvalidWorkload(f"workload {spec[:200]!r}: known workloads are {', '.join(WORKLOADS)}, "
+                              f"or name your own as pkg.module:function")
+    import importlib
+    import inspect
+    import os
+    import sys
+
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as for targets: a module in the working directory imports
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise InvalidWorkload(f"workload {spec!r}: cannot import {module_name!r} ({exc})") from None
+    fn = getattr(module, attr, None)
+    if isinstance(fn, Workload):
+        return fn
+    if not callable(fn):
+        raise InvalidWorkload(f"workload {spec!r}: {module_name} has no function {attr!r}")
+    try:
+        takes_seed = bool(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        takes_seed = True
+    built = fn(seed) if takes_seed else fn()
+    if not isinstance(built, Workload):
+        raise InvalidWorkload(f"workload {spec!r}: {attr}() returned {type(built).__name__}, "
+                              f"not a killpoint Workload")
+    if not built.instances:
+        raise InvalidWorkload(f"workload {spec!r}: it has no instances")
+    return built

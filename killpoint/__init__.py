@@ -20,11 +20,13 @@ from typing import Any
 from killpoint.chaos import at, point
 from killpoint.chaos.schedule import Fault, Schedule
 from killpoint.chaos.schedule import parse as parse_schedule
-from killpoint.errors import (InvalidAction, InvalidSchedule, InvalidStore, InvalidTarget, KillpointError,
-                              OutcomeUnknown, StoreError, StoreUnavailable, UnknownScenario)
+from killpoint.errors import (InvalidAction, InvalidPoint, InvalidSchedule, InvalidStore, InvalidTarget,
+                              InvalidWorkload, KillpointError, OutcomeUnknown, StoreError, StoreUnavailable,
+                              UnknownScenario)
 
 # The errors a library caller can meet; the CLI's BadInput stays in killpoint.errors.
-_ERRORS = ["InvalidAction", "InvalidSchedule", "InvalidStore", "InvalidTarget", "KillpointError",
+_ERRORS = ["InvalidAction", "InvalidPoint", "InvalidSchedule", "InvalidStore", "InvalidTarget",
+           "InvalidWorkload", "KillpointError",
            "OutcomeUnknown", "StoreError", "StoreUnavailable", "UnknownScenario"]
 
 __version__ = "0.1.0"
@@ -48,6 +50,13 @@ _LAZY = {
     "Claim": ("killpoint.harness.store.base", "Claim"),
     "LostResponse": ("killpoint.harness.downstream", "LostResponse"),
     "CrashVerdict": ("killpoint.plugin", "CrashVerdict"),
+    "target": ("killpoint.harness.declaration", "target"),
+    "Target": ("killpoint.harness.declaration", "Target"),
+    "TargetRun": ("killpoint.harness.declaration", "TargetRun"),
+    "Workload": ("killpoint.harness.workload", "Workload"),
+    "InstanceSpec": ("killpoint.harness.workload", "InstanceSpec"),
+    "StepSpec": ("killpoint.harness.workload", "StepSpec"),
+    "DownstreamClient": ("killpoint.harness.downstream", "DownstreamClient"),
 }
 
 

@@ -16,7 +16,9 @@ __all__ = [
     "InvalidAction",
     "InvalidSchedule",
     "InvalidStore",
+    "InvalidPoint",
     "InvalidTarget",
+    "InvalidWorkload",
     "KillpointError",
     "OutcomeUnknown",
     "StoreError",
@@ -42,6 +44,14 @@ class InvalidSchedule(KillpointError, ValueError):
 
 class InvalidTarget(KillpointError, ValueError):
     """A target name that names no worker we can run."""
+
+
+class InvalidPoint(KillpointError, ValueError):
+    """A crash point the target did not declare (``ctx.point`` raises it at once, naming the declared ones)."""
+
+
+class InvalidWorkload(KillpointError, ValueError):
+    """A workload name that names none we can build, or a function that did not build one."""
 
 
 class InvalidStore(KillpointError, ValueError):

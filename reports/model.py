@@ -86,9 +86,12 @@ class InvariantRow:
     valid: bool | None
     violations: int
     detail: str
+    applicable: bool = True  # False: the target owns its state and gave this invariant nothing
 
     @property
     def status(self) -> str:
+        if not self.applicable:
+            return "not applicable"
         if self.valid is True and not self.checked:
             return "not checked"
         return verdict_word(self.valid)
@@ -269,8 +272,8 @@ def build_run(result: RunResult, *, max_events: int = DEFAULT_MAX_EVENTS,
                       tuple(EventRef(i, link(i), describe(by_index[i])) for i in v.events if i in by_index),
                       v.schedule or schedule, reproduce)
         for v in verdict.violations)
-    invariants = tuple(InvariantRow(r.invariant, r.checked, r.valid, len(r.violations), r.detail)
-                       for r in verdict.results)
+    invariants = tuple(InvariantRow(r.invariant, r.checked, r.valid, len(r.violations), r.detail,
+                                    r.applicable) for r in verdict.results)
     c = result.config
     banner = Banner(
         verdict=verdict_word(verdict.valid), run_id=result.run_id, schedule=schedule,
@@ -565,7 +568,7 @@ class IndexReport:
     verdict: str
     rows: tuple[IndexRow, ...]  # violated first, then unknown, then valid
     filters: tuple[Filter, ...]
-    invariants: tuple[tuple[str, int, int], ...]  # name, runs checked, runs violated
+    invariants: tuple[tuple[str, int, int, int], ...]  # name, runs checked, violated, not applicable
     counts: tuple[tuple[str, int], ...]  # verdict word, runs
 
     def to_json(self) -> dict[str, Any]:
@@ -591,13 +594,15 @@ def build_index(results: Sequence[RunResult], hrefs: Sequence[str], *, title: st
     names: list[str] = []
     checked: dict[str, int] = {}
     violated_runs: dict[str, int] = {}
+    na_runs: dict[str, int] = {}
     for r in results:
         for res in r.verdict.results:
             if res.invariant not in checked:
                 names.append(res.invariant)
-                checked[res.invariant] = violated_runs[res.invariant] = 0
-            checked[res.invariant] += bool(res.checked)
+                checked[res.invariant] = violated_runs[res.invariant] = na_runs[res.invariant] = 0
+            checked[res.invariant] += bool(res.checked) and res.applicable
             violated_runs[res.invariant] += res.valid is False
+            na_runs[res.invariant] += not res.applicable
     filters = tuple(Filter(n, slot, violated_runs[n])
                     for slot, n in enumerate([n for n in names if violated_runs[n]], start=1))
     slot_of = {f.invariant: f.slot for f in filters}
@@ -616,4 +621,4 @@ def build_index(results: Sequence[RunResult], hrefs: Sequence[str], *, title: st
     counts = tuple((w, sum(1 for row in rows if row.verdict == w)) for w in ("violated", "unknown", "valid"))
     overall = verdict_word(rank(r.verdict.valid for r in results)) if results else "unknown"
     return IndexReport(title, overall, tuple(rows), filters,
-                       tuple((n, checked[n], violated_runs[n]) for n in names), counts)
+                       tuple((n, checked[n], violated_runs[n], na_runs[n]) for n in names), counts)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from killpoint.harness.run import Session
 from killpoint.harness.targets import Target
-from killpoint.harness.orders import WORKLOADS
+from killpoint.harness.workload import WORKLOADS
 from killpoint.scenarios._story import Story, applied, config, requests, store_events, who, worker_events
 
 INSTANCE, STEP = "order-1", "charge"

@@ -41,8 +41,7 @@ from killpoint.harness.run import Session
 from killpoint.harness.targets import Target
 from killpoint.harness.store.base import Claim, Store
 from killpoint.harness.worker import ReferenceWorker, WorkerContext
-from killpoint.harness.workload import InstanceSpec, StepSpec, Workload
-from killpoint.harness.orders import default_workload
+from killpoint.harness.workload import InstanceSpec, StepSpec, Workload, default_workload
 from killpoint.scenarios import checkpoint_version
 from killpoint.scenarios._story import Story, applied, config, requests, store_events, who, worker_class
 

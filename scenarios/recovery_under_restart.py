@@ -22,8 +22,7 @@ from __future__ import annotations
 
 from killpoint.harness.run import Session
 from killpoint.harness.targets import Target
-from killpoint.harness.workload import InstanceSpec, Workload
-from killpoint.harness.orders import default_workload
+from killpoint.harness.workload import InstanceSpec, Workload, default_workload
 from killpoint.scenarios._story import (Story, applied, config, harness_events, requests, store_events, who,
                               worker_events)
 

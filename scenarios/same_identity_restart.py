@@ -22,7 +22,7 @@ from __future__ import annotations
 from killpoint.harness.run import Session
 from killpoint.harness.targets import Target, resolve
 from killpoint.harness.worker import WorkerContext
-from killpoint.harness.orders import WORKLOADS
+from killpoint.harness.workload import WORKLOADS
 from killpoint.scenarios._story import Story, applied, config, harness_events, store_events, who, worker_events
 
 INSTANCE, STEP = "order-1", "charge"

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from killpoint.harness.run import Session
 from killpoint.harness.targets import Target
-from killpoint.harness.orders import WORKLOADS
+from killpoint.harness.workload import WORKLOADS
 from killpoint.scenarios._story import (Story, applied, config, harness_events, store_events, who,
                               worker_events)
 

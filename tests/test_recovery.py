@@ -9,7 +9,7 @@ import pytest
 from killpoint.harness import recovery, states
 from killpoint.harness.recovery import Evidence, recover
 from killpoint.harness.worker import DONE, WAIT, plan
-from killpoint.harness.orders import default_workload
+from killpoint.harness.workload import default_workload
 
 
 def test_the_four_cases_of_the_source_document():

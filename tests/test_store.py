@@ -547,7 +547,7 @@ def _race_schedule(rng: random.Random, steps: tuple[str, ...]) -> str:
 def _race_runs(pg_dsn: str, runs: int, seed: int) -> list[Any]:
     from killpoint import chaos
     from killpoint.harness.run import RunConfig, Session
-    from killpoint.harness.orders import WORKLOADS
+    from killpoint.harness.workload import WORKLOADS
 
     steps = tuple(WORKLOADS["orders"](0).step_names)
     rng = random.Random(seed)

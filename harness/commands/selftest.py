@@ -77,7 +77,7 @@ def _chosen(text: str | None) -> list[Any]:
 def run(args: argparse.Namespace) -> int:
     from killpoint.harness.commands.matrix import single_crash_schedules
     from killpoint.harness.run import Session
-    from killpoint.harness.orders import WORKLOADS
+    from killpoint.harness.workload import WORKLOADS
 
     validate_store(args.store)
     mutants = _chosen(args.mutants)

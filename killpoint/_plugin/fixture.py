@@ -71,7 +71,7 @@ class Killpoint:
         Points default to all (narrowed by ``--killpoint-points``); under ``--killpoint-shard K/N``
         this runs the K-th share of the list, which is the same in every job.
         """
-        from killpoint.harness.orders import WORKLOADS
+        from killpoint.harness.workload import WORKLOADS
 
         seed = self.settings.seed if seed is None else seed
         if workload not in WORKLOADS:
