@@ -19,12 +19,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from killpoint.errors import InvalidAction
+
 ACTIONS = ("kill", "pause", "terminate", "hang", "off", "sleep")
 _ONE_OF = "kill, pause, terminate, hang, off, sleep(MS)"
-
-
-class InvalidAction(ValueError):
-    """The text of a failpoint action is not in the grammar."""
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from killpoint.chaos.actions import Chain, InvalidAction, parse as parse_chain
+from killpoint.chaos.actions import Chain, parse as parse_chain
 from killpoint.chaos.points import POINTS
-
-
-class InvalidSchedule(ValueError):
-    """The text of a schedule is not in the grammar; the message points at the bad part."""
+from killpoint.errors import InvalidAction, InvalidSchedule
 
 
 @dataclass(frozen=True)

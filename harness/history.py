@@ -98,6 +98,9 @@ class History:
     # reaches (harness.checkpoint.verify): instance, outcome (ok | migrated | refused), reason.
     # The checkers cannot read the store, so the oracle's answer travels in the history.
     checkpoints: tuple[Mapping[str, Any], ...] = ()
+    # The target keeps its state in a store of its own: killpoint's store events and final rows are
+    # not the target's, and only what its hooks gave (store events, final states) stands for them.
+    owns_state: bool = False
 
     def __iter__(self) -> Iterator[Event]:
         return iter(self.events)

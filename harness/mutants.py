@@ -4,12 +4,14 @@ A verifier is only worth what it catches. Each mutant breaks one rule of DESIGN 
 names the invariant that must catch it, and carries the schedule (at most two faults) that shows
 it. ``killpoint selftest`` runs them all; a mutant that survives means a checker went blind.
 
-Each worker mutant subclasses :class:`ReferenceWorker` and overrides the one method or flag its
-rule lives in (``local-clock-lease`` needs two: the claim, where it learns its lease end, and the
-commit, where it trusts it). Because the claim raises the state version and the lease version
-(the fence) in one statement, a stale commit is refused by either half of the compare-and-set
-alone; the mutants that break the commit's compare-and-set therefore drop both halves, and say
-which invariant they are there to exercise.
+Each worker mutant subclasses :class:`ReferenceWorker` and overrides the one method its rule lives
+in (``local-clock-lease`` needs two: the claim, where it learns its lease end, and the commit,
+where it trusts it). The store has no switch to turn a rule off: a mutant whose bug is in how it
+writes wraps its store (:class:`BlindCommits`), as a worker that writes the row itself would.
+Because the claim raises the state version and the lease version (the fence) in one statement, a
+stale commit is refused by either half of the compare-and-set alone; the mutants that break the
+commit's compare-and-set therefore drop both halves, and say which invariant they are there to
+exercise.
 """
 
 from __future__ import annotations
@@ -17,10 +19,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
+from killpoint.errors import StoreError
 from killpoint.harness import checkpoint, recovery, states
-from killpoint.harness.store.base import Claim
+from killpoint.harness.store.base import Claim, Store
+from killpoint.harness.store.sql import SqlStore
 from killpoint.harness.worker import ReferenceWorker, WorkerContext, reference
 from killpoint.harness.workload import InstanceSpec, StepSpec
 
@@ -60,6 +64,118 @@ class Mutant:
 
 
 # ---------------------------------------------------------------------------------------------
+# a store that breaks a rule
+
+
+def blind_commit(store: Store, claim: Claim, to_state: str, **detail: Any) -> bool:
+    """Write the claim's step to ``to_state`` with no compare-and-set at all: no state version, no
+    fence, no owner -- what a worker that updates the row itself does. The store records it as an
+    ordinary ``committed`` event, so the history shows what such a write does to the step."""
+    if not isinstance(store, SqlStore):
+        raise StoreError(f"a blind commit needs an SQL store, not {type(store).__name__}")
+    if not states.allowed(claim.state, to_state):
+        raise StoreError(f"illegal transition {claim.state} -> {to_state} for {claim.instance}:{claim.step}")
+
+    def do(cur: Any) -> bool:
+        row = cur.execute(store._q(
+            "UPDATE {steps} SET state = ?, state_version = ?, owner_worker = NULL, expires_at = NULL, "
+            "progress_at = {now} WHERE instance = ? AND step = ? RETURNING state_version, lease_version"),
+            (to_state, claim.state_version + 1, claim.instance, claim.step)).fetchone()
+        if row is None:
+            raise StoreError(f"no step {claim.instance}:{claim.step} in the store")
+        store._event(cur, "committed", claim.instance, claim.step, worker=claim.worker,
+                     from_state=claim.state, to_state=to_state, state_version=row[0], fence=claim.fence,
+                     lease_version=row[1], attempt=claim.attempt, **detail)
+        return True
+    return store._write(do)
+
+
+class Delegating:
+    """A store that passes every call to ``inner``: subclass it and override the call a mutant breaks."""
+
+    def __init__(self, inner: Store) -> None:
+        self.inner = inner
+
+    @property
+    def url(self) -> str:
+        return self.inner.url
+
+    def setup(self, instances: Iterable[Mapping[str, Any]]) -> None:
+        self.inner.setup(instances)
+
+    def now(self) -> float:
+        return self.inner.now()
+
+    def snapshot(self) -> tuple[float, list[dict[str, Any]]]:
+        return self.inner.snapshot()
+
+    def steps(self) -> list[dict[str, Any]]:
+        return self.inner.steps()
+
+    def events(self) -> list[dict[str, Any]]:
+        return self.inner.events()
+
+    def instance(self, instance: str) -> dict[str, Any]:
+        return self.inner.instance(instance)
+
+    def receipt(self, key: str) -> dict[str, Any] | None:
+        return self.inner.receipt(key)
+
+    def claim(self, instance: str, step: str, worker: str, *, expected_state_version: int,
+              from_state: str, to_state: str, ttl_ms: float, reset_attempt: bool = False) -> Claim | None:
+        return self.inner.claim(instance, step, worker, expected_state_version=expected_state_version,
+                                from_state=from_state, to_state=to_state, ttl_ms=ttl_ms,
+                                reset_attempt=reset_attempt)
+
+    def commit(self, claim: Claim, to_state: str, **detail: Any) -> bool:
+        return self.inner.commit(claim, to_state, **detail)
+
+    def settle(self, instance: str, step: str, *, expected_state_version: int, from_state: str,
+               to_state: str, worker: str, **detail: Any) -> bool:
+        return self.inner.settle(instance, step, expected_state_version=expected_state_version,
+                                 from_state=from_state, to_state=to_state, worker=worker, **detail)
+
+    def heartbeat(self, claim: Claim, ttl_ms: float) -> bool:
+        return self.inner.heartbeat(claim, ttl_ms)
+
+    def progress(self, claim: Claim) -> None:
+        self.inner.progress(claim)
+
+    def record_receipt(self, claim: Claim, key: str, intent_hash: str | None, status: str,
+                       response: dict[str, Any]) -> None:
+        self.inner.record_receipt(claim, key, intent_hash, status, response)
+
+    def flag_stuck(self, bound_ms: float, worker: str) -> list[tuple[str, str]]:
+        return self.inner.flag_stuck(bound_ms, worker)
+
+    def resolve(self, instance: str, step: str, to_state: str, *, actor: str, evidence: str) -> bool:
+        return self.inner.resolve(instance, step, to_state, actor=actor, evidence=evidence)
+
+    def clone(self) -> Store:
+        return type(self)(self.inner.clone())
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def drop(self) -> None:
+        self.inner.drop()
+
+    def backends(self) -> dict[str, list[int]]:
+        return self.inner.backends()
+
+    def terminate_backends(self, pids: Iterable[int], *, await_idle: Iterable[int] = (),
+                           timeout_s: float = 10.0) -> dict[str, Any]:
+        return self.inner.terminate_backends(pids, await_idle=await_idle, timeout_s=timeout_s)
+
+
+class BlindCommits(Delegating):
+    """A store whose every commit is a :func:`blind_commit`: the compare-and-set is gone."""
+
+    def commit(self, claim: Claim, to_state: str, **detail: Any) -> bool:
+        return blind_commit(self.inner, claim, to_state, **detail)
+
+
+# ---------------------------------------------------------------------------------------------
 # worker mutants
 
 
@@ -81,8 +197,9 @@ class NoFenceCheck(ReferenceWorker):
     left is a worker that writes whatever its lease, and the fence is what should have stopped it.
     """
 
-    check_fence = False
-    check_version = False
+    def __init__(self, ctx: WorkerContext):
+        super().__init__(ctx)
+        self.store = BlindCommits(self.store)
 
 
 class NoCas(ReferenceWorker):
@@ -92,8 +209,9 @@ class NoCas(ReferenceWorker):
     then lands on top of a newer version, which the version chain shows as a fork or a step back.
     """
 
-    check_version = False
-    check_fence = False
+    def __init__(self, ctx: WorkerContext):
+        super().__init__(ctx)
+        self.store = BlindCommits(self.store)
 
 
 class LocalClockLease(ReferenceWorker):
@@ -131,7 +249,7 @@ class LocalClockLease(ReferenceWorker):
         # "My lease is still valid, so I am the only writer": the write needs no compare-and-set.
         op = self.journal.invoke("commit", instance=claim.instance, step=claim.step, to_state=to_state,
                                  fence=claim.fence, expected_state_version=claim.state_version)
-        ok = self.store.commit(claim, to_state, check_fence=False, check_version=False, **detail)
+        ok = blind_commit(self.store, claim, to_state, **detail)
         self.journal.complete(op, "commit", "ok" if ok else "fail", instance=claim.instance,
                               step=claim.step, to_state=to_state, fence=claim.fence)
         return ok
@@ -205,9 +323,14 @@ class TrustCheckpoint(ReferenceWorker):
 
 
 class NoHeartbeatProgress(ReferenceWorker):
-    """The monitor trusts heartbeats alone: a live heartbeat means a healthy worker."""
+    """The monitor trusts heartbeats alone: a live heartbeat means a healthy worker.
 
-    use_progress_monitor = False
+    So it never flags a lease: one whose heartbeat goes on is healthy by its rule, and one whose
+    heartbeat stopped expires and is claimed again anyway.
+    """
+
+    def monitor(self) -> None:
+        return None
 
 
 def _runner(cls: type[ReferenceWorker]) -> Target:
@@ -300,4 +423,5 @@ def overrides_for(target: object) -> dict[str, Any]:
     return {}
 
 
-__all__ = ["MUTANTS", "Mutant", "downstream_for", "overrides_for"]
+__all__ = ["MUTANTS", "BlindCommits", "Delegating", "Mutant", "blind_commit", "downstream_for",
+           "overrides_for"]

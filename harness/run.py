@@ -32,6 +32,7 @@ import multiprocess
 from killpoint import chaos
 from killpoint.chaos.journal import Journal
 from killpoint.chaos.points import Failpoints
+from killpoint.chaos import seeds
 from killpoint.chaos.schedule import Schedule
 from killpoint.harness import checkpoint
 from killpoint.harness import downstream as ds
@@ -43,7 +44,7 @@ from killpoint.harness.store import check_faults, open_store
 from killpoint.harness.store.base import Store
 from killpoint.harness.targets import Target, resolve
 from killpoint.harness.worker import DONE, Heartbeat, Timing, WorkerContext, plan
-from killpoint.harness.workload import WORKLOADS, Workload
+from killpoint.harness.workload import Workload, resolve_workload
 
 _FORK = multiprocess.get_context("fork")
 
@@ -51,7 +52,7 @@ _FORK = multiprocess.get_context("fork")
 @functools.lru_cache(maxsize=64)
 def _workload(name: str, seed: int) -> Workload:
     """Workloads are immutable values of (name, seed); building one with Faker costs milliseconds."""
-    return WORKLOADS[name](seed)
+    return resolve_workload(name, seed)
 _PR_SET_PDEATHSIG = 1
 
 
@@ -217,7 +218,7 @@ class _Run:
                                  f"and any of 'downstream', 'store'")
         check_faults(config.store, config.schedule)  # InvalidStore, a ValueError
         self.target = resolve(config.target)
-        self.rng = random.Random(config.seed)
+        self.rng = random.Random(config.seed)  # an int seed: stable in every process
         self.harness_events: list[dict[str, Any]] = []
         self.workers: list[_Worker] = []
         self.schedule = config.schedule
@@ -247,7 +248,7 @@ class _Run:
         ctx_args = {"worker_id": worker_id, "store": self.store, "url": self.s.downstream.url,
                     "run_id": self.run_id, "workload": self.workload, "timing": self.config.timing,
                     "journal": journal}
-        seed = hash((self.config.seed, label)) & 0xFFFFFFFF
+        seed = seeds.derive(self.config.seed, f"worker:{label}")
         proc = _FORK.Process(target=_worker_main, name=f"killpoint-worker-{label}",
                              args=(self.target, ctx_args, faults, self.hits, seed, events_w, control_r))
         with sigint_deferred():

@@ -7,19 +7,28 @@ import os
 import sys
 from typing import Callable
 
+from killpoint.harness import declaration
+from killpoint.harness.declaration import InvalidTarget
 from killpoint.harness.worker import WorkerContext, reference
 
+# What a run accepts as a target: a function taking a WorkerContext (a declared
+# :class:`killpoint.harness.declaration.Target` is one too).
 Target = Callable[[WorkerContext], None]
-
-
-class InvalidTarget(ValueError):
-    """A target name that names no worker we can run."""
+__all__ = ["InvalidTarget", "Target", "declared", "resolve"]
 
 
 def mutants() -> dict[str, object]:
     from killpoint.harness.mutants import MUTANTS
 
     return MUTANTS
+
+
+def declared(target: "str | Target") -> declaration.Target:
+    """The target with its declaration: a plain function declares the built-in points and no state."""
+    fn = resolve(target)
+    if isinstance(fn, declaration.Target):
+        return fn
+    return declaration.Target(fn, name=target if isinstance(target, str) else None)
 
 
 def resolve(target: "str | Target") -> Target:

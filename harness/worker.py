@@ -13,6 +13,7 @@ version and the fence, exactly as after a crash. The worker goes on with its nex
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from typing import Any
 from killpoint import chaos
 from killpoint.chaos.journal import Journal
 from killpoint.harness import checkpoint, recovery, states
+from killpoint.harness.declaration import InvalidPoint, TargetRun
 from killpoint.harness.downstream import DownstreamClient, LostResponse
 from killpoint.harness.intent import idempotency_key, intent_hash
 from killpoint.harness.store.base import Claim, OutcomeUnknown, Store, StoreUnavailable
@@ -37,7 +39,14 @@ class Timing:
 
 @dataclass
 class WorkerContext:
-    """All a target sees: who it is, the store, the downstream, its journal, points, the heartbeat."""
+    """All a target sees: who it is, the store, the downstream, its journal, points, the heartbeat.
+
+    ``downstream_url`` is the base URL of this run's downstream for any HTTP client (``POST
+    {downstream_url}/resources/{resource}``, ``GET {downstream_url}/receipts/{key}``); ``downstream``
+    is killpoint's own client of it, safe to share between threads. ``run_dir`` is the run's own
+    folder, ``run`` what the target's hooks saw in the harness (its ``state`` as ``setup`` left it),
+    ``replaces`` the worker id of the dead worker this one replaces (None for a first start).
+    """
 
     worker_id: str
     store: Store
@@ -46,9 +55,25 @@ class WorkerContext:
     workload: Workload
     timing: Timing = field(default_factory=Timing)
     heartbeat: "Heartbeat | None" = None
+    run_dir: str = ""
+    downstream_url: str = ""
+    # Invariant: None (any name) or the target's declared points; ctx.point refuses any other.
+    points: "tuple[str, ...] | None" = None
+    run: "TargetRun | None" = None
+    replaces: str | None = None
 
-    def point(self, name: str) -> None:
-        chaos.point(name)
+    def point(self, name: str) -> str | None:
+        """Mark crash point ``name``; what happens here comes from the schedule. A name the target
+        did not declare raises :class:`InvalidPoint` at once (it could never be scheduled)."""
+        if self.points is not None and name not in self.points:
+            raise InvalidPoint(f"crash point {name!r} is not declared by this target, which declares "
+                               f"{', '.join(self.points)}; add it to @killpoint.target(points=...)")
+        return chaos.point(name)
+
+    def at(self, instance: str | None, step: str | None) -> "contextlib.AbstractContextManager[None]":
+        """Tell the crash points that follow which step they belong to, so that a schedule can name
+        it (``A@charge.before_ack:kill``): ``with ctx.at("order-1", "charge"): ...``."""
+        return chaos.at(instance, step)
 
 
 class Heartbeat:
@@ -156,10 +181,6 @@ def plan(rows: list[dict[str, Any]], now: float, workload: Workload) -> Task | s
 class ReferenceWorker:
     """The correct worker. Mutants subclass it and override exactly one method."""
 
-    use_progress_monitor = True
-    check_fence = True
-    check_version = True
-
     def __init__(self, ctx: WorkerContext):
         self.ctx = ctx
         self.store = ctx.store
@@ -197,8 +218,7 @@ class ReferenceWorker:
 
     def monitor(self) -> None:
         """Flag a lease whose heartbeat goes on while its step makes no progress."""
-        self.store.flag_stuck(self.timing.stuck_bound_ms, self.ctx.worker_id,
-                              use_progress=self.use_progress_monitor)
+        self.store.flag_stuck(self.timing.stuck_bound_ms, self.ctx.worker_id)
 
     def execute(self, task: Task) -> None:
         row = task.row
@@ -393,8 +413,7 @@ class ReferenceWorker:
         op = self.journal.invoke("commit", instance=claim.instance, step=claim.step, to_state=to_state,
                                  fence=claim.fence, expected_state_version=claim.state_version)
         try:
-            ok = self.store.commit(claim, to_state, check_fence=self.check_fence,
-                                   check_version=self.check_version, **detail)
+            ok = self.store.commit(claim, to_state, **detail)
         except StoreUnavailable as exc:
             self.lost(op, "commit", exc, instance=claim.instance, step=claim.step, to_state=to_state,
                       fence=claim.fence)

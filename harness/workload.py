@@ -16,6 +16,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from killpoint.errors import InvalidWorkload
 from killpoint.harness.intent import idempotency_key
 
 FORMAT_VERSION = 1
@@ -202,4 +203,81 @@ def single_step_workload(seed: int = 0) -> Workload:
     return Workload("single", (inst,), {"payment": {"legacy": False, "fencing": True}})
 
 
-WORKLOADS = {"orders": default_workload, "single": single_step_workload}
+def plain_workload(seed: int = 0) -> Workload:
+    """Three orders, each a reserve then a charge, with Faker data from ``seed``: every input
+    well-formed. No tampered checkpoint, no legacy step, no reused key, no declined card, no
+    injected downstream error -- the default for a user's own target, which a correct worker
+    passes without knowing any of ``orders``' deliberate traps."""
+    from faker import Faker
+
+    fake = Faker()
+    fake.seed_instance(seed)
+    instances = []
+    for n in range(1, 4):
+        data = {"customer": fake.name(), "sku": fake.bothify("SKU-????-###").upper(),
+                "qty": fake.random_int(1, 5), "amount": fake.random_int(500, 50000),
+                "card": f"tok_{fake.lexify('????')}"}
+        steps = (StepSpec("reserve", IDEMPOTENT, "inventory", params={"sku": data["sku"], "qty": data["qty"]}),
+                 StepSpec("charge", IDEMPOTENT, "payment",
+                          params={"amount": data["amount"], "currency": "EUR", "card": data["card"]}))
+        instances.append(InstanceSpec(f"order-{n}", steps, data, "order", ORDER_VERSION))
+    return Workload("plain", tuple(instances), {"inventory": {"legacy": False, "fencing": True},
+                                                "payment": {"legacy": False, "fencing": True}})
+
+
+WORKLOADS = {"orders": default_workload, "single": single_step_workload, "plain": plain_workload}
+# What a run of a user's own target uses when neither it nor the caller names a workload.
+USER_DEFAULT = "plain"
+
+
+def default_for(name: object, declared: object = None) -> str:
+    """The workload a target runs when nobody names one: its declared one, ``orders`` for the
+    reference and the mutants, ``plain`` (no deliberately broken input) for a user's own target."""
+    own = getattr(declared, "workload", None)
+    if isinstance(own, str):
+        return own
+    if isinstance(name, str) and (name == "reference" or name.startswith("mutant:")):
+        return "orders"
+    return USER_DEFAULT
+
+
+def resolve_workload(spec: "str | Workload", seed: int = 0) -> Workload:
+    """A built-in name (``orders``, ``single``, ``plain``), ``pkg.module:function`` (called with the
+    seed when it takes an argument), or a :class:`Workload` as it is."""
+    if isinstance(spec, Workload):
+        return spec
+    if not isinstance(spec, str):
+        raise InvalidWorkload(f"workload {spec!r}: give a name, pkg.module:function or a Workload")
+    if spec in WORKLOADS:
+        return WORKLOADS[spec](seed)
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise InvalidWorkload(f"workload {spec[:200]!r}: known workloads are {', '.join(WORKLOADS)}, "
+                              f"or name your own as pkg.module:function")
+    import importlib
+    import inspect
+    import os
+    import sys
+
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as for targets: a module in the working directory imports
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise InvalidWorkload(f"workload {spec!r}: cannot import {module_name!r} ({exc})") from None
+    fn = getattr(module, attr, None)
+    if isinstance(fn, Workload):
+        return fn
+    if not callable(fn):
+        raise InvalidWorkload(f"workload {spec!r}: {module_name} has no function {attr!r}")
+    try:
+        takes_seed = bool(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        takes_seed = True
+    built = fn(seed) if takes_seed else fn()
+    if not isinstance(built, Workload):
+        raise InvalidWorkload(f"workload {spec!r}: {attr}() returned {type(built).__name__}, "
+                              f"not a killpoint Workload")
+    if not built.instances:
+        raise InvalidWorkload(f"workload {spec!r}: it has no instances")
+    return built

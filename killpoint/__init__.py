@@ -17,9 +17,17 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from killpoint.chaos import InvalidAction, InvalidSchedule, at, point
+from killpoint.chaos import at, point
 from killpoint.chaos.schedule import Fault, Schedule
 from killpoint.chaos.schedule import parse as parse_schedule
+from killpoint.errors import (InvalidAction, InvalidPoint, InvalidSchedule, InvalidStore, InvalidTarget,
+                              InvalidWorkload, KillpointError, OutcomeUnknown, StoreError, StoreUnavailable,
+                              UnknownScenario)
+
+# The errors a library caller can meet; the CLI's BadInput stays in killpoint.errors.
+_ERRORS = ["InvalidAction", "InvalidPoint", "InvalidSchedule", "InvalidStore", "InvalidTarget",
+           "InvalidWorkload", "KillpointError",
+           "OutcomeUnknown", "StoreError", "StoreUnavailable", "UnknownScenario"]
 
 __version__ = "0.1.0"
 
@@ -42,6 +50,13 @@ _LAZY = {
     "Claim": ("killpoint.harness.store.base", "Claim"),
     "LostResponse": ("killpoint.harness.downstream", "LostResponse"),
     "CrashVerdict": ("killpoint.plugin", "CrashVerdict"),
+    "target": ("killpoint.harness.declaration", "target"),
+    "Target": ("killpoint.harness.declaration", "Target"),
+    "TargetRun": ("killpoint.harness.declaration", "TargetRun"),
+    "Workload": ("killpoint.harness.workload", "Workload"),
+    "InstanceSpec": ("killpoint.harness.workload", "InstanceSpec"),
+    "StepSpec": ("killpoint.harness.workload", "StepSpec"),
+    "DownstreamClient": ("killpoint.harness.downstream", "DownstreamClient"),
 }
 
 
@@ -59,5 +74,4 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
 
 
-__all__ = sorted(["Fault", "InvalidAction", "InvalidSchedule", "Schedule", "at", "parse_schedule",
-                  "point", *_LAZY])
+__all__ = sorted(["Fault", "Schedule", "at", "parse_schedule", "point", *_ERRORS, *_LAZY])

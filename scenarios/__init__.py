@@ -19,16 +19,11 @@ from dataclasses import dataclass
 from types import MappingProxyType, ModuleType
 from typing import TYPE_CHECKING, Any, Mapping
 
+from killpoint.errors import UnknownScenario
+
 if TYPE_CHECKING:
     from killpoint.harness.run import Session
     from killpoint.scenarios._story import Story
-
-
-class UnknownScenario(KeyError):
-    """A scenario name that is not in the registry; the message lists the valid ones."""
-
-    def __str__(self) -> str:
-        return str(self.args[0])
 
 
 @dataclass(frozen=True)

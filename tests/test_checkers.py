@@ -509,11 +509,12 @@ def test_all_lists_the_eleven_invariants_in_design_order():
     assert all(ALL[name].__name__ == name for name in ALL)
 
 
-def test_an_empty_history_is_judged_by_nobody():
+def test_an_empty_history_is_judged_by_nobody_so_its_verdict_is_unknown_never_valid():
     verdict = check_all(build([]))
-    assert verdict.valid is True
-    assert not any(r.checked for r in verdict.results)
+    assert verdict.valid is None
+    assert not any(r.checked for r in verdict.results) and verdict.judged == 0
     assert len(verdict.results) == 11
+    assert any("no invariant had anything to judge" in r for r in verdict.unknown_reasons)
 
 
 def test_a_checker_that_raises_makes_the_verdict_unknown_never_valid():
@@ -607,3 +608,48 @@ def test_terminates_holds_for_pending_steps_behind_a_step_in_manual_review():
     r = terminates(build([], final=final(("order-3", "notify", "pending"),
                                          ("order-3", "amend", "pending"))))
     assert r.valid is False and len(r.violations) == 2
+
+
+# ---------------------------------------------------------------------------------------------
+# a target that owns its state: not applicable, never a silent pass
+
+
+def test_owned_state_without_store_events_makes_store_invariants_not_applicable_ledger_ones_judge():
+    h = build([request(1, key="order-1:charge:payment:v1")], owns_state=True,
+              steps=(StepConfig("order-1", "charge", "payment", "order-1:charge:payment:v1"),))
+    verdict = check_all(h)
+    by = {r.invariant: r for r in verdict.results}
+    for name in ("version_chain", "legal_transitions", "manual_stable", "stuck_detected",
+                 "effects_accounted", "terminates", "checkpoints_honoured"):
+        assert by[name].applicable is False and not by[name].judged, name
+        assert by[name].detail.startswith("not applicable:")
+    assert by["no_duplicate_effects"].applicable and by["no_duplicate_effects"].judged
+    assert by["intent_conflict"].applicable and by["stale_writes_rejected"].applicable
+    assert verdict.valid is True and verdict.judged == 1
+    assert set(verdict.not_applicable) >= {"version_chain", "terminates"}
+
+
+def test_owned_state_with_history_and_final_states_lets_store_invariants_judge_them():
+    h = build([created(0), claimed(1, "order-1", "charge", "A", 1, 1),
+               committed(3, "order-1", "charge", "A", 1, 1), request(2, key="order-1:charge:payment:v1")],
+              owns_state=True, final=({"instance": "order-1", "step": "charge", "state": "succeeded"},),
+              steps=(StepConfig("order-1", "charge", "payment", "order-1:charge:payment:v1"),))
+    by = {r.invariant: r for r in check_all(h).results}
+    assert by["legal_transitions"].applicable and by["legal_transitions"].judged
+    assert by["version_chain"].valid is False  # the hand-written commit skipped a version: judged, caught
+    assert by["effects_accounted"].applicable and by["terminates"].judged
+
+
+def test_owned_state_duplicate_effect_is_still_violated_when_nothing_else_applies():
+    key = "order-1:charge:payment:v1"
+    h = build([request(1, key="random-1"), request(2, key="random-2")], owns_state=True,
+              steps=(StepConfig("order-1", "charge", "payment", key),))
+    verdict = check_all(h)
+    assert verdict.valid is False
+    assert [v.invariant for v in verdict.violations] == ["no_duplicate_effects"]
+
+
+def test_a_verdict_resting_only_on_not_applicable_invariants_is_unknown():
+    verdict = check_all(build([], owns_state=True))
+    assert verdict.valid is None and verdict.judged == 0
+    assert any("no invariant had anything to judge" in r for r in verdict.unknown_reasons)

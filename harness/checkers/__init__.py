@@ -47,12 +47,23 @@ def check_all(history: History, checkers: Mapping[str, Checker] | Iterable[Check
     gc.disable()
     try:
         for name, checker in _named(checkers):
+            why_not = not_applicable(name, history)
+            if why_not is not None:
+                results.append(Result(name, True, False, (), f"not applicable: {why_not}",
+                                      applicable=False))
+                continue
             results.append(_judge(history, name, checker, schedule))
     finally:
         if collecting:
             gc.enable()
     unknown = tuple(f"{r.invariant}: {r.detail}" for r in results if r.valid is None)
-    return Verdict(rank(r.valid for r in results), tuple(results), unknown)
+    valid = rank(r.valid for r in results)
+    if valid is True and not any(r.judged for r in results):
+        # Valid must rest on something judged, never on invariants that had nothing to judge.
+        valid = None
+        unknown += (f"no invariant had anything to judge ({len(results)} ran, "
+                    f"{sum(not r.applicable for r in results)} not applicable)",)
+    return Verdict(valid, tuple(results), unknown)
 
 
 def _judge(history: History, name: str, checker: Checker, schedule: str) -> Result:
@@ -66,7 +77,30 @@ def _judge(history: History, name: str, checker: Checker, schedule: str) -> Resu
     return result
 
 
-__all__ = ["ALL", "Checker", "Result", "Verdict", "Violation", "check_all", "rank",
+# What an invariant reads beyond the downstream ledger and the worker journals. A target that owns
+# its state leaves killpoint's store empty, so these judge only what its hooks supply -- store events
+# from ``history()``, final states from ``final_states()`` -- and otherwise are not applicable.
+NEEDS_STORE_EVENTS = frozenset({"version_chain", "legal_transitions", "manual_stable", "stuck_detected"})
+NEEDS_FINAL_STATES = frozenset({"effects_accounted", "terminates"})
+NEEDS_CHECKPOINTS = frozenset({"checkpoints_honoured"})
+
+
+def not_applicable(name: str, history: History) -> str | None:
+    """Why invariant ``name`` cannot judge ``history`` at all (None: it can). Only a target that
+    owns its state can leave an invariant without its source; the ledger-based ones always judge."""
+    if not history.owns_state:
+        return None
+    if name in NEEDS_STORE_EVENTS and not history.of("store"):
+        return "the target owns its state and its history() gave no store events"
+    if name in NEEDS_FINAL_STATES and not history.final:
+        return "the target owns its state and gave no final_states()"
+    if name in NEEDS_CHECKPOINTS and not history.checkpoints:
+        return "the target owns its state; killpoint's checkpoints are not what it reads"
+    return None
+
+
+__all__ = ["ALL", "NEEDS_CHECKPOINTS", "NEEDS_FINAL_STATES", "NEEDS_STORE_EVENTS", "not_applicable",
+           "Checker", "Result", "Verdict", "Violation", "check_all", "rank",
            "no_duplicate_effects", "effects_accounted", "stale_writes_rejected", "version_chain",
            "legal_transitions", "manual_stable", "intent_conflict", "retry_budget", "terminates",
            "stuck_detected", "checkpoints_honoured"]

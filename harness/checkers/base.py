@@ -34,6 +34,13 @@ class Result:
     checked: bool  # the history had something for this invariant to judge
     violations: tuple[Violation, ...] = ()
     detail: str = ""
+    # False: the run had no source this invariant reads (a target that owns its state gave it no
+    # events); it judged nothing and counts neither as checked nor as evidence for a valid verdict.
+    applicable: bool = True
+
+    @property
+    def judged(self) -> bool:
+        return self.applicable and self.checked
 
 
 Checker = Callable[[History], Result]
@@ -58,3 +65,12 @@ class Verdict:
     @property
     def violations(self) -> tuple[Violation, ...]:
         return tuple(v for r in self.results for v in r.violations)
+
+    @property
+    def judged(self) -> int:
+        """How many invariants had something to judge in this run."""
+        return sum(1 for r in self.results if r.judged)
+
+    @property
+    def not_applicable(self) -> tuple[str, ...]:
+        return tuple(r.invariant for r in self.results if not r.applicable)

@@ -11,15 +11,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
-from killpoint.chaos.points import DEFAULT_POINTS, ORDERED_POINTS, POINTS
+from killpoint.chaos.points import DB_POINTS, DEFAULT_POINTS, ORDERED_POINTS, POINTS
+from killpoint.errors import BadInput
 from killpoint.harness.run import RunConfig, RunResult
 from killpoint.harness.worker import Timing
 
 EXIT_VALID, EXIT_VIOLATED, EXIT_BAD_INPUT, EXIT_UNKNOWN = 0, 1, 2, 3
-
-
-class BadInput(Exception):
-    """Input the user must fix; the message is one line naming the bad value."""
 
 
 def add_common(p: argparse.ArgumentParser, *, target: bool = True) -> None:
@@ -29,7 +26,9 @@ def add_common(p: argparse.ArgumentParser, *, target: bool = True) -> None:
     p.add_argument("--store", default="sqlite", help="sqlite (default) or a postgresql:// URL")
     p.add_argument("--workers", type=int, default=2, help="worker processes per run (default: 2)")
     p.add_argument("--seed", type=int, default=0, help="seed for the workload data and every draw")
-    p.add_argument("--workload", default="orders", help="orders (default) or single")
+    p.add_argument("--workload", default=None,
+                   help="orders, single, plain or pkg.module:function (default: the target's own, else "
+                        "orders for reference and mutants, plain for your own target)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.add_argument("--report-dir", default=None, help="where to write HTML reports")
     p.add_argument("--report", choices=("always", "on-failure", "never"), default="on-failure",
@@ -51,21 +50,80 @@ def parse_points(text: str | None, known: Iterable[str] = POINTS,
     return chosen
 
 
-def run_config(args: argparse.Namespace, schedule, **overrides: Any) -> RunConfig:
-    from killpoint.harness.targets import InvalidTarget, resolve
-    from killpoint.harness.workload import WORKLOADS
+def declared_target(args: argparse.Namespace):
+    """The ``--target`` with its declaration, or a one-line :class:`BadInput`."""
+    from killpoint.harness.targets import InvalidTarget, declared
 
+    try:
+        return declared(getattr(args, "target", "reference"))
+    except InvalidTarget as exc:
+        raise BadInput(str(exc)[:400]) from None
+
+
+def workload_name(args: argparse.Namespace) -> str:
+    """``--workload``, or the target's default: its declared one, ``orders`` for the reference and
+    the mutants (their traps are what they are judged on), ``plain`` for a user's own target."""
+    from killpoint.harness.workload import default_for
+
+    if getattr(args, "workload", None):
+        return args.workload
+    target = declared_target(args)
+    return default_for(getattr(args, "target", "reference"), target)
+
+
+def workload_of(args: argparse.Namespace):
+    """The run's workload, built (and so checked) once, or a one-line :class:`BadInput`."""
+    from killpoint.harness.workload import InvalidWorkload, resolve_workload
+
+    try:
+        return resolve_workload(workload_name(args), args.seed)
+    except InvalidWorkload as exc:
+        raise BadInput(f"--{str(exc)[:400]}") from None
+
+
+def target_points(args: argparse.Namespace, text: str | None) -> tuple[str, ...]:
+    """The crash points a command enumerates: ``text`` (``--points``) or the target's declared ones,
+    always among those it declared (a point never declared is never scheduled)."""
+    target = declared_target(args)
+    if tuple(target.points) == tuple(DEFAULT_POINTS):
+        return parse_points(text)  # a plain target: the built-in points, the store's own on request
+    if not text:
+        return tuple(target.points)
+    chosen = tuple(p.strip() for p in text.split(",") if p.strip())
+    bad = [p for p in chosen if p not in target.points]
+    if bad or not chosen:
+        raise BadInput(f"--points: unknown crash point {', '.join(map(repr, bad)) or repr(text)}; "
+                       f"the target declares {', '.join(target.points)}")
+    return chosen
+
+
+def parse_schedule(args: argparse.Namespace, text: str):
+    """A schedule's text, with the target's declared points as well as the built-in ones (a point
+    the target did not declare is refused by :func:`run_config`, naming the ones it did)."""
+    from killpoint import chaos
+
+    points = frozenset(POINTS) | frozenset(declared_target(args).points)
+    try:
+        return chaos.parse(text, points=points)
+    except chaos.InvalidSchedule as exc:
+        raise BadInput(f"schedule {text[:200]!r}: {exc}") from None
+
+
+def run_config(args: argparse.Namespace, schedule, **overrides: Any) -> RunConfig:
     if args.workers < 1 or args.workers > 26:
         raise BadInput(f"--workers {args.workers}: use a number from 1 to 26")
-    if args.workload not in WORKLOADS:
-        raise BadInput(f"--workload {args.workload!r}: known workloads are {', '.join(WORKLOADS)}")
     target = getattr(args, "target", "reference")
-    try:
-        resolve(target)
-    except InvalidTarget as exc:
-        raise BadInput(str(exc)) from None
+    declared = declared_target(args)
+    workload = workload_name(args)
+    workload_of(args)  # checked before any run starts
+    if schedule is not None:
+        undeclared = [str(f) for f in schedule.faults
+                      if f.point not in declared.points and f.point not in DB_POINTS]
+        if undeclared:
+            raise BadInput(f"schedule {str(schedule)[:200]!r}: {', '.join(undeclared)} names a crash point "
+                           f"the target does not declare; it declares {', '.join(declared.points)}")
     validate_store(args.store, schedule)
-    values = dict(schedule=schedule, target=target, workload=args.workload, workers=args.workers,
+    values = dict(schedule=schedule, target=target, workload=workload, workers=args.workers,
                   seed=args.seed, store=args.store, timing=Timing())
     values.update(overrides)
     return RunConfig(**values)
@@ -118,16 +176,26 @@ class Summary:
         return EXIT_VALID if v is True else EXIT_VIOLATED if v is False else EXIT_UNKNOWN
 
     def invariants(self) -> dict[str, dict[str, int]]:
+        """Per invariant, the runs in which it judged something (``checked``), found a violation,
+        or could not judge at all (``not_applicable``: a target that owns its state gave it nothing)."""
         checked: Counter[str] = Counter()
         violated: Counter[str] = Counter()
+        na: Counter[str] = Counter()
         names: list[str] = []
         for r in self.results:
             for res in r.verdict.results:
                 if res.invariant not in names:
                     names.append(res.invariant)
-                checked[res.invariant] += res.checked
+                checked[res.invariant] += res.judged
                 violated[res.invariant] += res.valid is False
-        return {n: {"checked": checked[n], "violated": violated[n]} for n in names}
+                na[res.invariant] += not res.applicable
+        return {n: {"checked": checked[n], "violated": violated[n], "not_applicable": na[n]}
+                for n in names}
+
+    def judged(self) -> tuple[int, int]:
+        """(invariants that judged something in some run, invariants in all)."""
+        table = self.invariants()
+        return sum(1 for c in table.values() if c["checked"]), len(table)
 
     def to_json(self) -> dict[str, Any]:
         violations = []
@@ -140,6 +208,7 @@ class Summary:
             "runs": len(self.results),
             "violations": violations,
             "invariants": self.invariants(),
+            "judged": self.judged()[0],
             "report": self.report,
             "unknown": [{"schedule": str(r.config.schedule), "reasons": list(r.verdict.unknown_reasons)}
                         for r in self.results if r.valid is None],
@@ -194,9 +263,15 @@ def write_reports(args: argparse.Namespace, summary: Summary, title: str) -> Non
 def print_judgement(summary: Summary, results: Sequence[RunResult], *, reproduce: bool = True) -> None:
     """The invariants table, then each violation (with its replay line) and each unknown reason."""
     print()
-    print(f"{'invariant':<24} {'checked':>8} {'violated':>9}")
-    for name, c in summary.invariants().items():
-        print(f"{name:<24} {c['checked']:>8} {c['violated']:>9}")
+    table = summary.invariants()
+    na_column = any(c["not_applicable"] for c in table.values())
+    print(f"{'invariant':<24} {'checked':>8} {'violated':>9}" + (f" {'n/a':>5}" if na_column else ""))
+    for name, c in table.items():
+        print(f"{name:<24} {c['checked']:>8} {c['violated']:>9}"
+              + (f" {c['not_applicable']:>5}" if na_column else ""))
+    if na_column:
+        print("n/a: runs in which the invariant was not applicable (the target owns its state and "
+              "gave it nothing to judge)")
     for r in results:
         where = r.config.schedule or "no faults"
         for v in r.verdict.violations:
@@ -221,6 +296,8 @@ def finish(args: argparse.Namespace, summary: Summary, title: str, lines: Sequen
     verdict = {True: "valid", False: "INVALID", None: "unknown"}[summary.valid]
     fired = sum(1 for r in summary.results for n in r.fired.values() if n)
     scheduled = sum(len(r.fired) for r in summary.results)
-    print(f"\n{len(summary.results)} runs, {fired}/{scheduled} scheduled faults fired: {verdict}"
+    judged, total = summary.judged()
+    print(f"\n{len(summary.results)} runs, {fired}/{scheduled} scheduled faults fired, "
+          f"{judged} of {total} invariants judged: {verdict}"
           + (f"; report: {summary.report}" if summary.report else ""))
     return summary.exit_code()

@@ -9,10 +9,9 @@ from __future__ import annotations
 import argparse
 
 from killpoint import chaos
-from killpoint.harness.commands.common import Summary, add_common, finish, run_config
+from killpoint.harness.commands.common import Summary, add_common, finish, run_config, workload_of
 from killpoint.harness.narrate import narrate
 from killpoint.harness.run import Session
-from killpoint.harness.workload import WORKLOADS
 
 HELP = "a short guided tour: crash the reference worker at five telling points and check the invariants"
 
@@ -39,7 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    workload = WORKLOADS.get(args.workload, WORKLOADS["orders"])(args.seed)
+    workload = workload_of(args)
     configs = [(run_config(args, chaos.parse(text)), why) for text, why in TOUR]
     lines: list[str] = []
     out = (lambda s="": None) if args.json else print

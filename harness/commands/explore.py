@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from killpoint.harness.commands.common import (EXIT_UNKNOWN, EXIT_VALID, EXIT_VIOLATED, BadInput, Progress,
-                                     add_common, parse_points, replay_command, run_config)
+                                     add_common, parse_points, replay_command, run_config,
+                                     target_points)
 
 HELP = ("search schedules with Hypothesis (several faults per run); shrink a failure to a minimal "
         "schedule and print how to replay it")
@@ -101,11 +102,9 @@ class _Found(Exception):
 
 
 def _steps(args: argparse.Namespace) -> tuple[str, ...]:
-    from killpoint.harness.workload import WORKLOADS
+    from killpoint.harness.commands.common import workload_of
 
-    if args.workload not in WORKLOADS:
-        raise BadInput(f"--workload {args.workload!r}: known workloads are {', '.join(WORKLOADS)}")
-    steps = WORKLOADS[args.workload](args.seed).step_names
+    steps = workload_of(args).step_names
     if not args.steps:
         return steps
     chosen = tuple(s.strip() for s in args.steps.split(",") if s.strip())
@@ -118,7 +117,9 @@ def _steps(args: argparse.Namespace) -> tuple[str, ...]:
 
 def database_key(args: argparse.Namespace, steps: tuple[str, ...], points: tuple[str, ...]) -> bytes:
     """Examples are kept per search space: the same target, workload and shape of schedule."""
-    text = json.dumps([args.target, args.workload, args.workers, args.max_faults, list(steps),
+    from killpoint.harness.commands.common import workload_name
+
+    text = json.dumps([args.target, workload_name(args), args.workers, args.max_faults, list(steps),
                        list(points)])
     return hashlib.sha256(text.encode()).digest()
 
@@ -137,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
         raise BadInput(f"--budget {args.budget}: use a whole number of at least 1")
     if args.max_faults < 1:
         raise BadInput(f"--max-faults {args.max_faults}: use a whole number of at least 1")
-    points = parse_points(args.points)
+    points = target_points(args, args.points)
     steps = _steps(args)
     base = run_config(args, None, **overrides_for(args.target))  # validates target, store, workers
     workers = [chr(ord("A") + i) for i in range(args.workers)]

@@ -26,9 +26,9 @@ import sys
 from killpoint.chaos.points import DB_POINTS, ORDERED_POINTS
 from killpoint.chaos.schedule import Fault, Schedule
 from killpoint.chaos.actions import parse as parse_actions
-from killpoint.harness.commands.common import Progress, Summary, add_common, finish, parse_points, run_config
+from killpoint.harness.commands.common import (Progress, Summary, add_common, finish, parse_points, run_config,
+                                               target_points, workload_of)
 from killpoint.harness.run import Session
-from killpoint.harness.workload import WORKLOADS
 
 HELP = ("run every single-fault schedule (each point x each step, killed or paused past its lease), "
         "or with --depth 2 every ordered pair of crashes, and check every invariant")
@@ -151,10 +151,8 @@ def repeated_steps(workload) -> tuple[str, ...]:
 def run(args: argparse.Namespace) -> int:
     from killpoint.harness.commands.common import BadInput, redact
 
-    points = parse_points(args.points)
-    if args.workload not in WORKLOADS:
-        raise BadInput(f"--workload {args.workload!r}: known workloads are {', '.join(WORKLOADS)}")
-    workload = WORKLOADS[args.workload](args.seed)
+    points = target_points(args, args.points)
+    workload = workload_of(args)
     steps = workload.step_names
     if args.steps:
         chosen = tuple(s.strip() for s in args.steps.split(",") if s.strip())

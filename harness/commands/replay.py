@@ -27,10 +27,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="run it N times and check that every verdict is the same (default: 1)")
 
 
-def parse_schedule(text: str):
-    """The schedule, or a one-line :class:`BadInput` that quotes the bad part."""
+def parse_schedule(text: str, args: argparse.Namespace | None = None):
+    """The schedule, or a one-line :class:`BadInput` that quotes the bad part (with ``args``, the
+    target's declared crash points are names too)."""
     from killpoint import chaos
+    from killpoint.harness.commands import common
 
+    if args is not None:
+        return common.parse_schedule(args, text)
     try:
         return chaos.parse(text)
     except chaos.InvalidSchedule as exc:
@@ -41,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     from killpoint.harness.mutants import overrides_for
     from killpoint.harness.run import Session
 
-    schedule = parse_schedule(args.schedule)
+    schedule = parse_schedule(args.schedule, args)
     if not 0.0 <= args.same_identity <= 1.0:
         raise BadInput(f"--same-identity {args.same_identity}: use a probability from 0 to 1")
     if args.repeat < 1:

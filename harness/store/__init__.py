@@ -6,14 +6,11 @@ import os
 import re
 import secrets
 
-from killpoint.harness.store.base import Claim, OutcomeUnknown, Store, StoreError, StoreUnavailable
+from killpoint.errors import InvalidStore, OutcomeUnknown, StoreError, StoreUnavailable
+from killpoint.harness.store.base import Claim, Store
 from killpoint.harness.store.sqlite import SQLiteStore
 
 _PG_SCHEMES = ("postgresql://", "postgres://")
-
-
-class InvalidStore(ValueError):
-    """The --store value names no backend we have, or one we cannot reach."""
 
 
 def schema_name(run_id: str, pid: int | None = None) -> str:

@@ -1,0 +1,94 @@
+"""Every error killpoint raises on purpose derives from :class:`KillpointError`.
+
+Catch ``KillpointError`` to catch them all. Each named error also keeps the built-in base it had
+before the common base existed (``InvalidSchedule`` is still a ``ValueError``, ``UnknownScenario`` a
+``KeyError``), so code that caught the built-in keeps working.
+
+The errors are defined here, in a module that imports nothing, so that raising or catching one
+never loads the harness; the modules that raise them re-export them under their old names
+(``killpoint.chaos.InvalidSchedule``, ``killpoint.harness.store.StoreUnavailable``, ...).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BadInput",
+    "InvalidAction",
+    "InvalidSchedule",
+    "InvalidStore",
+    "InvalidPoint",
+    "InvalidTarget",
+    "InvalidWorkload",
+    "KillpointError",
+    "OutcomeUnknown",
+    "StoreError",
+    "StoreUnavailable",
+    "UnknownScenario",
+]
+
+
+class KillpointError(Exception):
+    """The base of every error killpoint raises on purpose."""
+
+
+# Bad input: the caller must fix the value the message names.
+
+
+class InvalidAction(KillpointError, ValueError):
+    """The text of a failpoint action is not in the grammar."""
+
+
+class InvalidSchedule(KillpointError, ValueError):
+    """The text of a schedule is not in the grammar; the message points at the bad part."""
+
+
+class InvalidTarget(KillpointError, ValueError):
+    """A target name that names no worker we can run."""
+
+
+class InvalidPoint(KillpointError, ValueError):
+    """A crash point the target did not declare (``ctx.point`` raises it at once, naming the declared ones)."""
+
+
+class InvalidWorkload(KillpointError, ValueError):
+    """A workload name that names none we can build, or a function that did not build one."""
+
+
+class InvalidStore(KillpointError, ValueError):
+    """The --store value names no backend we have, or one we cannot reach."""
+
+
+class UnknownScenario(KillpointError, KeyError):
+    """A scenario name that is not in the registry; the message lists the valid ones."""
+
+    def __str__(self) -> str:
+        # KeyError's str() quotes its argument; the message is a sentence, not a key.
+        return str(self.args[0])
+
+
+class BadInput(KillpointError):
+    """Input the user must fix; the message is one line naming the bad value (the CLI exits 2)."""
+
+
+# The store.
+
+
+class StoreError(KillpointError, RuntimeError):
+    """The store was asked for something it must refuse (an illegal transition, a missing instance)."""
+
+
+class StoreUnavailable(KillpointError, RuntimeError):
+    """The connection to the store died and the transaction certainly did not commit (COMMIT was
+    never sent). The store has dropped the connection; the next call opens a new one.
+
+    A worker that meets it stops working on the step: whatever it held, the lease expires and
+    recovery settles the step from the evidence, as after a crash.
+    """
+
+
+class OutcomeUnknown(StoreUnavailable):
+    """The connection died after COMMIT was sent and before its answer arrived: the transaction may
+    or may not have committed, and only reading the store again can tell. A subclass of
+    :class:`StoreUnavailable` (the connection is gone all the same); catch it first to journal the
+    operation as indeterminate (``info``) rather than failed.
+    """

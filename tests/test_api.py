@@ -1,0 +1,83 @@
+"""The public API's contract: one error base, the named errors under it, each keeping its old base."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+import killpoint
+from killpoint import errors
+
+
+def _named_errors() -> list[type[BaseException]]:
+    return [obj for name, obj in vars(errors).items()
+            if inspect.isclass(obj) and issubclass(obj, BaseException) and obj is not errors.KillpointError]
+
+
+def test_every_named_error_derives_from_the_one_base_exported_as_killpoint_killpoint_error():
+    assert killpoint.KillpointError is errors.KillpointError
+    named = _named_errors()
+    assert len(named) >= 8, named
+    for cls in named:
+        assert issubclass(cls, killpoint.KillpointError), cls
+        assert cls.__name__ in errors.__all__, cls
+
+
+@pytest.mark.parametrize("cls, builtin", [
+    (errors.InvalidAction, ValueError),
+    (errors.InvalidSchedule, ValueError),
+    (errors.InvalidTarget, ValueError),
+    (errors.InvalidStore, ValueError),
+    (errors.UnknownScenario, KeyError),
+    (errors.StoreError, RuntimeError),
+    (errors.StoreUnavailable, RuntimeError),
+    (errors.OutcomeUnknown, errors.StoreUnavailable),
+])
+def test_each_named_error_keeps_the_builtin_base_callers_already_catch(cls, builtin):
+    assert issubclass(cls, builtin)
+
+
+def test_the_modules_that_raise_an_error_re_export_the_same_class():
+    from killpoint import chaos, scenarios
+    from killpoint.chaos import actions, schedule
+    from killpoint.harness import store, targets
+    from killpoint.harness.commands import common
+    from killpoint.harness.store import base
+
+    assert chaos.InvalidAction is actions.InvalidAction is errors.InvalidAction
+    assert chaos.InvalidSchedule is schedule.InvalidSchedule is errors.InvalidSchedule
+    assert targets.InvalidTarget is errors.InvalidTarget
+    assert store.InvalidStore is errors.InvalidStore
+    assert store.StoreUnavailable is base.StoreUnavailable is errors.StoreUnavailable
+    assert store.OutcomeUnknown is base.OutcomeUnknown is errors.OutcomeUnknown
+    assert store.StoreError is base.StoreError is errors.StoreError
+    assert scenarios.UnknownScenario is errors.UnknownScenario
+    assert common.BadInput is errors.BadInput
+
+
+def test_bad_input_to_the_library_raises_a_killpoint_error_naming_the_value():
+    from killpoint.harness.store import check_store
+    from killpoint.harness.targets import resolve
+    from killpoint.scenarios import get
+
+    cases = [
+        (lambda: killpoint.parse_schedule("A@nowhere.at_all:kill"), errors.InvalidSchedule, "nowhere"),
+        (lambda: killpoint.parse_schedule("A@charge.after_call:explode"), errors.InvalidSchedule, "explode"),
+        (lambda: resolve("mutant:no_such_mutant"), errors.InvalidTarget, "no_such_mutant"),
+        (lambda: check_store("mysql://db"), errors.InvalidStore, "mysql://db"),
+        (lambda: get("no_such_story"), errors.UnknownScenario, "no_such_story"),
+    ]
+    for call, cls, named in cases:
+        with pytest.raises(killpoint.KillpointError) as info:
+            call()
+        assert isinstance(info.value, cls), info.value
+        assert named in str(info.value)
+
+
+def test_unknown_scenario_reads_as_a_sentence_not_a_quoted_key():
+    from killpoint.scenarios import get
+
+    with pytest.raises(KeyError) as info:
+        get("nope")
+    assert str(info.value).startswith("unknown scenario 'nope'")
