@@ -14,7 +14,9 @@ is one clock for every process on a Linux machine):
   ``call`` invoke data: instance, step, resource, key, intent_hash, fence, attempt, direction.
 * **store events** (``process`` = ``"store"``, type ``event``): the append-only event table.
   ``kind`` is one of ``created``, ``claimed``, ``committed``, ``commit_rejected``,
-  ``receipt_recorded``, ``stuck_flagged``, ``operator_resolved``, ``approved``. ``data`` has
+  ``receipt_recorded``, ``stuck_flagged``, ``operator_resolved``, ``approved``, ``renewed`` (a
+  heartbeat extended a lease), ``released`` (a holder gave its lease up without a transition).
+  ``data`` has
   instance, step, worker, from_state, to_state, state_version (after the event), fence (the lease
   version the writer held), lease_version (the step's current one after the event), attempt,
   actor and evidence (operator events) and any extra detail.

@@ -307,8 +307,9 @@ class ReferenceWorker:
                 return
         chaos.point("before_call")
         answer = self.call(inst, spec, claim, resource, key, params, ihash, compensation)
-        if answer is None:
-            return  # lost answer or stale fence: stop; recovery settles it
+        if answer is None:  # lost answer or stale fence: stop; recovery settles it
+            self.store.release(claim)  # refused (and not recorded) when the lease is not ours
+            return
         chaos.point("after_call")
         outcome = self.classify(answer)
         if outcome == "transient":

@@ -15,10 +15,12 @@ from killpoint.harness.checkers.base import Checker, Result, Verdict, Violation,
 from killpoint.harness.checkers.invariants import (CHECKERS, checkpoints_honoured, effects_accounted,
                                          intent_conflict, legal_transitions, manual_stable,
                                          no_duplicate_effects, retry_budget, stale_writes_rejected,
-                                         stuck_detected, terminates, version_chain)
+                                         stuck_detected, terminates, version_chain, lease_fenced,
+                                         fence_rises, receipt_first)
 from killpoint.harness.history import History
 
-# name -> checker, in the order of DESIGN section 7, then checkpoints_honoured (section 3);
+# name -> checker, in the order of DESIGN section 7, then checkpoints_honoured (section 3), then
+# lease_fenced, fence_rises and receipt_first (section 7's bug classes);
 # read-only so no caller can change it for others.
 ALL: Mapping[str, Checker] = MappingProxyType({c.__name__: c for c in CHECKERS})
 
@@ -80,7 +82,8 @@ def _judge(history: History, name: str, checker: Checker, schedule: str) -> Resu
 # What an invariant reads beyond the downstream ledger and the worker journals. A target that owns
 # its state leaves killpoint's store empty, so these judge only what its hooks supply -- store events
 # from ``history()``, final states from ``final_states()`` -- and otherwise are not applicable.
-NEEDS_STORE_EVENTS = frozenset({"version_chain", "legal_transitions", "manual_stable", "stuck_detected"})
+NEEDS_STORE_EVENTS = frozenset({"version_chain", "legal_transitions", "manual_stable", "stuck_detected",
+                                "lease_fenced", "fence_rises", "receipt_first"})
 NEEDS_FINAL_STATES = frozenset({"effects_accounted", "terminates"})
 NEEDS_CHECKPOINTS = frozenset({"checkpoints_honoured"})
 
@@ -103,4 +106,4 @@ __all__ = ["ALL", "NEEDS_CHECKPOINTS", "NEEDS_FINAL_STATES", "NEEDS_STORE_EVENTS
            "Checker", "Result", "Verdict", "Violation", "check_all", "rank",
            "no_duplicate_effects", "effects_accounted", "stale_writes_rejected", "version_chain",
            "legal_transitions", "manual_stable", "intent_conflict", "retry_budget", "terminates",
-           "stuck_detected", "checkpoints_honoured"]
+           "stuck_detected", "checkpoints_honoured", "lease_fenced", "fence_rises", "receipt_first"]

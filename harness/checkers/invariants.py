@@ -1,4 +1,5 @@
-"""The invariants of DESIGN section 7 (its ten, and checkpoints_honoured for section 3), each a pure function ``History -> Result``.
+"""The invariants of DESIGN section 7 (its ten, then checkpoints_honoured, lease_fenced, fence_rises and
+receipt_first for the bug classes it names beyond them), each a pure function ``History -> Result``.
 
 No checker does I/O or reads a clock: they only walk the events of one history, so each one is
 tested on small hand-written histories. Every violation names the events that prove it, so a report
@@ -658,7 +659,135 @@ def checkpoints_honoured(history: History) -> Result:
     return _result(name, True, violations, f"{len(refused)} checkpoint(s) had to be refused")
 
 
-# The order is the order of DESIGN section 7 (and of reports), then the checkpoint rule of section 3.
+# ---------------------------------------------------------------------------------------------
+# 12. lease_fenced
+
+# Store events after which a step's lease is free: the holder's accepted commit (one with a fence),
+# the monitor freeing a stuck lease, the holder's release.
+_FREES_LEASE = frozenset({"stuck_flagged", "released"})
+
+
+def lease_fenced(history: History) -> Result:
+    """Only the lease's current holder, with its current fence, renews or releases it.
+
+    A renewal by anyone else keeps a lease alive under its holder's feet: a stale worker whose
+    heartbeat renews by instance alone takes the lease back and the new holder's commit is refused
+    (aegra #502). A release by anyone else frees a lease its holder still works under. Renewals and
+    releases are store events (``renewed``, ``released``), each with the writer and the fence it
+    held; commits are judged by ``stale_writes_rejected``.
+    """
+    name = "lease_fenced"
+    violations: list[Violation] = []
+    holder: dict[StepId, tuple[Any, Any, Event]] = {}  # step -> (owner, fence, the claim)
+    checked = False
+    for e in _store(history):
+        sid = _step_of(e)
+        if e.kind == "claimed":
+            holder[sid] = (e.get("worker"), e.get("lease_version"), e)
+            continue
+        if e.kind in ("renewed", "released"):
+            checked = True
+            worker, fence = e.get("worker"), e.get("fence")
+            owner, current, claim = holder.get(sid, (None, None, None))
+            if owner is None:
+                why = "nobody held the lease then"
+            elif (worker, fence) != (owner, current):
+                why = f"the lease belonged to {owner} with fence {current}"
+            else:
+                why = ""
+            if why:
+                verb = "renewed" if e.kind == "renewed" else "released"
+                violations.append(Violation(
+                    name, sid[0], sid[1],
+                    f"{worker} {verb} the lease of step {sid[1]} of {sid[0]} with fence {fence}, "
+                    f"but {why}: only the current holder with its current fence may", _idx([claim, e])))
+                continue
+        if e.kind in _FREES_LEASE or (e.kind == "committed" and e.get("fence") is not None):
+            holder.pop(sid, None)
+    return _result(name, checked, violations)
+
+
+# ---------------------------------------------------------------------------------------------
+# 13. fence_rises
+
+
+def fence_rises(history: History) -> Result:
+    """Each claim of a step gets a fence strictly above every earlier fence of that step.
+
+    A fence that does not rise (a lease generation reset to 1 on re-grant, semaprax #192) lets two
+    holders share one token, and a fenced downstream can no longer tell the stale one.
+    """
+    name = "fence_rises"
+    violations: list[Violation] = []
+    top: dict[StepId, Event] = {}
+    checked = False
+    for e in _store(history):
+        if e.kind != "claimed" or e.get("lease_version") is None:
+            continue
+        sid = _step_of(e)
+        before = top.get(sid)
+        if before is None:
+            top[sid] = e
+            continue
+        checked = True
+        fence, highest = e.get("lease_version"), before.get("lease_version")
+        if fence <= highest:
+            violations.append(Violation(
+                name, sid[0], sid[1],
+                f"{e.get('worker')} claimed step {sid[1]} of {sid[0]} with fence {fence}, not above "
+                f"fence {highest} of the claim by {before.get('worker')} ({_at(before)}): two "
+                f"holders share one fencing token", _idx([before, e])))
+        else:
+            top[sid] = e
+    return _result(name, checked, violations)
+
+
+# ---------------------------------------------------------------------------------------------
+# 14. receipt_first
+
+
+def receipt_first(history: History) -> Result:
+    """A keyed step committed as done has its succeeded receipt recorded before the commit.
+
+    A commit that comes first leaves, when the worker dies in between, a success the store can no
+    longer explain: recovery finds no receipt to rest on. Judged on commits under a lease (a fence)
+    that end a keyed call: ``succeeded`` under the step's key, ``compensated`` under its
+    compensation key. A target that records no receipt at all is not judged.
+    """
+    name = "receipt_first"
+    events = _store(history)
+    if not any(e.kind == "receipt_recorded" for e in events):
+        return _result(name, False, [], "the target recorded no receipt")
+    violations: list[Violation] = []
+    receipts: dict[Any, Event] = {}  # key -> its first succeeded receipt
+    checked = False
+    for e in events:
+        if e.kind == "receipt_recorded" and e.get("status") == "succeeded":
+            receipts.setdefault(e.get("key"), e)
+            continue
+        if e.kind != "committed" or e.get("fence") is None:
+            continue
+        to_state = e.get("to_state")
+        if to_state not in (SUCCEEDED, COMPENSATED):
+            continue
+        sid = _step_of(e)
+        cfg = history.step_config(*sid)
+        if cfg is None:
+            continue
+        key = cfg.key if to_state == SUCCEEDED else cfg.compensation_key
+        if key is None:
+            continue
+        checked = True
+        if key not in receipts:
+            violations.append(Violation(
+                name, sid[0], sid[1],
+                f"{e.get('worker')} committed step {sid[1]} of {sid[0]} {to_state} before any "
+                f"succeeded receipt for key {key!r} was recorded", (e.index,)))
+    return _result(name, checked, violations)
+
+
+# The order is the order of DESIGN section 7 (and of reports), then the checkpoint rule of section 3,
+# then the lease, fence and receipt rules of section 7's bug classes.
 CHECKERS = (no_duplicate_effects, effects_accounted, stale_writes_rejected, version_chain,
             legal_transitions, manual_stable, intent_conflict, retry_budget, terminates,
-            stuck_detected, checkpoints_honoured)
+            stuck_detected, checkpoints_honoured, lease_fenced, fence_rises, receipt_first)
