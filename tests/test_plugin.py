@@ -25,11 +25,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A worker whose commit trusts its old lease: a stale write gets through after a takeover.
 BROKEN_WORKER = '''
 from killpoint import ReferenceWorker
+from killpoint.harness.mutants import BlindCommits
 
 
 class TrustsItsLease(ReferenceWorker):
-    check_fence = False
-    check_version = False
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.store = BlindCommits(self.store)  # commits with no compare-and-set
 
 
 def run(ctx):
