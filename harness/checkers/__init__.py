@@ -7,6 +7,7 @@ and unknown outranks valid.
 from __future__ import annotations
 
 import dataclasses
+import gc
 from types import MappingProxyType
 from typing import Callable, Iterable, Mapping
 
@@ -50,20 +51,22 @@ def check_all(history: History, checkers: Mapping[str, Checker] | Iterable[Check
     """
     schedule = schedule or history.schedule
     results: list[Result] = []
-    for name, checker in _named(checkers, history):
-        why_not = not_applicable(name, history)
-        if why_not is not None:
-            results.append(Result(name, True, False, (), f"not applicable: {why_not}", applicable=False))
-            continue
-        try:
-            result = checker(history)
-        except Exception as exc:  # a broken checker must give unknown, never valid
-            result = Result(name, None, False, (),
-                            f"checker raised: {type(exc).__name__}: {exc}")
-        if schedule:
-            result = dataclasses.replace(result, violations=tuple(
-                dataclasses.replace(v, schedule=schedule) for v in result.violations))
-        results.append(result)
+    # The checkers build large indexes over a large history and make no reference cycles, so the
+    # cycle collector would only walk every event again and again (a third of the time on a
+    # million events) and find nothing: it is paused while they run.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        for name, checker in _named(checkers, history):
+            why_not = not_applicable(name, history)
+            if why_not is not None:
+                results.append(Result(name, True, False, (), f"not applicable: {why_not}",
+                                      applicable=False))
+                continue
+            results.append(_judge(history, name, checker, schedule))
+    finally:
+        if collecting:
+            gc.enable()
     unknown = tuple(f"{r.invariant}: {r.detail}" for r in results if r.valid is None)
     valid = rank(r.valid for r in results)
     if valid is True and not any(r.judged for r in results):
@@ -72,6 +75,17 @@ def check_all(history: History, checkers: Mapping[str, Checker] | Iterable[Check
         unknown += (f"no invariant had anything to judge ({len(results)} ran, "
                     f"{sum(not r.applicable for r in results)} not applicable)",)
     return Verdict(valid, tuple(results), unknown)
+
+
+def _judge(history: History, name: str, checker: Checker, schedule: str) -> Result:
+    try:
+        result = checker(history)
+    except Exception as exc:  # a broken checker must give unknown, never valid
+        result = Result(name, None, False, (), f"checker raised: {type(exc).__name__}: {exc}")
+    if schedule:
+        result = dataclasses.replace(result, violations=tuple(
+            dataclasses.replace(v, schedule=schedule) for v in result.violations))
+    return result
 
 
 # What an invariant reads beyond the downstream ledger and the worker journals. A target that owns
@@ -88,7 +102,7 @@ def not_applicable(name: str, history: History) -> str | None:
     owns its state can leave an invariant without its source; the ledger-based ones always judge."""
     if not history.owns_state:
         return None
-    if name in NEEDS_STORE_EVENTS and not any(e.process == "store" for e in history.events):
+    if name in NEEDS_STORE_EVENTS and not history.of("store"):
         return "the target owns its state and its history() gave no store events"
     if name in NEEDS_FINAL_STATES and not history.final:
         return "the target owns its state and gave no final_states()"
