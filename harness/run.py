@@ -56,6 +56,22 @@ def _workload(name: str, seed: int) -> Workload:
 _PR_SET_PDEATHSIG = 1
 
 
+def worker_identity(n: int) -> str:
+    """The ``n``-th identity a run uses (from 0): A, B, ... Z, then A1, B1, ...; the first
+    ``workers`` start the run, the others are fresh identities for replacements, in order."""
+    return string.ascii_uppercase[n % 26] + ("" if n < 26 else str(n // 26))
+
+
+def spawn_cap(workers: int, faults: int) -> int:
+    """How many worker processes a run may start before it gives up (the target keeps failing)."""
+    return 4 * workers + 2 * faults + 4
+
+
+def reachable_identities(workers: int, faults: int) -> tuple[str, ...]:
+    """Every identity a run with ``workers`` workers and ``faults`` faults can ever start."""
+    return tuple(dict.fromkeys(worker_identity(n) for n in range(spawn_cap(workers, faults))))
+
+
 @dataclass(frozen=True)
 class RunConfig:
     schedule: Schedule = field(default_factory=Schedule)
@@ -294,8 +310,7 @@ class _Run:
         if self.rng.random() < self.config.same_identity:
             identity = dead.worker_id
         else:
-            identity = string.ascii_uppercase[self.next_fresh % 26] + ("" if self.next_fresh < 26
-                                                                        else str(self.next_fresh // 26))
+            identity = worker_identity(self.next_fresh)
             self.next_fresh += 1
         faulted = any(f.worker == identity and i not in self.spent
                       for i, f in enumerate(self.schedule.faults))
@@ -442,7 +457,7 @@ class _Run:
         self.store.setup(self.workload.checkpoints())
         client = ds.DownstreamClient(self.s.downstream.url, self.run_id)
         client.configure(self.downstream_config())
-        self.spawn_cap = 4 * self.config.workers + 2 * len(self.schedule.faults) + 4
+        self.spawn_cap = spawn_cap(self.config.workers, len(self.schedule.faults))
         bound_hit = quiescent = False
         deadline = started + self.config.bound_s
         try:
