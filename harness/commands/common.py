@@ -177,7 +177,7 @@ def check_schedule(schedule, *, steps: Iterable[str], workers: int) -> None:
     """Refuse a schedule whose fault could never fire: a step the workload does not have, or a
     worker no run with ``workers`` workers ever starts (the first ones, then fresh identities for
     replacements up to the run's spawn cap)."""
-    from killpoint.harness.run import reachable_identities
+    from killpoint.harness.supervise import reachable_identities
 
     steps = tuple(steps)
     for fault in schedule.faults:
