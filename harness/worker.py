@@ -26,7 +26,7 @@ from killpoint.harness.declaration import InvalidPoint, TargetRun
 from killpoint.harness.downstream import DownstreamClient, LostResponse
 from killpoint.harness.intent import idempotency_key, intent_hash
 from killpoint.harness.store.base import Claim, OutcomeUnknown, Store, StoreUnavailable
-from killpoint.harness.workload import InstanceSpec, StepSpec, Workload
+from killpoint.harness.workload import InstanceSpec, StepSpec, Workload, policy_of
 
 
 @dataclass(frozen=True)
@@ -255,7 +255,7 @@ class ReferenceWorker:
         if loaded is None:
             loaded = checkpoint.verify(self.store.instance(instance_id),
                                        self.ctx.workload.instance(instance_id),
-                                       checkpoint.policy_of(self.ctx.workload))
+                                       policy_of(self.ctx.workload))
             self._loaded[instance_id] = loaded
             if loaded.outcome != checkpoint.OK:
                 self.journal.write("checkpoint", instance=instance_id, outcome=loaded.outcome,
@@ -307,8 +307,9 @@ class ReferenceWorker:
                 return
         chaos.point("before_call")
         answer = self.call(inst, spec, claim, resource, key, params, ihash, compensation)
-        if answer is None:
-            return  # lost answer or stale fence: stop; recovery settles it
+        if answer is None:  # lost answer or stale fence: stop; recovery settles it
+            self.store.release(claim)  # refused (and not recorded) when the lease is not ours
+            return
         chaos.point("after_call")
         outcome = self.classify(answer)
         if outcome == "transient":

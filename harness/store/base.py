@@ -93,7 +93,12 @@ class Store(Protocol):
         ...
 
     def heartbeat(self, claim: Claim, ttl_ms: float) -> bool:
-        """Extend the lease while it is still the claim's; False once it is not."""
+        """Extend the lease while it is still the claim's (a ``renewed`` event); False once it is not."""
+        ...
+
+    def release(self, claim: Claim) -> bool:
+        """Give the lease up without a transition while it is still the claim's (a ``released``
+        event); False once it is not."""
         ...
 
     def progress(self, claim: Claim) -> None:

@@ -195,13 +195,35 @@ class SqlStore(Store):
         return self._write(do)
 
     def heartbeat(self, claim: Claim, ttl_ms: float) -> bool:
-        """Extend the lease, only while it is still ours (same fence, same owner)."""
+        """Extend the lease, only while it is still ours (same fence, same owner); a renewal is
+        recorded as a ``renewed`` event, so the history shows who kept which lease alive."""
         def do(cur: Any) -> bool:
-            result = cur.execute(self._q(
+            row = cur.execute(self._q(
                 "UPDATE {steps} SET expires_at = {now} + ?, heartbeat_at = {now} "
-                "WHERE instance = ? AND step = ? AND lease_version = ? AND owner_worker = ?"),
-                (ttl_ms / 1000.0, claim.instance, claim.step, claim.fence, claim.worker))
-            return result.rowcount == 1
+                "WHERE instance = ? AND step = ? AND lease_version = ? AND owner_worker = ? "
+                "RETURNING lease_version"),
+                (ttl_ms / 1000.0, claim.instance, claim.step, claim.fence, claim.worker)).fetchone()
+            if row is None:
+                return False
+            self._event(cur, "renewed", claim.instance, claim.step, worker=claim.worker,
+                        fence=claim.fence, lease_version=row[0])
+            return True
+        return self._write(do, points=False)
+
+    def release(self, claim: Claim) -> bool:
+        """Give the lease up without a transition (the worker stops working on the step), only
+        while it is still ours; recorded as a ``released`` event. The next claim raises the fence."""
+        def do(cur: Any) -> bool:
+            row = cur.execute(self._q(
+                "UPDATE {steps} SET owner_worker = NULL, expires_at = NULL "
+                "WHERE instance = ? AND step = ? AND lease_version = ? AND owner_worker = ? "
+                "RETURNING lease_version, state_version"),
+                (claim.instance, claim.step, claim.fence, claim.worker)).fetchone()
+            if row is None:
+                return False
+            self._event(cur, "released", claim.instance, claim.step, worker=claim.worker,
+                        fence=claim.fence, lease_version=row[0], state_version=row[1])
+            return True
         return self._write(do, points=False)
 
     def progress(self, claim: Claim) -> None:
