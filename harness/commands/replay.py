@@ -12,9 +12,9 @@ import json
 import sys
 
 from killpoint.harness.colour import Colour
-from killpoint.harness.commands.common import (EXIT_VIOLATED, BadInput, Summary, add_common, print_stats,
-                                               progress_for, replay_command, report_hint, run_config,
-                                               write_reports)
+from killpoint.harness.commands.common import (EXIT_VIOLATED, BadInput, Summary, add_common, one_line,
+                                               print_stats, progress_for, replay_command, report_hint,
+                                               run_config, shown, write_reports)
 from killpoint.harness.narrate import story
 
 HELP = "run one schedule again (as printed by matrix, explore or selftest) and give its verdict"
@@ -45,7 +45,7 @@ def parse_schedule(text: str, args: argparse.Namespace | None = None):
     try:
         return chaos.parse(text)
     except chaos.InvalidSchedule as exc:
-        raise BadInput(f"schedule {text!r}: {exc}") from None
+        raise BadInput(f"schedule {shown(text)}: {one_line(str(exc), 400)}") from None
 
 
 def run(args: argparse.Namespace) -> int:
