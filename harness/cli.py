@@ -10,6 +10,8 @@ import argparse
 import importlib
 import os
 import sys
+from types import ModuleType
+from typing import NoReturn
 
 from killpoint.harness.commands.common import EXIT_BAD_INPUT, BadInput, one_line
 
@@ -26,8 +28,8 @@ COMMANDS = {
 }
 
 
-def _available() -> dict[str, object]:
-    found = {}
+def _available() -> dict[str, ModuleType]:
+    found: dict[str, ModuleType] = {}
     for name, module in COMMANDS.items():
         try:
             found[name] = importlib.import_module(f"killpoint.harness.commands.{module}")
@@ -38,7 +40,7 @@ def _available() -> dict[str, object]:
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2, as for every bad input
+    def error(self, message: str) -> NoReturn:  # one line, exit 2, as for every bad input
         self.exit(EXIT_BAD_INPUT, f"killpoint: error: {one_line(message)}\n")
 
 

@@ -239,7 +239,11 @@ def redact(url: str) -> str:
 
 def replay_command(result: RunResult) -> str:
     """The one line that reproduces a run: shell-quoted, the store password redacted."""
-    c = result.config
+    return replay_line(result.config)
+
+
+def replay_line(c: RunConfig) -> str:
+    """The one line that runs a configuration again (see :func:`replay_command`)."""
     parts = ["killpoint", "replay", str(c.schedule), "--target", c.target_name, "--seed", str(c.seed)]
     if c.workers != 2:
         parts += ["--workers", str(c.workers)]

@@ -206,7 +206,7 @@ def _report(args: argparse.Namespace, search: Search, minimal: tuple[Experiment,
         code = EXIT_UNKNOWN
     else:
         code = EXIT_VALID
-    found = None
+    found: dict[str, Any] = {}  # the shrunk counterexample; empty when there is none
     # The reports: the counterexample's, and those of runs that could not be judged; JUnit: every run.
     shown = Summary(results=([minimal[1]] if minimal is not None else []) + list(search.unknown))
     title = f"killpoint explore {args.target}"
@@ -228,7 +228,7 @@ def _report(args: argparse.Namespace, search: Search, minimal: tuple[Experiment,
             "valid": False if minimal else (None if search.unknown else True),
             "runs": search.runs, "budget": args.budget, "seed": args.seed, "target": args.target,
             "duration_s": round(elapsed, 1), "violations": violations,
-            "invariants": search.invariants, "report": shown.report, "minimal": found,
+            "invariants": search.invariants, "report": shown.report, "minimal": found or None,
             "counterexamples_seen": search.failures, "unfired_only": search.unfired,
             "unknown": [{"schedule": r.schedule, "reasons": list(r.verdict.unknown_reasons)}
                         for r in search.unknown],

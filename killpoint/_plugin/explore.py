@@ -58,11 +58,9 @@ def explore(handle: "Killpoint", *, target: str, budget: int | None, seed: int |
 def _from_json(handle: "Killpoint", data: dict[str, Any], target: str, seed: int, workload: str,
                workers: int) -> CrashVerdict:
     """A verdict from a command's ``--json`` object (DESIGN section 10); it has no histories."""
-    import types
-
     from killpoint import chaos
     from killpoint.harness.checkers.base import Violation
-    from killpoint.harness.commands.common import replay_command
+    from killpoint.harness.commands.common import replay_line
     from killpoint.harness.run import RunConfig
 
     found: dict[str, list[Violation]] = {}
@@ -81,7 +79,7 @@ def _from_json(handle: "Killpoint", data: dict[str, Any], target: str, seed: int
         config = RunConfig(schedule=chaos.parse(schedule), target=target, workload=workload,
                            workers=workers, seed=seed, store=handle.settings.store)
         runs.append(_Run(schedule, None, (), tuple(u.get("reasons", ())),
-                         replay_command(types.SimpleNamespace(config=config)), None))
+                         replay_line(config), None))
     total = max(int(data.get("runs", len(runs))), len(runs))
     for run in runs:
         handle._record(run, None, target=target, seed=seed)

@@ -181,12 +181,12 @@ def _schedules(steps: Sequence[str], points: Sequence[str], depth: int) -> list[
 
     if depth == 1:
         return [(s, {}) for s in matrix.single_crash_schedules(steps, points)]
-    pairs = getattr(matrix, "double_crash_schedules", None)
-    if depth == 2 and pairs is None:
-        raise KillpointUnavailable("killpoint.matrix(depth=2) needs the double-crash matrix "
-                                   "(`killpoint matrix --depth 2`), which this installation does not "
-                                   "have yet; use depth=1")
     if depth == 2:
+        pairs = getattr(matrix, "double_crash_schedules", None)
+        if pairs is None:
+            raise KillpointUnavailable("killpoint.matrix(depth=2) needs the double-crash matrix "
+                                       "(`killpoint matrix --depth 2`), which this installation does not "
+                                       "have yet; use depth=1")
         # Each pair comes with the restart rule its second fault needs.
         return [(s, {"same_identity": same}) for s, same in pairs(steps, points)]
     raise ValueError(f"killpoint.matrix(depth={depth!r}): depth is 1 (single crashes) or 2 (pairs)")
