@@ -13,6 +13,7 @@ from __future__ import annotations
 
 __all__ = [
     "BadInput",
+    "InfrastructureError",
     "InvalidAction",
     "InvalidSchedule",
     "InvalidStore",
@@ -92,3 +93,11 @@ class OutcomeUnknown(StoreUnavailable):
     :class:`StoreUnavailable` (the connection is gone all the same); catch it first to journal the
     operation as indeterminate (``info``) rather than failed.
     """
+
+
+# The harness's own machinery broke: never a violation (exit 3, the cause in the verdict).
+
+
+class InfrastructureError(KillpointError, RuntimeError):
+    """The infrastructure a run needs broke: the store went away, the downstream failed, the disk
+    is full, a process could not be started. A run it ends is unknown, never violated."""
