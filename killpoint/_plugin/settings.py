@@ -9,6 +9,8 @@ from typing import Any, Sequence
 
 import pytest
 
+from killpoint.errors import KillpointUnavailable as KillpointUnavailable
+
 # Every option: its name after the --killpoint- prefix (the ini key is killpoint_NAME), metavar, help.
 _OPTIONS = (
     ("store", "STORE", "where runs keep their state: sqlite (default, a file per run) or a "
@@ -22,10 +24,6 @@ _OPTIONS = (
                      "tests, of each killpoint.matrix() and of each exploration's budget"),
 )
 DEFAULT_BUDGET = 100
-
-
-class KillpointUnavailable(RuntimeError):
-    """Asked for a part of killpoint this installation does not have (e.g. exploration)."""
 
 
 @dataclass(frozen=True)

@@ -5,11 +5,14 @@ from __future__ import annotations
 import base64
 import os
 import pickle
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from killpoint._plugin.settings import Settings
+
+if TYPE_CHECKING:
+    from killpoint._plugin.fixture import Killpoint
 
 INDEX = "index.html"
 
