@@ -20,6 +20,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+from killpoint import vocab
 from killpoint.chaos.schedule import Schedule
 from killpoint.harness import downstream as ds
 from killpoint.harness import signals
@@ -204,7 +205,7 @@ class _Run:
         self.check_disk()
         if quiescent and self.config.after_quiescent is not None:
             self.phase = "running the outside actor"
-            self.note("after_quiescent")
+            self.note(vocab.AFTER_QUIESCENT)
             self.config.after_quiescent(store, client)
         self.phase = "gathering the history"
         history = gather_history(workload=self.workload, store=store, client=client,
@@ -264,7 +265,7 @@ class _Run:
                 f"{' '.join(str(exc).split())[:300]}"
         if os.environ.get("KILLPOINT_DEBUG"):
             traceback.print_exception(exc, file=sys.stderr)
-        self.note("infrastructure_failure", phase=self.phase, error=cause)
+        self.note(vocab.INFRASTRUCTURE_FAILURE, phase=self.phase, error=cause)
         workers = self.sup.workers if self.sup is not None else []
         fired_counts = self.sup.tally.fired if self.sup is not None else {}
         history = hist.merge({}, [], [], self.harness_events, schedule=str(self.config.schedule),
