@@ -41,6 +41,9 @@ HEARTBEAT_LOST = "heartbeat_lost"  # the heartbeat found the lease gone
 STORE_UNAVAILABLE = "store_unavailable"  # the store connection died; the worker goes on
 START = "start"  # the worker process began (pid)
 FINISH = "finish"  # the target returned
+# Written by the Temporal targets.
+ACTIVITY = "activity"  # a Temporal activity began
+REPLAYED = "replay"  # a workflow history replayed against the code (``outcome``, ``detail``)
 
 # -- store event kinds ---------------------------------------------------------------------------------
 CREATED = "created"
