@@ -37,6 +37,8 @@ def add_common(p: argparse.ArgumentParser, *, target: bool = True) -> None:
     p.add_argument("--report-dir", default=None, help="where to write HTML reports")
     p.add_argument("--report", choices=("always", "on-failure", "never"), default="on-failure",
                    help="when to write HTML reports (default: on-failure)")
+    p.add_argument("--debug", action="store_true",
+                   help="print the traceback of an infrastructure failure (store, downstream, disk)")
     p.add_argument("--timing", type=_timing, default=None, metavar="NAME=MS,...",
                    help="the worker's timings in milliseconds: lease-ttl-ms, heartbeat-ms, "
                         "stuck-bound-ms, poll-ms (default: 120, 30, 300, 2)")
@@ -304,6 +306,8 @@ class Summary:
             "report": self.report,
             "unknown": [{"schedule": str(r.config.schedule), "reasons": list(r.verdict.unknown_reasons)}
                         for r in self.results if r.valid is None],
+            "unknown_reasons": list(dict.fromkeys(reason for r in self.results if r.valid is None
+                                                  for reason in r.verdict.unknown_reasons)),
             "results": [{"schedule": str(r.config.schedule), "target": r.config.target_name,
                          "valid": r.valid, "fired": r.fired, "unfired": list(r.unfired),
                          "workers_spawned": r.spawned, "duration_ms": round(r.duration_s * 1000, 1),
