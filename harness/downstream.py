@@ -381,6 +381,28 @@ class _Ledger:
         return _Reply(status, body, drop=drop)
 
 
+# What a plain HTTP client says about a request, as headers: the instance and step it is for (so the
+# ledger can tell which logical intent an effect belongs to, whatever key was sent), who sent it and
+# at which attempt. The body's "meta" object, killpoint's own client's way, wins over them.
+META_HEADERS = {"Killpoint-Instance": "instance", "Killpoint-Step": "step",
+                "Killpoint-Worker": "worker", "Killpoint-Attempt": "attempt"}
+
+
+def _header_meta(headers: Any) -> dict[str, Any]:
+    meta: dict[str, Any] = {}
+    for header, name in META_HEADERS.items():
+        value = headers.get(header)
+        if value in (None, ""):
+            continue
+        if name == "attempt":
+            try:
+                value = int(value)
+            except ValueError:
+                raise _BadRequest(f"{header} is not an integer: {value!r}") from None
+        meta[name] = value
+    return meta
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True
@@ -473,6 +495,7 @@ class _Handler(BaseHTTPRequestHandler):
             meta = body.get("meta") or {}
             if not isinstance(params, dict) or not isinstance(meta, dict):
                 raise _BadRequest("params and meta must be JSON objects")
+            meta = {**_header_meta(self.headers), **meta}
         except _BadRequest as e:
             return ledger.bad_request(run, resource, key, fence, params, meta, str(e))
         return ledger.post(run, resource, key, fence, scope, params, meta)
@@ -672,9 +695,10 @@ class Answer:
 
 
 class DownstreamClient:
-    """A client of one run on one downstream, over one persistent keep-alive connection.
+    """A client of one run on one downstream, over a persistent keep-alive connection per thread.
 
-    Not thread-safe: give each thread (and each worker process) its own client.
+    Safe to share between threads (a library's own worker threads may call through it at once):
+    each thread gets its own connection. Each process needs its own client.
     """
 
     def __init__(self, url: str, run: str, timeout: float = 10.0) -> None:
@@ -686,7 +710,24 @@ class DownstreamClient:
         self.timeout = timeout
         self._host, self._port = parts.hostname, parts.port
         self._prefix = f"/runs/{quote(run, safe='')}"
-        self._conn: http.client.HTTPConnection | None = None
+        self._local = threading.local()  # this thread's connection
+        self._owner = threading.current_thread()
+        self._lock = threading.Lock()
+        self._all: set[http.client.HTTPConnection] = set()  # every thread's, for close()
+
+    @property
+    def _conn(self) -> http.client.HTTPConnection | None:
+        return getattr(self._local, "conn", None)
+
+    @_conn.setter
+    def _conn(self, conn: http.client.HTTPConnection | None) -> None:
+        old = getattr(self._local, "conn", None)
+        with self._lock:
+            if old is not None:
+                self._all.discard(old)
+            if conn is not None:
+                self._all.add(conn)
+        self._local.conn = conn
 
     # -- connection --
 
@@ -707,9 +748,15 @@ class DownstreamClient:
         return conn
 
     def close(self) -> None:
+        """Close this thread's connection; from the thread that made the client, every thread's."""
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+        if threading.current_thread() is self._owner:
+            with self._lock:
+                others, self._all = list(self._all), set()
+            for conn in others:
+                conn.close()
 
     def __enter__(self) -> DownstreamClient:
         return self

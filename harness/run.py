@@ -40,9 +40,11 @@ from killpoint.harness import history as hist
 from killpoint.harness.checkers import check_all
 from killpoint.harness.signals import sigint_deferred, unblock_sigint
 from killpoint.harness.checkers.base import Verdict
-from killpoint.harness.store import check_faults, open_store
+from killpoint.harness.store import check_faults, open_store, schema_name
 from killpoint.harness.store.base import Store
-from killpoint.harness.targets import Target, resolve
+from killpoint.harness import hooks
+from killpoint.harness.declaration import Target as Declared, TargetRun
+from killpoint.harness.targets import Target, declared
 from killpoint.harness.worker import DONE, Heartbeat, Timing, WorkerContext, plan
 from killpoint.harness.workload import Workload, resolve_workload
 
@@ -60,7 +62,9 @@ _PR_SET_PDEATHSIG = 1
 class RunConfig:
     schedule: Schedule = field(default_factory=Schedule)
     target: "str | Target" = "reference"
-    workload: str = "orders"
+    # A built-in name or pkg.module:function; None: the target's own (orders for the reference and
+    # the mutants, plain for a user's target unless it declares one).
+    workload: str | None = None
     workers: int = 2
     seed: int = 0
     store: str = "sqlite"
@@ -80,6 +84,21 @@ class RunConfig:
     # and replaced, the harness reopens its handle). A worker paused by that fault is released at
     # once, without SIGSTOP: it only waited for the restart.
     restarts: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    @property
+    def workload_name(self) -> str:
+        """The workload the run uses: ``workload``, or the target's default."""
+        from killpoint.harness.workload import default_for
+
+        if self.workload_spec is not None:
+            return self.workload_spec.name
+        if self.workload:
+            return self.workload
+        try:
+            own = declared(self.target)
+        except Exception:  # noqa: BLE001 - an unresolvable target fails later, with its own message
+            own = None
+        return default_for(self.target, own)
 
     @property
     def target_name(self) -> str:
@@ -120,6 +139,7 @@ class _Worker:
     state: str = "running"  # running | paused | hung | exited
     paused: tuple[str, str, int] | None = None  # (instance, step, state_version) at pause
     exitcode: int | None = None
+    raised: tuple[str, str] | None = None  # (signature, "Type: message") when its target raised
 
 
 def _die_with_parent() -> None:
@@ -141,12 +161,16 @@ def _worker_main(target: Target, ctx_args: dict[str, Any], faults, hits, seed: i
     chaos.points.install(Failpoints(list(faults), journal, seed, events_fd, control_fd, dict(hits),
                                     backends=store.backends))
     client = ds.DownstreamClient(ctx_args["url"], ctx_args["run_id"])
+    declared: Declared = ctx_args["declared"]
     ctx = WorkerContext(ctx_args["worker_id"], store, client, journal, ctx_args["workload"],
-                        ctx_args["timing"])
+                        ctx_args["timing"], run_dir=ctx_args["run_dir"],
+                        downstream_url=f"{ctx_args['url']}/runs/{ctx_args['run_id']}",
+                        points=declared.points, run=ctx_args["target_run"], replaces=ctx_args["replaces"])
     ctx.heartbeat = Heartbeat(store, journal, ctx.timing)
-    target(ctx)
-    journal.write("finish")
-    os._exit(0)
+    code = hooks.worker_body(declared, ctx, journal, events_fd)
+    if code == 0:
+        journal.write("finish")
+    os._exit(code)
 
 
 class Session:
@@ -210,14 +234,21 @@ class _Run:
         self.run_id = run_id
         self.run_dir = os.path.join(session.base_dir, run_id)
         os.makedirs(self.run_dir, exist_ok=True)
-        self.workload: Workload = config.workload_spec or _workload(config.workload, config.seed)
+        self.declared = declared(config.target)
+        self.workload: Workload = config.workload_spec or _workload(config.workload_name, config.seed)
         known = {str(f) for f in config.schedule.faults}
         for fault, services in config.restarts.items():
             if fault not in known or not set(services) <= {"downstream", "store"}:
                 raise ValueError(f"restarts {fault!r}: {services!r}: name a fault of the schedule "
                                  f"and any of 'downstream', 'store'")
         check_faults(config.store, config.schedule)  # InvalidStore, a ValueError
-        self.target = resolve(config.target)
+        self.target = self.declared
+        self.target_run = TargetRun(run_id, self.run_dir, schema_name(f"{run_id}_target"), self.workload,
+                                    f"{session.downstream.url}/runs/{run_id}", config.store, config.seed)
+        self.hooks = hooks.Hooks(self.declared, self.target_run)
+        self.raised = hooks.Raised()
+        self.halted = False  # replacements stopped: the target raised the same exception twice
+        self.replaces: dict[str, str] = {}  # worker label -> the dead worker id it replaces
         self.rng = random.Random(config.seed)  # an int seed: stable in every process
         self.harness_events: list[dict[str, Any]] = []
         self.workers: list[_Worker] = []
@@ -247,10 +278,11 @@ class _Run:
         journal = os.path.join(self.run_dir, f"journal-{label}.jsonl")
         ctx_args = {"worker_id": worker_id, "store": self.store, "url": self.s.downstream.url,
                     "run_id": self.run_id, "workload": self.workload, "timing": self.config.timing,
-                    "journal": journal}
+                    "journal": journal, "declared": self.declared, "target_run": self.target_run,
+                    "run_dir": self.run_dir, "replaces": self.replaces.pop(worker_id, None)}
         seed = seeds.derive(self.config.seed, f"worker:{label}")
         proc = _FORK.Process(target=_worker_main, name=f"killpoint-worker-{label}",
-                             args=(self.target, ctx_args, faults, self.hits, seed, events_w, control_r))
+                             args=(self.declared, ctx_args, faults, self.hits, seed, events_w, control_r))
         with sigint_deferred():
             proc.start()
         os.close(events_w)
@@ -280,6 +312,8 @@ class _Run:
         a faulted worker has not reached its fault, nobody else can take its work away, so the
         fault lands where the schedule put it.
         """
+        if self.halted:
+            return
         for name in self.names:
             if name in self.started_names:
                 continue
@@ -291,6 +325,8 @@ class _Run:
             self.spawn(self.deferred.pop(0))
 
     def replace(self, dead: _Worker) -> None:
+        if self.halted:
+            return
         if self.rng.random() < self.config.same_identity:
             identity = dead.worker_id
         else:
@@ -299,6 +335,7 @@ class _Run:
             self.next_fresh += 1
         faulted = any(f.worker == identity and i not in self.spent
                       for i, f in enumerate(self.schedule.faults))
+        self.replaces[identity] = dead.worker_id
         if faulted or not self.pending_faults():
             self.spawn(identity)
         else:
@@ -344,6 +381,8 @@ class _Run:
             w.paused = (instance, step, row["state_version"] if row else 0)
             self.note("stop", worker=w.label, pid=w.proc.pid, signal="SIGSTOP", instance=instance,
                       step=step, reason="pause")
+        elif hooks.RAISED in msg:
+            w.raised = (msg[hooks.RAISED], msg.get("error") or "an exception")
         elif "terminate" in msg:
             if w.state == "exited":
                 return  # killed (by a store restart) before its message was read
@@ -420,6 +459,10 @@ class _Run:
         sig = -code if code is not None and code < 0 else None
         self.note("exit", worker=w.label, pid=w.proc.pid, code=code,
                   signal=signal.Signals(sig).name if sig else None)
+        if w.raised is not None and self.raised.add(w.raised[0], w.raised[1], w.label) and not self.halted:
+            self.halted = True
+            self.note("replacements_stopped", worker=w.label, error=w.raised[1],
+                      reason="the target raised the same exception again")
         for fd in (w.events, w.control):
             try:
                 os.close(fd)
@@ -440,6 +483,9 @@ class _Run:
         started = time.monotonic()
         self.store = open_store(self.config.store, self.run_dir, self.run_id)
         self.store.setup(self.workload.checkpoints())
+        self.setup_ok = self.hooks.setup()
+        if not self.setup_ok:
+            self.halted = True  # the target could not set up its own state: no worker starts
         client = ds.DownstreamClient(self.s.downstream.url, self.run_id)
         client.configure(self.downstream_config())
         self.spawn_cap = 4 * self.config.workers + 2 * len(self.schedule.faults) + 4
@@ -456,12 +502,12 @@ class _Run:
                         for w in paused:
                             self.maybe_resume(w, others_active=False)
                         continue
-                    now, rows = self.store.snapshot()
-                    if plan(rows, now, self.workload) == DONE or len(self.workers) >= self.spawn_cap:
+                    finished = self.finished()
+                    if finished or self.halted or len(self.workers) >= self.spawn_cap:
                         for w in live:  # only hung workers are left: end them
                             self.kill_worker(w, "quiescent: the run is done and this worker hangs")
-                        quiescent = plan(rows, now, self.workload) == DONE
-                        if not quiescent:  # the workers keep dying: the run could not finish
+                        quiescent = finished
+                        if not quiescent and not self.halted:  # the workers keep dying: no end
                             bound_hit = True
                             self.note("bound_hit", reason=f"{len(self.workers)} worker processes spawned, "
                                                           f"the cap; the target keeps failing")
@@ -494,6 +540,7 @@ class _Run:
             self.end_workers()
             if not self.s.keep:  # an interrupted run leaves no file or schema behind either
                 self.store.drop()
+                self.hooks.teardown()
             client.close()
             raise
         finally:
@@ -505,6 +552,15 @@ class _Run:
             return self.judge(client, started, bound_hit, quiescent)
         finally:
             client.close()
+            if not self.s.keep:
+                self.hooks.teardown()
+
+    def finished(self) -> bool:
+        """Is the work done? The target's ``done()`` when it owns its state, else killpoint's store."""
+        if self.declared.owns_state:
+            return self.setup_ok and self.hooks.done()
+        now, rows = self.store.snapshot()
+        return plan(rows, now, self.workload) == DONE
 
     def kill_worker(self, w: _Worker, reason: str) -> None:
         """SIGKILL a live worker on the harness's own account, and record it as its death."""
@@ -536,13 +592,22 @@ class _Run:
               quiescent: bool) -> RunResult:
         journals = {w.label: hist.read_journal(w.journal) for w in self.workers if os.path.exists(w.journal)}
         dead = {w.label for w in self.workers if w.exitcode != 0}
-        checkpoints = self.checkpoint_verdicts()
+        owns = self.declared.owns_state
+        checkpoints = () if owns else self.checkpoint_verdicts()
+        store_events = self.store.events()
+        final = tuple(self.store.steps())
+        if owns:
+            # killpoint's store holds only the rows it was set up with; what the target did is in its
+            # own store, and only its hooks can speak for it.
+            store_events = [e for e in store_events if e.get("kind") != "created"]
+            end = max([h["t"] for h in self.harness_events] or [time.monotonic_ns()])
+            store_events += self.hooks.history(end) if self.setup_ok else []
+            final = self.hooks.final_states() if self.setup_ok else ()
         steps = tuple(hist.StepConfig(inst.id, s.name, s.resource, s.key(inst.id), not s.retry_safe,
                                       s.max_attempts, s.compensation_key(inst.id))
                       for inst in self.workload.instances for s in inst.steps)
-        history = hist.merge(journals, self.store.events(), client.ledger(), self.harness_events,
-                             dead=dead, steps=steps, final=tuple(self.store.steps()),
-                             checkpoints=checkpoints,
+        history = hist.merge(journals, store_events, client.ledger(), self.harness_events,
+                             dead=dead, steps=steps, final=final, checkpoints=checkpoints, owns_state=owns,
                              schedule=str(self.schedule), quiescent=quiescent, bound_hit=bound_hit,
                              stuck_bound_ms=self.config.timing.stuck_bound_ms,
                              stuck_slack_ms=max(250.0, 2 * self.config.timing.heartbeat_ms
@@ -552,10 +617,12 @@ class _Run:
             self.store.drop()
         verdict = check_all(history, schedule=str(self.schedule))
         unfired = tuple(str(f) for i, f in enumerate(self.schedule.faults) if i not in self.fired)
-        if unfired:
-            reasons = verdict.unknown_reasons + tuple(f"scheduled fault {u} never fired" for u in unfired)
+        # A target that raised, or a hook that did, is a finding: the run cannot be valid.
+        extra = self.raised.reasons() + tuple(self.hooks.errors) + \
+            tuple(f"scheduled fault {u} never fired" for u in unfired)
+        if extra:
             valid = False if verdict.valid is False else None
-            verdict = Verdict(valid, verdict.results, reasons)
+            verdict = Verdict(valid, verdict.results, verdict.unknown_reasons + extra)
         fired = {str(f): self.fired.get(i, 0) for i, f in enumerate(self.schedule.faults)}
         return RunResult(self.config, self.run_id, history, verdict, fired, unfired, len(self.workers),
                          time.monotonic() - started, self.run_dir)
