@@ -35,6 +35,7 @@ import pytest
 
 if TYPE_CHECKING:
     from killpoint.chaos.schedule import Schedule
+    from killpoint.harness.workload import Workload
     from killpoint.harness.checkers.base import Violation
     from killpoint.harness.run import RunConfig, RunResult, Session
 
@@ -188,11 +189,13 @@ def _settings(config: pytest.Config) -> Settings:
     if points is not None:
         from killpoint.chaos.points import ORDERED_POINTS
 
+        # Any name: a target may declare points of its own; each marked test or matrix then runs
+        # the declared points among these.
         chosen = tuple(p.strip() for p in points.split(",") if p.strip())
-        bad = [p for p in chosen if p not in ORDERED_POINTS]
+        bad = [p for p in chosen if not _NAME.match(p)]
         if bad or not chosen:
-            raise pytest.UsageError(f"{where}: unknown crash point {', '.join(map(repr, bad)) or repr(points)}; "
-                                    f"valid names are {', '.join(ORDERED_POINTS)}")
+            raise pytest.UsageError(f"{where}: bad crash point name {', '.join(map(repr, bad)) or repr(points)}; "
+                                    f"give names such as {', '.join(ORDERED_POINTS[:3])} or a target's own")
         values["points"] = chosen
     shard, where = _raw(config, "shard")
     if shard is not None:
@@ -207,7 +210,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         "killpoint(points=None, target='reference', workers=2, steps=None, action=None, "
-        "workload='orders', seed=None, check=True): run the test once per crash point, each item "
+        "workload=None, seed=None, check=True): run the test once per crash point the target "
+        "declares, each item "
         "with that single crash; the test gets the verdict as killpoint.verdict and fails when it "
         "is not valid (check=False: judge it yourself)")
     settings = _settings(config)
@@ -235,8 +239,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
                                 f"as in @pytest.mark.killpoint(points=['after_call'])")
     kwargs = _marker_kwargs(name, marker.kwargs)
     settings = metafunc.config.stash[_STATE].settings
-    cases = [_Case(point, step) for step in (kwargs["steps"] or (None,))
-             for point in _points(kwargs["points"], settings)]
+    try:
+        points = _points(kwargs["points"], settings, _declared_points(name, kwargs["target"]))
+    except ValueError as exc:
+        _collection_error(f"{name}: @pytest.mark.killpoint: {exc}")
+    cases = [_Case(point, step) for step in (kwargs["steps"] or (None,)) for point in points]
     metafunc.parametrize("killpoint", cases, ids=[c.id for c in cases], indirect=True)
 
 
@@ -250,7 +257,7 @@ def _marker_kwargs(name: str, kwargs: dict[str, Any]) -> dict[str, Any]:
         _collection_error(f"{name}: @pytest.mark.killpoint got unknown keyword "
                                 f"{', '.join(map(repr, unknown))}; it takes {', '.join(_MARKER_KEYS)}")
     out = {"points": None, "target": "reference", "workers": 2, "steps": None, "action": None,
-           "workload": "orders", "seed": None, "check": True, **kwargs}
+           "workload": None, "seed": None, "check": True, **kwargs}
     for key in ("points", "steps"):
         value = out[key]
         if isinstance(value, str):
@@ -278,14 +285,35 @@ def _collection_error(message: str) -> NoReturn:
     pytest.fail(message, pytrace=False)
 
 
-def _points(asked: Sequence[str] | None, settings: Settings) -> tuple[str, ...]:
-    """The points a marked test or a matrix runs: its own (or all), narrowed by --killpoint-points."""
+def _points(asked: Sequence[str] | None, settings: Settings,
+            declared: Sequence[str] | None = None) -> tuple[str, ...]:
+    """The points a marked test or a matrix runs: its own (or all the target declares), narrowed by
+    --killpoint-points. A point the target does not declare is never scheduled."""
     from killpoint.chaos.points import DEFAULT_POINTS
 
-    points = tuple(asked) if asked else DEFAULT_POINTS
+    declared = tuple(declared) if declared else DEFAULT_POINTS
+    points = tuple(asked) if asked else declared
+    undeclared = [p for p in points if p not in declared]
+    if undeclared:
+        raise ValueError(f"points {undeclared!r}: the target does not declare them; it declares "
+                         f"{', '.join(declared)}")
     if settings.points is not None:
-        points = tuple(p for p in points if p in settings.points)
+        narrowed = tuple(p for p in points if p in settings.points)
+        if points and not narrowed:
+            raise ValueError(f"--killpoint-points {','.join(settings.points)} leaves none of the points "
+                             f"this target declares ({', '.join(points)})")
+        points = narrowed
     return points
+
+
+def _declared_points(name: str, target: Any) -> tuple[str, ...]:
+    """The crash points a marked test's target declares (a collection error if it cannot be found)."""
+    from killpoint.harness.targets import InvalidTarget, declared
+
+    try:
+        return declared(target).points
+    except InvalidTarget as exc:
+        _collection_error(f"{name}: @pytest.mark.killpoint(target={target!r}): {exc}")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -457,40 +485,50 @@ class Killpoint:
 
     # -- running -----------------------------------------------------------------------------
     def run(self, schedule: "str | Schedule" = "", *, target: "str | Callable[..., None]" = "reference",
-            workload: str = "orders", workers: int = 2, seed: int | None = None,
+            workload: "str | Workload | None" = None, workers: int = 2, seed: int | None = None,
             **config: Any) -> CrashVerdict:
         """One run under ``schedule`` (text such as ``"A@charge.after_call:kill"``, or a Schedule).
 
+        ``workload``: a built-in name, ``pkg.module:function`` or a :class:`killpoint.Workload`; by
+        default the target's own (``orders`` for the reference and the mutants, ``plain`` for yours).
         ``config`` passes further :class:`killpoint.RunConfig` fields (``timing``, ``bound_s``,
         ``same_identity``).
         """
         from killpoint import chaos
+        from killpoint.chaos.points import DB_POINTS
 
-        parsed = chaos.parse(schedule) if isinstance(schedule, str) else schedule
+        if isinstance(schedule, str):
+            points = frozenset(self._declared(target).points) | frozenset(DB_POINTS)
+            try:
+                parsed = chaos.parse(schedule, points=points)
+            except chaos.InvalidSchedule as exc:
+                pytest.fail(f"killpoint: schedule {schedule[:200]!r}: {exc}", pytrace=False)
+        else:
+            parsed = schedule
         return self._judge([self._config(parsed, target, workload, workers, seed, config)])
 
     def matrix(self, *, target: "str | Callable[..., None]" = "reference",
                points: Sequence[str] | None = None, steps: Sequence[str] | None = None, depth: int = 1,
-               workload: str = "orders", workers: int = 2, seed: int | None = None,
+               workload: "str | Workload | None" = None, workers: int = 2, seed: int | None = None,
                **config: Any) -> CrashVerdict:
         """Every single crash at each point of each step, as ``killpoint matrix`` runs them; with
         ``depth=2`` every ordered pair of crashes on a step (``killpoint matrix --depth 2``).
 
-        Points default to all (narrowed by ``--killpoint-points``); under ``--killpoint-shard K/N``
-        this runs the K-th share of the list, which is the same in every job.
+        Points default to all the target declares (narrowed by ``--killpoint-points``); under
+        ``--killpoint-shard K/N`` this runs the K-th share of the list, which is the same in every job.
         """
-        from killpoint.harness.workload import WORKLOADS
+        from killpoint.harness.workload import default_for, resolve_workload
 
         seed = self.settings.seed if seed is None else seed
-        if workload not in WORKLOADS:
-            raise ValueError(f"workload {workload!r}: known workloads are {', '.join(WORKLOADS)}")
-        known = WORKLOADS[workload](seed).step_names
+        declared = self._declared(target)
+        built = resolve_workload(workload if workload is not None else default_for(target, declared), seed)
+        known = built.step_names
         points = [points] if isinstance(points, str) else points
         steps = (steps,) if isinstance(steps, str) else tuple(steps) if steps is not None else known
         bad = [s for s in steps if s not in known]
         if bad:
-            raise ValueError(f"steps {bad!r}: the {workload} workload's steps are {', '.join(known)}")
-        schedules = _schedules(steps, _points(points, self.settings), depth)
+            raise ValueError(f"steps {bad!r}: the {built.name} workload's steps are {', '.join(known)}")
+        schedules = _schedules(steps, _points(points, self.settings, declared.points), depth)
         mine = [s for i, s in enumerate(schedules) if self.settings.in_shard(i)]
         if schedules and not mine:
             k, n = self.settings.shard
@@ -499,7 +537,7 @@ class Killpoint:
                             for s, needs in mine])
 
     def explore(self, *, target: str = "reference", budget: int | None = None, seed: int | None = None,
-                workload: str = "orders", workers: int = 2) -> CrashVerdict:
+                workload: str | None = None, workers: int = 2) -> CrashVerdict:
         """Schedules drawn with Hypothesis (``killpoint explore``), a failure shrunk to a minimal one.
 
         ``budget`` defaults to ``--killpoint-budget``. Under ``--killpoint-shard K/N`` this job draws
@@ -531,8 +569,10 @@ class Killpoint:
         seed = (self.settings.seed if seed is None else seed) + (k - 1)
         parser = argparse.ArgumentParser(prog="killpoint explore")
         command.add_arguments(parser)
-        argv = ["--target", target, "--budget", str(share), "--seed", str(seed), "--workload", workload,
+        argv = ["--target", target, "--budget", str(share), "--seed", str(seed),
                 "--workers", str(workers), "--store", self.settings.store, "--json"]
+        if workload is not None:
+            argv += ["--workload", workload]
         if self.settings.points is not None:
             argv += ["--points", ",".join(self.settings.points)]
         args = parser.parse_args(argv)
@@ -543,21 +583,33 @@ class Killpoint:
         return self._from_json(json.loads(out.getvalue()), target, seed, workload, workers)
 
     # -- inside ------------------------------------------------------------------------------
-    def _config(self, schedule: Any, target: Any, workload: str, workers: int, seed: int | None,
-                extra: dict[str, Any]) -> "RunConfig":
-        from killpoint.harness.run import RunConfig
-        from killpoint.harness.targets import InvalidTarget, resolve
+    def _declared(self, target: Any) -> Any:
+        """The target with its declaration, or a test failure naming the bad target."""
+        from killpoint.harness.targets import InvalidTarget, declared
 
         try:
-            resolve(target)
-            problem = None
+            return declared(target)
         except InvalidTarget as exc:
             problem = str(exc)
-        if problem is not None:
-            pytest.fail(f"killpoint: {problem}", pytrace=False)
+        pytest.fail(f"killpoint: {problem}", pytrace=False)
+
+    def _config(self, schedule: Any, target: Any, workload: Any, workers: int, seed: int | None,
+                extra: dict[str, Any]) -> "RunConfig":
+        from killpoint.harness.run import RunConfig
+        from killpoint.harness.workload import InvalidWorkload, Workload, resolve_workload
+
+        self._declared(target)
+        seed = self.settings.seed if seed is None else seed
+        if isinstance(workload, Workload):
+            extra = {"workload_spec": workload, **extra}
+            workload = workload.name
+        elif workload is not None:
+            try:
+                resolve_workload(workload, seed)
+            except InvalidWorkload as exc:
+                pytest.fail(f"killpoint: {exc}", pytrace=False)
         return RunConfig(schedule=schedule, target=target, workload=workload, workers=workers,
-                         seed=self.settings.seed if seed is None else seed, store=self.settings.store,
-                         **extra)
+                         seed=seed, store=self.settings.store, **extra)
 
     def _guard(self) -> None:
         """Crashes must only ever hit children: refuse if this (pytest's) process has failpoints."""
