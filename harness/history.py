@@ -14,7 +14,9 @@ is one clock for every process on a Linux machine):
   ``call`` invoke data: instance, step, resource, key, intent_hash, fence, attempt, direction.
 * **store events** (``process`` = ``"store"``, type ``event``): the append-only event table.
   ``kind`` is one of ``created``, ``claimed``, ``committed``, ``commit_rejected``,
-  ``receipt_recorded``, ``stuck_flagged``, ``operator_resolved``, ``approved``. ``data`` has
+  ``receipt_recorded``, ``stuck_flagged``, ``operator_resolved``, ``approved``, ``renewed`` (a
+  heartbeat extended a lease), ``released`` (a holder gave its lease up without a transition).
+  ``data`` has
   instance, step, worker, from_state, to_state, state_version (after the event), fence (the lease
   version the writer held), lease_version (the step's current one after the event), attempt,
   actor and evidence (operator events) and any extra detail.
@@ -43,9 +45,12 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Iterable, Iterator, Mapping
 
 OP_KINDS = frozenset({"claim", "call", "receipt", "commit"})
+# The processes that are not worker incarnations; every other process name is a worker.
+NON_WORKERS = frozenset({"store", "downstream", "harness"})
 ACCEPTED_TRANSITIONS = frozenset({"claimed", "committed", "operator_resolved", "approved"})
 
 
@@ -103,27 +108,79 @@ class History:
         return iter(self.events)
 
     def of(self, process: str | None = None, kind: str | None = None) -> list[Event]:
-        return [e for e in self.events
-                if (process is None or e.process == process) and (kind is None or e.kind == kind)]
+        if process is not None:
+            events: Iterable[Event] = self._by_process.get(process, ())
+            return [e for e in events if kind is None or e.kind == kind]
+        return [e for e in self.events if kind is None or e.kind == kind]
+
+    def of_workers(self, kind: str | None = None) -> list[Event]:
+        """The events of every worker incarnation (any process but store, downstream, harness),
+        in history order."""
+        return [e for e in self._worker_events if kind is None or e.kind == kind]
+
+    def store_by_step(self) -> Mapping[tuple[Any, Any], list[Event]]:
+        """The store's events grouped by (instance, step), each group in history order.
+        Shared by every checker that follows one step's chain (read it, never change it)."""
+        return self._store_by_step
 
     def step_config(self, instance: str, step: str) -> StepConfig | None:
-        for s in self.steps:
-            if s.instance == instance and s.step == step:
-                return s
-        return None
+        return self._step_configs.get((instance, step))
 
     def checkpoint(self, instance: str) -> Mapping[str, Any] | None:
         """The oracle's verdict on ``instance``'s stored checkpoint, if the run recorded one."""
-        for row in self.checkpoints:
-            if row["instance"] == instance:
-                return row
-        return None
+        return self._checkpoints.get(instance)
 
     def final_state(self, instance: str, step: str) -> str | None:
+        row = self._final_rows.get((instance, step))
+        return None if row is None else row["state"]
+
+    # Indexes built on first use, so that every lookup above is O(1) and a checker stays linear in
+    # the history (a frozen dataclass still lets cached_property fill its instance dictionary).
+    # The first entry wins, as the linear scans they replace did.
+    @cached_property
+    def _by_process(self) -> dict[str, list[Event]]:
+        index: dict[str, list[Event]] = {}
+        for e in self.events:
+            index.setdefault(e.process, []).append(e)
+        return index
+
+    @cached_property
+    def _worker_events(self) -> list[Event]:
+        return [e for e in self.events if e.process not in NON_WORKERS]
+
+    @cached_property
+    def _store_by_step(self) -> dict[tuple[Any, Any], list[Event]]:
+        index: dict[tuple[Any, Any], list[Event]] = {}
+        for e in self._by_process.get("store", ()):
+            data = e.data
+            sid = (data.get("instance"), data.get("step"))
+            group = index.get(sid)
+            if group is None:
+                index[sid] = [e]
+            else:
+                group.append(e)
+        return index
+
+    @cached_property
+    def _step_configs(self) -> dict[tuple[str, str], StepConfig]:
+        index: dict[tuple[str, str], StepConfig] = {}
+        for s in self.steps:
+            index.setdefault((s.instance, s.step), s)
+        return index
+
+    @cached_property
+    def _checkpoints(self) -> dict[str, Mapping[str, Any]]:
+        index: dict[str, Mapping[str, Any]] = {}
+        for row in self.checkpoints:
+            index.setdefault(row["instance"], row)
+        return index
+
+    @cached_property
+    def _final_rows(self) -> dict[tuple[str, str], Mapping[str, Any]]:
+        index: dict[tuple[str, str], Mapping[str, Any]] = {}
         for row in self.final:
-            if row["instance"] == instance and row["step"] == step:
-                return row["state"]
-        return None
+            index.setdefault((row["instance"], row["step"]), row)
+        return index
 
 
 def build(raw: Iterable[tuple[int, str, str, str, Mapping[str, Any]]], **meta: Any) -> History:

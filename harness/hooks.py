@@ -100,6 +100,7 @@ class Hooks:
         self.target = target
         self.run = run
         self.errors: list[str] = []
+        self.setup_ok = True  # False once setup() raised: the other hooks have nothing to read
 
     def _call(self, name: str, default: Any, *args: Any) -> Any:
         fn = self.target.hook(name)
@@ -114,14 +115,15 @@ class Hooks:
     def setup(self) -> bool:
         before = len(self.errors)
         self._call("setup", None, self.run)
-        return len(self.errors) == before
+        self.setup_ok = len(self.errors) == before
+        return self.setup_ok
 
     def done(self) -> bool:
         """Without a ``done`` hook, a target that owns its state is done once its workers exit."""
-        return bool(self._call("done", True, self.run))
+        return self.setup_ok and bool(self._call("done", True, self.run))
 
     def final_states(self) -> tuple[Mapping[str, Any], ...]:
-        raw = self._call("final_states", None, self.run)
+        raw = self._call("final_states", None, self.run) if self.setup_ok else None
         try:
             return normalize_final_states(raw)
         except Exception as exc:  # noqa: BLE001
@@ -130,7 +132,7 @@ class Hooks:
 
     def history(self, end: int) -> list[dict[str, Any]]:
         """Store events from ``history()``; an event without ``t`` is placed after ``end``, in order."""
-        raw = self._call("history", None, self.run)
+        raw = self._call("history", None, self.run) if self.setup_ok else None
         events: list[dict[str, Any]] = []
         for n, e in enumerate(_rows(raw, self.errors)):
             if "kind" not in e:

@@ -4,12 +4,14 @@ A verifier is only worth what it catches. Each mutant breaks one rule of DESIGN 
 names the invariant that must catch it, and carries the schedule (at most two faults) that shows
 it. ``killpoint selftest`` runs them all; a mutant that survives means a checker went blind.
 
-Each worker mutant subclasses :class:`ReferenceWorker` and overrides the one method or flag its
-rule lives in (``local-clock-lease`` needs two: the claim, where it learns its lease end, and the
-commit, where it trusts it). Because the claim raises the state version and the lease version
-(the fence) in one statement, a stale commit is refused by either half of the compare-and-set
-alone; the mutants that break the commit's compare-and-set therefore drop both halves, and say
-which invariant they are there to exercise.
+Each worker mutant subclasses :class:`ReferenceWorker` and overrides the one method its rule lives
+in (``local-clock-lease`` needs two: the claim, where it learns its lease end, and the commit,
+where it trusts it). The store has no switch to turn a rule off: a mutant whose bug is in how it
+writes wraps its store (:class:`BlindCommits`), as a worker that writes the row itself would.
+Because the claim raises the state version and the lease version (the fence) in one statement, a
+stale commit is refused by either half of the compare-and-set alone; the mutants that break the
+commit's compare-and-set therefore drop both halves, and say which invariant they are there to
+exercise.
 """
 
 from __future__ import annotations
@@ -17,11 +19,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
+from killpoint.errors import StoreError
 from killpoint.harness import checkpoint, recovery, states
-from killpoint.harness.store.base import Claim
-from killpoint.harness.worker import ReferenceWorker, WorkerContext, reference
+from killpoint.harness.store.base import Claim, Store, StoreUnavailable
+from killpoint.harness.store.sql import SqlStore
+from killpoint.harness.worker import Heartbeat, ReferenceWorker, WorkerContext, reference
 from killpoint.harness.workload import InstanceSpec, StepSpec
 
 Target = Callable[[WorkerContext], None]
@@ -60,6 +64,216 @@ class Mutant:
 
 
 # ---------------------------------------------------------------------------------------------
+# a store that breaks a rule
+
+
+def blind_commit(store: Store, claim: Claim, to_state: str, **detail: Any) -> bool:
+    """Write the claim's step to ``to_state`` with no compare-and-set at all: no state version, no
+    fence, no owner -- what a worker that updates the row itself does. The store records it as an
+    ordinary ``committed`` event, so the history shows what such a write does to the step."""
+    if not isinstance(store, SqlStore):
+        raise StoreError(f"a blind commit needs an SQL store, not {type(store).__name__}")
+    if not states.allowed(claim.state, to_state):
+        raise StoreError(f"illegal transition {claim.state} -> {to_state} for {claim.instance}:{claim.step}")
+
+    def do(cur: Any) -> bool:
+        row = cur.execute(store._q(
+            "UPDATE {steps} SET state = ?, state_version = ?, owner_worker = NULL, expires_at = NULL, "
+            "progress_at = {now} WHERE instance = ? AND step = ? RETURNING state_version, lease_version"),
+            (to_state, claim.state_version + 1, claim.instance, claim.step)).fetchone()
+        if row is None:
+            raise StoreError(f"no step {claim.instance}:{claim.step} in the store")
+        store._event(cur, "committed", claim.instance, claim.step, worker=claim.worker,
+                     from_state=claim.state, to_state=to_state, state_version=row[0], fence=claim.fence,
+                     lease_version=row[1], attempt=claim.attempt, **detail)
+        return True
+    return store._write(do)
+
+
+def unfenced_commit(store: Store, claim: Claim, to_state: str, **detail: Any) -> bool:
+    """Write the claim's step under a compare-and-set on the state version read just before, in
+    the same transaction, and no fence or owner: the version check is there, but against what the
+    row holds now rather than what the claim saw, so it stops nothing the fence would have stopped.
+    The chain of versions stays unbroken (+1 on whatever is there); only the fence tells the write
+    was stale."""
+    if not isinstance(store, SqlStore):
+        raise StoreError(f"an unfenced commit needs an SQL store, not {type(store).__name__}")
+    if not states.allowed(claim.state, to_state):
+        raise StoreError(f"illegal transition {claim.state} -> {to_state} for {claim.instance}:{claim.step}")
+
+    def do(cur: Any) -> bool:
+        now = cur.execute(store._q("SELECT state_version FROM {steps} WHERE instance = ? AND step = ?{lock}"),
+                          (claim.instance, claim.step)).fetchone()
+        if now is None:
+            raise StoreError(f"no step {claim.instance}:{claim.step} in the store")
+        row = cur.execute(store._q(
+            "UPDATE {steps} SET state = ?, state_version = state_version + 1, owner_worker = NULL, "
+            "expires_at = NULL, progress_at = {now} WHERE instance = ? AND step = ? AND state_version = ? "
+            "RETURNING state_version, lease_version"),
+            (to_state, claim.instance, claim.step, now[0])).fetchone()
+        if row is None:
+            return False
+        store._event(cur, "committed", claim.instance, claim.step, worker=claim.worker,
+                     from_state=claim.state, to_state=to_state, state_version=row[0], fence=claim.fence,
+                     lease_version=row[1], attempt=claim.attempt, **detail)
+        return True
+    return store._write(do)
+
+
+class Delegating:
+    """A store that passes every call to ``inner``: subclass it and override the call a mutant breaks."""
+
+    def __init__(self, inner: Store) -> None:
+        self.inner = inner
+
+    @property
+    def url(self) -> str:
+        return self.inner.url
+
+    def setup(self, instances: Iterable[Mapping[str, Any]]) -> None:
+        self.inner.setup(instances)
+
+    def now(self) -> float:
+        return self.inner.now()
+
+    def snapshot(self) -> tuple[float, list[dict[str, Any]]]:
+        return self.inner.snapshot()
+
+    def steps(self) -> list[dict[str, Any]]:
+        return self.inner.steps()
+
+    def events(self) -> list[dict[str, Any]]:
+        return self.inner.events()
+
+    def instance(self, instance: str) -> dict[str, Any]:
+        return self.inner.instance(instance)
+
+    def receipt(self, key: str) -> dict[str, Any] | None:
+        return self.inner.receipt(key)
+
+    def claim(self, instance: str, step: str, worker: str, *, expected_state_version: int,
+              from_state: str, to_state: str, ttl_ms: float, reset_attempt: bool = False) -> Claim | None:
+        return self.inner.claim(instance, step, worker, expected_state_version=expected_state_version,
+                                from_state=from_state, to_state=to_state, ttl_ms=ttl_ms,
+                                reset_attempt=reset_attempt)
+
+    def commit(self, claim: Claim, to_state: str, **detail: Any) -> bool:
+        return self.inner.commit(claim, to_state, **detail)
+
+    def settle(self, instance: str, step: str, *, expected_state_version: int, from_state: str,
+               to_state: str, worker: str, **detail: Any) -> bool:
+        return self.inner.settle(instance, step, expected_state_version=expected_state_version,
+                                 from_state=from_state, to_state=to_state, worker=worker, **detail)
+
+    def heartbeat(self, claim: Claim, ttl_ms: float) -> bool:
+        return self.inner.heartbeat(claim, ttl_ms)
+
+    def release(self, claim: Claim) -> bool:
+        return self.inner.release(claim)
+
+    def progress(self, claim: Claim) -> None:
+        self.inner.progress(claim)
+
+    def record_receipt(self, claim: Claim, key: str, intent_hash: str | None, status: str,
+                       response: dict[str, Any]) -> None:
+        self.inner.record_receipt(claim, key, intent_hash, status, response)
+
+    def flag_stuck(self, bound_ms: float, worker: str) -> list[tuple[str, str]]:
+        return self.inner.flag_stuck(bound_ms, worker)
+
+    def resolve(self, instance: str, step: str, to_state: str, *, actor: str, evidence: str) -> bool:
+        return self.inner.resolve(instance, step, to_state, actor=actor, evidence=evidence)
+
+    def clone(self) -> Store:
+        return type(self)(self.inner.clone())
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def drop(self) -> None:
+        self.inner.drop()
+
+    def backends(self) -> dict[str, list[int]]:
+        return self.inner.backends()
+
+    def terminate_backends(self, pids: Iterable[int], *, await_idle: Iterable[int] = (),
+                           timeout_s: float = 10.0) -> dict[str, Any]:
+        return self.inner.terminate_backends(pids, await_idle=await_idle, timeout_s=timeout_s)
+
+
+class BlindCommits(Delegating):
+    """A store whose every commit is a :func:`blind_commit`: the compare-and-set is gone."""
+
+    def commit(self, claim: Claim, to_state: str, **detail: Any) -> bool:
+        return blind_commit(self.inner, claim, to_state, **detail)
+
+
+class UnfencedCommits(Delegating):
+    """A store whose every commit is an :func:`unfenced_commit`: no fence, a version read afresh."""
+
+    def commit(self, claim: Claim, to_state: str, **detail: Any) -> bool:
+        return unfenced_commit(self.inner, claim, to_state, **detail)
+
+
+class RenewByInstance(Delegating):
+    """A store whose heartbeat renews a step's lease by instance and step alone, not by holder and
+    fence, and records the renewal as any renewal (who renewed, with which fence)."""
+
+    def heartbeat(self, claim: Claim, ttl_ms: float) -> bool:
+        store = self.inner
+        if not isinstance(store, SqlStore):
+            raise StoreError(f"renewing by instance needs an SQL store, not {type(store).__name__}")
+
+        def do(cur: Any) -> bool:
+            row = cur.execute(store._q(
+                "UPDATE {steps} SET expires_at = {now} + ?, heartbeat_at = {now} "
+                "WHERE instance = ? AND step = ? RETURNING lease_version"),
+                (ttl_ms / 1000.0, claim.instance, claim.step)).fetchone()
+            if row is None:
+                return False
+            store._event(cur, "renewed", claim.instance, claim.step, worker=claim.worker,
+                         fence=claim.fence, lease_version=row[0])
+            return True
+        try:
+            return store._write(do, points=False)
+        except StoreUnavailable:
+            return False  # as the real heartbeat: a lost connection must not end the thread
+
+
+class FenceReset(Delegating):
+    """A store whose every claim sets the lease version (the fencing token) to 1 instead of raising
+    it: a lease generation reset on re-grant, so each holder of a step gets the same token."""
+
+    def claim(self, instance: str, step: str, worker: str, *, expected_state_version: int,
+              from_state: str, to_state: str, ttl_ms: float, reset_attempt: bool = False) -> Claim | None:
+        store = self.inner
+        if not isinstance(store, SqlStore):
+            raise StoreError(f"a fence reset needs an SQL store, not {type(store).__name__}")
+        if not states.allowed(from_state, to_state):
+            raise StoreError(f"illegal claim {from_state} -> {to_state} for {instance}:{step}")
+        attempt_sql = "1" if reset_attempt else "attempt + 1"
+
+        def do(cur: Any) -> Claim | None:
+            row = cur.execute(store._q(
+                "UPDATE {steps} SET owner_worker = ?, lease_version = 1, "
+                "expires_at = {now} + ?, heartbeat_at = {now}, progress_at = {now}, "
+                f"state = ?, state_version = state_version + 1, attempt = {attempt_sql} "
+                "WHERE instance = ? AND step = ? AND state_version = ? AND state = ? "
+                "AND (owner_worker IS NULL OR expires_at < {now}) "
+                "RETURNING lease_version, state_version, attempt"),
+                (worker, ttl_ms / 1000.0, to_state, instance, step, expected_state_version,
+                 from_state)).fetchone()
+            if row is None:
+                return None
+            fence, sv, attempt = row
+            store._event(cur, "claimed", instance, step, worker=worker, from_state=from_state,
+                         to_state=to_state, state_version=sv, fence=fence, lease_version=fence,
+                         attempt=attempt)
+            return Claim(instance, step, worker, fence, sv, attempt, from_state, to_state)
+        return store._write(do)
+
+
+# ---------------------------------------------------------------------------------------------
 # worker mutants
 
 
@@ -77,23 +291,28 @@ class RandomRequestId(ReferenceWorker):
 class NoFenceCheck(ReferenceWorker):
     """Commits without the lease version (and owner) in the compare-and-set.
 
-    The state-version half would still refuse a stale commit on its own, so it goes too: what is
-    left is a worker that writes whatever its lease, and the fence is what should have stopped it.
+    The state version it compares is the one the row holds when it writes, read in the same
+    transaction (optimistic concurrency on a fresh read), so the version half stops nothing a
+    stale lease holder does: the fence is what should have stopped it. Unlike ``no-cas``, the
+    chain of versions stays unbroken, so only the fence check can see this one.
     """
 
-    check_fence = False
-    check_version = False
+    def __init__(self, ctx: WorkerContext):
+        super().__init__(ctx)
+        self.store = UnfencedCommits(self.store)
 
 
 class NoCas(ReferenceWorker):
     """Commits with a blind write: no expected state version in the compare-and-set.
 
     The fence half would still refuse a stale commit on its own, so it goes too; the blind write
-    then lands on top of a newer version, which the version chain shows as a fork or a step back.
+    then lands on top of a newer version, which the version chain shows as a fork or a step back
+    (``no-fence-check``, which compares a freshly read version, leaves the chain unbroken).
     """
 
-    check_version = False
-    check_fence = False
+    def __init__(self, ctx: WorkerContext):
+        super().__init__(ctx)
+        self.store = BlindCommits(self.store)
 
 
 class LocalClockLease(ReferenceWorker):
@@ -131,7 +350,7 @@ class LocalClockLease(ReferenceWorker):
         # "My lease is still valid, so I am the only writer": the write needs no compare-and-set.
         op = self.journal.invoke("commit", instance=claim.instance, step=claim.step, to_state=to_state,
                                  fence=claim.fence, expected_state_version=claim.state_version)
-        ok = self.store.commit(claim, to_state, check_fence=False, check_version=False, **detail)
+        ok = blind_commit(self.store, claim, to_state, **detail)
         self.journal.complete(op, "commit", "ok" if ok else "fail", instance=claim.instance,
                               step=claim.step, to_state=to_state, fence=claim.fence)
         return ok
@@ -204,10 +423,50 @@ class TrustCheckpoint(ReferenceWorker):
         return checkpoint.Loaded(instance_id, checkpoint.OK)
 
 
-class NoHeartbeatProgress(ReferenceWorker):
-    """The monitor trusts heartbeats alone: a live heartbeat means a healthy worker."""
+class CommitBeforeReceipt(ReferenceWorker):
+    """Commits a step's outcome first and records its receipt after the commit."""
 
-    use_progress_monitor = False
+    _deferred: tuple[Any, ...] | None = None
+
+    def record_receipt(self, claim: Claim, key: str, ihash: str | None, status: str,
+                       response: dict[str, Any]) -> None:
+        self._deferred = (claim, key, ihash, status, response)  # written once the commit is done
+
+    def commit(self, claim: Claim, to_state: str, **detail: Any) -> bool:
+        ok = super().commit(claim, to_state, **detail)
+        deferred, self._deferred = self._deferred, None
+        if deferred is not None:
+            super().record_receipt(*deferred)
+        return ok
+
+
+class StaleRenewals(ReferenceWorker):
+    """Its heartbeat renews by instance alone (:class:`RenewByInstance`): a worker whose business
+    thread hangs keeps renewing the step's lease after the monitor freed it and another worker
+    took it (aegra #502, where the renewal also took the lease back from the new holder)."""
+
+    def __init__(self, ctx: WorkerContext):
+        ctx.heartbeat = Heartbeat(RenewByInstance(ctx.store), ctx.journal, ctx.timing)
+        super().__init__(ctx)
+
+
+class ResetFence(ReferenceWorker):
+    """Claims through :class:`FenceReset`: every holder of a step gets fencing token 1."""
+
+    def __init__(self, ctx: WorkerContext):
+        super().__init__(ctx)
+        self.store = FenceReset(self.store)
+
+
+class NoHeartbeatProgress(ReferenceWorker):
+    """The monitor trusts heartbeats alone: a live heartbeat means a healthy worker.
+
+    So it never flags a lease: one whose heartbeat goes on is healthy by its rule, and one whose
+    heartbeat stopped expires and is claimed again anyway.
+    """
+
+    def monitor(self) -> None:
+        return None
 
 
 def _runner(cls: type[ReferenceWorker]) -> Target:
@@ -228,9 +487,10 @@ _ZOO = (
            "downstream cannot tell a retry from a new charge",
            "no_duplicate_effects", _runner(RandomRequestId), "A@charge.after_call:kill"),
     Mutant("no-fence-check",
-           "commits without the lease version (the fence) in the compare-and-set; the state "
-           "version alone would still refuse a stale commit, so it is dropped too and the stale "
-           "worker's commit lands",
+           "commits without the lease version (the fence) or owner in the compare-and-set, and "
+           "compares the state version it reads just before writing, not the claim's: the stale "
+           "worker's commit lands on top of its successor's as the next version, so only the "
+           "fence check can see it",
            "stale_writes_rejected", _runner(NoFenceCheck), "A@charge.after_call:1*pause"),
     Mutant("local-clock-lease",
            "judges its own lease by its local clock (10 s behind database time) and, believing "
@@ -250,9 +510,9 @@ _ZOO = (
            "failed call) leaves a success with no effect",
            "effects_accounted", _runner(CommitBeforeCall), "A@charge.before_call:kill"),
     Mutant("no-cas",
-           "commits without the expected state version in the compare-and-set; the fence alone "
-           "would still refuse a stale commit, so it is dropped too and the blind write lands "
-           "on a newer version",
+           "commits with a blind write: no state version, fence or owner in the compare-and-set "
+           "(the fence alone would still refuse a stale commit, so it goes too), and the version "
+           "it writes is the claim's plus one, so the stale write steps the chain back",
            "version_chain", _runner(NoCas), "A@charge.after_call:1*pause"),
     Mutant("unbounded-retry",
            "ignores max attempts: a step whose attempts are used up is retried again; the "
@@ -276,6 +536,20 @@ _ZOO = (
            "damaged after its hash was taken is reserved and charged instead of sent to manual "
            "review (in the default workload, order-5's checkpoint is corrupt)",
            "checkpoints_honoured", _runner(TrustCheckpoint), ""),
+    Mutant("renew-by-instance",
+           "the heartbeat renews a step's lease by instance and step alone, not by holder and "
+           "fence, so a hung worker's heartbeat keeps renewing the lease after the monitor freed "
+           "it and another worker took it (aegra #502)",
+           "lease_fenced", _runner(StaleRenewals), "A@charge.heartbeat:hang"),
+    Mutant("fence-reset",
+           "every claim sets the step's lease version to 1 instead of raising it, so the worker "
+           "that takes over after a crash gets the same fencing token as the one it replaces "
+           "(semaprax #192)",
+           "fence_rises", _runner(ResetFence), "A@charge.after_call:kill"),
+    Mutant("commit-before-receipt",
+           "commits a step's outcome before recording its receipt, so a crash in between leaves "
+           "a success that no receipt explains; every keyed success shows it, no fault needed",
+           "receipt_first", _runner(CommitBeforeReceipt), ""),
 )
 
 # name -> mutant; read-only so no caller can change the zoo for others.
@@ -300,4 +574,5 @@ def overrides_for(target: object) -> dict[str, Any]:
     return {}
 
 
-__all__ = ["MUTANTS", "Mutant", "downstream_for", "overrides_for"]
+__all__ = ["MUTANTS", "BlindCommits", "Delegating", "Mutant", "blind_commit", "downstream_for",
+           "overrides_for"]

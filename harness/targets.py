@@ -31,12 +31,36 @@ def declared(target: "str | Target") -> declaration.Target:
     return declaration.Target(fn, name=target if isinstance(target, str) else None)
 
 
+# Built-in targets of the durable-execution servers (killpoint.harness.servers), by name prefix;
+# each imports its SDK only when named.
+SERVER_TARGETS = ("temporal-activity", "temporal", "restate")
+
+
+def _server_target(name: str) -> Target | None:
+    kind, sep, policy = name.partition(":")
+    if not sep or kind not in SERVER_TARGETS:
+        return None
+    from killpoint.harness import servers
+
+    try:
+        if kind == "temporal-activity":
+            from killpoint.harness.servers.temporal import activity_target
+
+            return activity_target(policy)
+    except (ValueError, servers.SdkMissing) as exc:
+        raise InvalidTarget(f"target {name[:200]!r}: {exc}") from None
+    raise InvalidTarget(f"target {name[:200]!r}: {kind} targets are not built yet")
+
+
 def resolve(target: "str | Target") -> Target:
     """``reference``, ``mutant:NAME``, ``pkg.module:function``, or a callable taking a WorkerContext."""
     if callable(target):
         return target
     if target == "reference":
         return reference
+    server = _server_target(target)
+    if server is not None:
+        return server
     if target.startswith("mutant:"):
         name = target.split(":", 1)[1]
         zoo = mutants()

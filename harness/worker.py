@@ -26,7 +26,7 @@ from killpoint.harness.declaration import InvalidPoint, TargetRun
 from killpoint.harness.downstream import DownstreamClient, LostResponse
 from killpoint.harness.intent import idempotency_key, intent_hash
 from killpoint.harness.store.base import Claim, OutcomeUnknown, Store, StoreUnavailable
-from killpoint.harness.workload import InstanceSpec, StepSpec, Workload
+from killpoint.harness.workload import InstanceSpec, StepSpec, Workload, policy_of
 
 
 @dataclass(frozen=True)
@@ -181,10 +181,6 @@ def plan(rows: list[dict[str, Any]], now: float, workload: Workload) -> Task | s
 class ReferenceWorker:
     """The correct worker. Mutants subclass it and override exactly one method."""
 
-    use_progress_monitor = True
-    check_fence = True
-    check_version = True
-
     def __init__(self, ctx: WorkerContext):
         self.ctx = ctx
         self.store = ctx.store
@@ -222,8 +218,7 @@ class ReferenceWorker:
 
     def monitor(self) -> None:
         """Flag a lease whose heartbeat goes on while its step makes no progress."""
-        self.store.flag_stuck(self.timing.stuck_bound_ms, self.ctx.worker_id,
-                              use_progress=self.use_progress_monitor)
+        self.store.flag_stuck(self.timing.stuck_bound_ms, self.ctx.worker_id)
 
     def execute(self, task: Task) -> None:
         row = task.row
@@ -260,7 +255,7 @@ class ReferenceWorker:
         if loaded is None:
             loaded = checkpoint.verify(self.store.instance(instance_id),
                                        self.ctx.workload.instance(instance_id),
-                                       checkpoint.policy_of(self.ctx.workload))
+                                       policy_of(self.ctx.workload))
             self._loaded[instance_id] = loaded
             if loaded.outcome != checkpoint.OK:
                 self.journal.write("checkpoint", instance=instance_id, outcome=loaded.outcome,
@@ -312,8 +307,9 @@ class ReferenceWorker:
                 return
         chaos.point("before_call")
         answer = self.call(inst, spec, claim, resource, key, params, ihash, compensation)
-        if answer is None:
-            return  # lost answer or stale fence: stop; recovery settles it
+        if answer is None:  # lost answer or stale fence: stop; recovery settles it
+            self.store.release(claim)  # refused (and not recorded) when the lease is not ours
+            return
         chaos.point("after_call")
         outcome = self.classify(answer)
         if outcome == "transient":
@@ -418,8 +414,7 @@ class ReferenceWorker:
         op = self.journal.invoke("commit", instance=claim.instance, step=claim.step, to_state=to_state,
                                  fence=claim.fence, expected_state_version=claim.state_version)
         try:
-            ok = self.store.commit(claim, to_state, check_fence=self.check_fence,
-                                   check_version=self.check_version, **detail)
+            ok = self.store.commit(claim, to_state, **detail)
         except StoreUnavailable as exc:
             self.lost(op, "commit", exc, instance=claim.instance, step=claim.step, to_state=to_state,
                       fence=claim.fence)

@@ -160,12 +160,40 @@ class Item:
 
 
 @dataclass(frozen=True)
+class Lease:
+    """A lease held on one step, drawn as a bar in the lane of the worker incarnation holding it.
+
+    Invariant: ``start <= held_until <= end``. From ``start`` (the store granted it) to
+    ``held_until`` the holder was alive and renewing it; from ``held_until`` to ``end`` nobody
+    renewed it (the holder died, was frozen or lost its heartbeat) and it ran out: ``expiry`` is
+    then the latest time it could still be valid -- ``lease_ttl`` after the holder stopped, or the
+    next claim, which the store grants only once the lease has expired.
+    """
+
+    link: str  # the store's ``claimed`` event
+    index: int
+    lane: str  # the incarnation holding it (A.2 holds what the store calls A's)
+    instance: str
+    step: str
+    fence: int | None
+    start: int
+    held_until: int
+    end: int
+    how: str  # released | expired | taken over | freed as stuck | held at the end
+    expiry: int | None = None  # when it ran out (drawn as a mark), if it did
+    estimated: bool = False  # the expiry is an upper bound from the lease's time to live
+    label: str = ""
+
+
+@dataclass(frozen=True)
 class Timeline:
     lanes: tuple[Lane, ...]
     items: tuple[Item, ...]
     duration: int  # ns from the first to the last event of the run
     shown: int  # events of the history drawn from (after the cap)
     total: int
+    leases: tuple[Lease, ...] = ()
+    focus: tuple[str, ...] = ()  # the instances drawn, when the timeline follows only some
 
     def lane(self, name: str) -> Lane | None:
         return next((lane for lane in self.lanes if lane.name == name), None)
@@ -220,10 +248,11 @@ class RunReport:
     ledger: tuple[LedgerRow, ...]
     shown: int
     total: int
+    focus: tuple[str, ...] = ()  # the instances the event table keeps, when it keeps only some
 
     @property
     def cap_note(self) -> str:
-        """"showing N of M events" when the cap hid some, else empty."""
+        """"showing N of M events" when the cap (or the focus) hid some, else empty."""
         return f"showing {self.shown} of {self.total} events" if self.shown < self.total else ""
 
     def to_json(self) -> dict[str, Any]:
@@ -238,12 +267,46 @@ class RunReport:
                 "events": {"shown": self.shown, "total": self.total}}
 
 
+def focus_instances(history: History, violations: Iterable[Any] = ()) -> tuple[str, ...]:
+    """The instances a reader of this run wants first: those a violation names (itself or by its
+    events), else those a fault fired on. Empty when there is none: then everything is shown."""
+    named: list[str] = []
+    events = history.events
+    for v in violations:
+        for inst in [v.instance] + [_instance_of(events[i]) for i in v.events if 0 <= i < len(events)]:
+            if inst is not None and str(inst) not in named:
+                named.append(str(inst))
+    if not named:
+        for e in events:
+            if e.kind == "point" and e.get("action") and e.get("instance") is not None:
+                if str(e.get("instance")) not in named:
+                    named.append(str(e.get("instance")))
+    return tuple(named)
+
+
+def _instance_of(e: Event) -> str | None:
+    if e.process == "downstream":
+        meta = e.get("meta")
+        inst = meta.get("instance") if isinstance(meta, Mapping) else None
+    else:
+        inst = e.get("instance")
+    return None if inst is None else str(inst)
+
+
+def _in_focus(e: Event, focus: set[str]) -> bool:
+    """An event about a focus instance, or one about no instance at all (the harness's own)."""
+    inst = _instance_of(e)
+    return inst is None or inst in focus
+
+
 def build_run(result: RunResult, *, max_events: int = DEFAULT_MAX_EVENTS,
-              reproduce: str | None = None) -> RunReport:
+              reproduce: str | None = None, focus_table: bool = False) -> RunReport:
     """The model of one run's report, from a :class:`harness.run.RunResult`.
 
     At most ``max_events`` events are rendered (the first ones), plus every event a violation names
-    so that each proof link resolves.
+    so that each proof link resolves. The timeline follows the focus instances (see
+    :func:`focus_instances`) and the harness; with ``focus_table`` the event table does too, which
+    keeps a directory of many run reports small (the page says what it left out and how to get all).
     """
     if max_events < 1:
         raise ValueError(f"max_events={max_events}: a report must show at least one event")
@@ -256,10 +319,16 @@ def build_run(result: RunResult, *, max_events: int = DEFAULT_MAX_EVENTS,
     verdict = result.verdict
     events = history.events
     proof = {i for v in verdict.violations for i in v.events if 0 <= i < len(events)}
-    shown = sorted(set(range(min(max_events, len(events)))) | proof)
+    focus = focus_instances(history, verdict.violations)
+    wanted = set(focus)
+    kept = range(len(events)) if not (focus_table and focus) else \
+        (e.index for e in events if _in_focus(e, wanted))
+    shown = sorted(set(list(kept)[:max_events]) | proof)
     t0 = events[0].time if events else 0
 
-    timeline = build_timeline(history, shown=shown, proof=proof)
+    ttl = result.config.timing.lease_ttl_ms if result.config.timing is not None else None
+    drawn = shown if not focus else [i for i in shown if _in_focus(events[i], wanted) or i in proof]
+    timeline = build_timeline(history, shown=drawn, proof=proof, lease_ttl_ms=ttl, focus=focus)
     in_timeline = {i.index for i in timeline.items}
     by_index = {e.index: e for e in events}
     rows = tuple(_event_row(by_index[i], t0, i in proof, i in in_timeline) for i in shown)
@@ -284,19 +353,23 @@ def build_run(result: RunResult, *, max_events: int = DEFAULT_MAX_EVENTS,
         unknown_reasons=tuple(str(r) for r in verdict.unknown_reasons),
         violated=tuple(dict.fromkeys(r.invariant for r in verdict.results if r.valid is False)),
         reproduce=reproduce)
-    return RunReport(banner, invariants, violations, timeline, rows, ledger, len(shown), len(events))
+    return RunReport(banner, invariants, violations, timeline, rows, ledger, len(shown), len(events),
+                     focus if (focus_table and focus) else ())
 
 
 # -- the timeline ---------------------------------------------------------------------------------
 def build_timeline(history: History, *, shown: Iterable[int] | None = None,
-                   proof: Iterable[int] = ()) -> Timeline:
-    """Lanes and items of the swimlane timeline, from the events in ``shown`` (default: all).
+                   proof: Iterable[int] = (), lease_ttl_ms: float | None = None,
+                   focus: Sequence[str] = ()) -> Timeline:
+    """Lanes, items and leases of the swimlane timeline, from the events in ``shown`` (default: all).
 
     An operation is drawn from its invoke to its completion; one whose completion is ``info`` or
     missing is drawn to the end of the run. A pause is drawn until the harness resumed the worker.
     Failpoint hits where nothing fired, and a worker's start/finish lines, are left out: they are
     in the event table, and the timeline is for what happened. Items from an event in ``proof``
-    are marked, so the events a violation names stand out.
+    are marked, so the events a violation names stand out. Leases are drawn from the store's
+    claims (see :class:`Lease`); ``lease_ttl_ms`` bounds when an unrenewed one ran out. With a
+    ``focus`` (the instances ``shown`` follows), worker lanes with nothing drawn are left out.
     """
     events = history.events
     keep = set(range(len(events))) if shown is None else set(shown)
@@ -340,7 +413,89 @@ def build_timeline(history: History, *, shown: Iterable[int] | None = None,
                           start if stop is None else max(start, stop.time - t0),
                           end_index=None if stop is None else stop.index, fence=fence,
                           proof=e.index in proof, detail=_detail(e)))
-    return Timeline(lanes, tuple(items), end, len(keep & set(range(len(events)))), len(events))
+    ttl = None if lease_ttl_ms is None else int(lease_ttl_ms * 1e6)
+    leases = tuple(lease for lease in _leases(history, t0, end, ttl) if lease.index in keep)
+    if focus:  # a worker with nothing drawn about the focus instances gets no lane
+        used = {i.lane for i in items} | {lease.lane for lease in leases}
+        lanes = tuple(lane for lane in lanes if lane.kind != "worker" or lane.name in used)
+    return Timeline(lanes, tuple(items), end, len(keep & set(range(len(events)))), len(events),
+                    leases, tuple(focus))
+
+
+def _leases(history: History, t0: int, run_end: int, ttl: int | None) -> list[Lease]:
+    """Every lease the store granted, with when its holder stopped renewing it and how it ended.
+
+    The holder is the incarnation whose ``claim`` came back ``ok`` with that fence (the store only
+    knows the worker id). It stops renewing when it exits or is killed, is frozen (SIGSTOP, unless
+    resumed before the lease could run out), or its heartbeat stops or finds the lease gone.
+    """
+    events = history.events
+    holder: dict[tuple[Any, Any, Any], str] = {}
+    ceases: dict[str, list[tuple[int, int | None]]] = {}  # lane -> (stopped at, resumed at)
+    stopped: dict[str, int] = {}
+    for e in events:
+        if e.process not in FIXED_LANES:
+            if e.kind == "claim" and e.type == "ok":
+                holder.setdefault((e.get("instance"), e.get("step"), e.get("fence")), e.process)
+            elif e.kind in ("heartbeat_stopped", "heartbeat_lost"):
+                ceases.setdefault(e.process, []).append((e.time - t0, None))
+        elif e.process == "harness" and isinstance(e.get("worker"), str):
+            w = e.get("worker")
+            if e.kind == "exit":
+                ceases.setdefault(w, []).append((e.time - t0, None))
+            elif e.kind == "stop":
+                stopped[w] = e.time - t0
+            elif e.kind == "cont" and w in stopped:
+                ceases.setdefault(w, []).append((stopped.pop(w), e.time - t0))
+    for w, at in stopped.items():
+        ceases.setdefault(w, []).append((at, None))
+
+    out: list[Lease] = []
+    store = [e for e in events if e.process == "store"]
+    for n, c in enumerate(store):
+        if c.kind != "claimed":
+            continue
+        inst, step, fence = c.get("instance"), c.get("step"), _int(c.get("fence"))
+        start = c.time - t0
+        lane = holder.get((inst, step, c.get("fence"))) or str(c.get("worker"))
+        ends, how = run_end, "held at the end"
+        for later in store[n + 1:]:
+            if (later.get("instance"), later.get("step")) != (inst, step):
+                continue
+            if later.kind == "claimed":
+                ends, how = later.time - t0, "taken over"
+                break
+            if later.kind == "committed" and later.get("fence") == c.get("fence"):
+                ends, how = later.time - t0, "released"
+                break
+            if later.kind == "stuck_flagged" and later.get("lease_version") == c.get("fence"):
+                ends, how = later.time - t0, "freed as stuck"
+                break
+        held, expiry, estimated = ends, None, False
+        for at, resumed in sorted(ceases.get(lane, ())):
+            if not start <= at < ends:
+                continue
+            if resumed is not None and ttl is not None and resumed < at + ttl and resumed < ends:
+                continue  # thawed before the lease could run out: its heartbeat went on renewing it
+            held = at
+            if how == "released":
+                break  # a stale worker's commit that the store took: drawn as held, never as expired
+            if ttl is not None and at + ttl < ends:
+                expiry, estimated = at + ttl, True
+            else:
+                expiry = ends if how in ("taken over", "freed as stuck") else None
+            how = "expired" if how != "freed as stuck" else how
+            if expiry is not None:
+                ends = expiry
+            break
+        who = f"{lane}" + (f" ({c.get('worker')})" if str(c.get("worker")) != lane.split(".")[0] else "")
+        label = f"lease {inst}/{step} fence {fence} held by {who}, {how}"
+        if expiry is not None:
+            label += (f" at most {ttl / 1e6:g} ms after its holder stopped renewing it, by "
+                      f"+{expiry / 1e6:.3f} ms" if estimated else f" by +{expiry / 1e6:.3f} ms")
+        out.append(Lease(link(c.index), c.index, lane, str(inst), str(step), fence, start,
+                         min(held, ends), max(ends, start), how, expiry, estimated, label))
+    return out
 
 
 def _resumes(history: History) -> dict[int, Event]:
@@ -508,7 +663,25 @@ def _event_row(e: Event, t0: int, proof: bool, in_timeline: bool) -> EventRow:
     inst, step = e.get("instance"), e.get("step")
     return EventRow(e.index, link(e.index), round((e.time - t0) / 1e6, 3), e.process, e.kind, e.type,
                     status, "" if inst is None else str(inst), "" if step is None else str(step),
-                    _detail(e), proof, in_timeline)
+                    _fields(e), proof, in_timeline)
+
+
+def _fields(e: Event) -> str:
+    """The data of an event as ``key=value`` pairs, without the instance and step (they have
+    columns of their own); a value that is not a plain word is written as JSON."""
+    parts = []
+    for key, value in e.data.items():
+        if key in ("instance", "step"):
+            continue
+        if isinstance(value, str) and value and not any(c.isspace() or c in '"=' for c in value):
+            text = value
+        else:
+            try:
+                text = json.dumps(value, default=str, ensure_ascii=False)
+            except (TypeError, ValueError):
+                text = repr(value)
+        parts.append(f"{key}={text}")
+    return clip(" ".join(parts), _DETAIL_CHARS)
 
 
 def _ledger_row(e: Event) -> LedgerRow:
@@ -550,6 +723,7 @@ class IndexRow:
     unknown_reasons: tuple[str, ...]
     duration_ms: float
     reproduce: str
+    test: str | None = None  # the pytest node id of the test that made the run
 
 
 @dataclass(frozen=True)
@@ -571,10 +745,15 @@ class IndexReport:
     invariants: tuple[tuple[str, int, int, int], ...]  # name, runs checked, violated, not applicable
     counts: tuple[tuple[str, int], ...]  # verdict word, runs
 
+    @property
+    def has_tests(self) -> bool:
+        return any(r.test for r in self.rows)
+
     def to_json(self) -> dict[str, Any]:
         return {"title": self.title, "valid": {"valid": True, "violated": False}.get(self.verdict),
                 "runs": [{"run_id": r.run_id, "verdict": r.verdict, "schedule": r.schedule,
-                          "href": r.href, "violated": list(r.violated), "reproduce": r.reproduce}
+                          "href": r.href, "violated": list(r.violated), "reproduce": r.reproduce,
+                          "test": r.test}
                          for r in self.rows]}
 
 
@@ -582,10 +761,15 @@ _ORDER = {"violated": 0, "unknown": 1, "valid": 2}
 
 
 def build_index(results: Sequence[RunResult], hrefs: Sequence[str], *, title: str,
-                reproduce: Sequence[str] | None = None) -> IndexReport:
-    """The model of the index over many runs; ``hrefs[i]`` links to the report of ``results[i]``."""
+                reproduce: Sequence[str] | None = None,
+                tests: Sequence[str | None] | None = None) -> IndexReport:
+    """The model of the index over many runs; ``hrefs[i]`` links to the report of ``results[i]``,
+    ``tests[i]`` (optional) names the test that made it."""
     if len(hrefs) != len(results):
         raise ValueError(f"{len(results)} results but {len(hrefs)} links: give one link per run")
+    if tests is not None and len(tests) != len(results):
+        raise ValueError(f"{len(results)} results but {len(tests)} test names: give one per run")
+    names_of = list(tests) if tests is not None else [None] * len(results)
     if reproduce is None:
         from killpoint.harness.commands.common import replay_command
 
@@ -607,7 +791,7 @@ def build_index(results: Sequence[RunResult], hrefs: Sequence[str], *, title: st
                     for slot, n in enumerate([n for n in names if violated_runs[n]], start=1))
     slot_of = {f.invariant: f.slot for f in filters}
     rows = []
-    for pos, (r, href, cmd) in enumerate(zip(results, hrefs, reproduce), start=1):
+    for pos, (r, href, cmd, test) in enumerate(zip(results, hrefs, reproduce, names_of), start=1):
         bad = tuple(dict.fromkeys(res.invariant for res in r.verdict.results if res.valid is False))
         schedule = str(r.config.schedule)
         views = tuple(ViolationView(v.invariant, v.instance, v.step, v.detail,
@@ -616,7 +800,7 @@ def build_index(results: Sequence[RunResult], hrefs: Sequence[str], *, title: st
         rows.append(IndexRow(pos, r.run_id, verdict_word(r.verdict.valid), schedule, r.config.target_name,
                              r.config.seed, href, bad, tuple(slot_of[b] for b in bad if b in slot_of),
                              views, tuple(str(u) for u in r.verdict.unknown_reasons),
-                             round(r.duration_s * 1000, 1), cmd))
+                             round(r.duration_s * 1000, 1), cmd, test))
     rows.sort(key=lambda row: (_ORDER[row.verdict], row.position))
     counts = tuple((w, sum(1 for row in rows if row.verdict == w)) for w in ("violated", "unknown", "valid"))
     overall = verdict_word(rank(r.verdict.valid for r in results)) if results else "unknown"

@@ -7,9 +7,12 @@ Content-Security-Policy that allows nothing at all to load or run, and have no e
 the only ``<script>`` is an inert ``application/json`` data block, and the index filters with CSS
 ``:target``. So a report opens offline, from a CI artefact, and stays inert.
 
-The timeline is laid out here, not in the model: rows are the distinct times of the drawn items, in
-order (as in Jepsen's timeline), so a burst of microsecond-apart operations stays readable next to a
-lease that waited a second.
+The timeline is laid out here, not in the model. Its vertical axis is elapsed time, compressed
+where nothing happens: each distinct time gets a row, and a gap between two times adds height in
+proportion to its length (up to a cap, past which the axis is broken and says how long the gap
+was), so a burst of microsecond-apart operations stays readable next to a lease that ran out over
+a hundred milliseconds. The lanes share a fixed design width that fits a 1280-pixel window, and the
+drawing scales down (never sideways-scrolls) when a run has many workers.
 """
 
 from __future__ import annotations
@@ -20,16 +23,23 @@ from dataclasses import dataclass
 
 import jinja2
 
-from killpoint.reports.model import IndexReport, Item, Lane, RunReport, Timeline, clip
+from killpoint.reports.model import IndexReport, Item, Lane, Lease, RunReport, Timeline, clip
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
 GLYPHS = {"ok": "\u2713", "fail": "\u2717", "info": "?", "event": ""}  # shape and colour tell too
 
 ROW_H = 16
-LANE_W = 300
-GUTTER = 78  # the time column
+WIDTH = 1180  # the design width: fits the page at 1280 px
+MIN_LANE_W = 120  # below this, the drawing is wider than WIDTH and scales down
+GUTTER = 72  # the time column
 HEAD_H = 24
-LABEL_CHARS = 42
+LABEL_CHARS = 60  # the most characters of a label drawn; the whole label is its tooltip
+CHAR_W = 6.4  # width of one character of a label (10.5 px monospace)
+PX_PER_MS = 1.5  # height a gap adds, per millisecond
+MAX_GAP = 150  # a longer gap is drawn this tall, with a break in the axis
+FOLD_BELOW = 200  # a first proof further down than this opens the drawing just above it
+LEASE_X = 2  # the lease bar, at the left edge of its holder's lane
+MARK_X = 10  # operations and events, right of it
 
 
 @dataclass(frozen=True)
@@ -43,7 +53,20 @@ class Mark:
     text_x: int
     text: str
     glyph: str
-    title: str
+    title: str  # empty when the text already says it all
+
+
+@dataclass(frozen=True)
+class LeaseBar:
+    """A lease in its holder's lane: held (solid) from ``y`` for ``held_h``, then running out
+    (hatched) for ``out_h``; ``expiry_y`` marks when it ran out, if it did."""
+
+    lease: Lease
+    x: int
+    y: int
+    held_h: int
+    out_h: int
+    expiry_y: int | None
 
 
 @dataclass(frozen=True)
@@ -58,24 +81,52 @@ class LaneBox:
 class Layout:
     width: int
     height: int
+    lane_w: int
     lanes: tuple[LaneBox, ...]
     marks: tuple[Mark, ...]
-    rows: tuple[tuple[int, str], ...]  # y, time label
+    leases: tuple[LeaseBar, ...]
+    rows: tuple[tuple[int, str], ...]  # y, elapsed time label
+    breaks: tuple[tuple[int, str], ...]  # y, length of a gap drawn shorter than it was
+    # Where the drawing is opened at: a few rows above the first mark a violation names (else the
+    # first fault that fired), so that it is on the first screen; what is above is folded away.
+    cut: int = 0
+
+    def parts(self) -> tuple[tuple[int, int], ...]:
+        """The vertical ranges drawn: (0, cut) folded, then (cut, height); one range without a cut."""
+        return ((0, self.cut), (self.cut, self.height)) if self.cut else ((0, self.height),)
+
+
+def time_axis(times: list[int]) -> tuple[dict[int, int], list[tuple[int, str]], int]:
+    """The y of each distinct time (ns), the axis breaks, and the height of the drawing."""
+    y_of: dict[int, int] = {}
+    breaks: list[tuple[int, str]] = []
+    y = 4
+    for n, time in enumerate(times):
+        if n:
+            gap_ms = (time - times[n - 1]) / 1e6
+            grow = gap_ms * PX_PER_MS
+            if grow > MAX_GAP:
+                breaks.append((y + ROW_H + MAX_GAP // 2 - ROW_H // 2, f"{gap_ms:.1f} ms"))
+            y += ROW_H + int(min(grow, MAX_GAP))
+        y_of[time] = y
+    return y_of, breaks, y + ROW_H + 4
 
 
 def layout(t: Timeline) -> Layout:
-    times = sorted({i.start for i in t.items} | {i.end for i in t.items})
-    row = {time: n for n, time in enumerate(times)}
-    height = max(1, len(times)) * ROW_H + 8
+    times = sorted({i.start for i in t.items} | {i.end for i in t.items}
+                   | {p for lease in t.leases for p in (lease.start, lease.held_until, lease.end)})
+    at, breaks, height = time_axis(times)
 
     def y_of(time: int) -> int:
         # a lane's spawn or exit falls on the row of the nearest drawn time at or after it
-        n = row.get(time)
-        if n is None:
-            n = next((k for k, tm in enumerate(times) if tm >= time), len(times))
-        return 4 + n * ROW_H
+        if time in at:
+            return at[time]
+        return next((at[tm] for tm in times if tm >= time), height - 4)
 
-    lane_x = {lane.name: GUTTER + k * LANE_W for k, lane in enumerate(t.lanes)}
+    n = max(1, len(t.lanes))
+    lane_w = max(MIN_LANE_W, (WIDTH - GUTTER) // n)
+    chars = max(8, min(LABEL_CHARS, int((lane_w - MARK_X - 14) / CHAR_W)))
+    lane_x = {lane.name: GUTTER + k * lane_w for k, lane in enumerate(t.lanes)}
     boxes = []
     for lane in t.lanes:
         if lane.kind == "worker":
@@ -89,11 +140,27 @@ def layout(t: Timeline) -> Layout:
         x = lane_x.get(item.lane, GUTTER)
         y = y_of(item.start)
         h = (y_of(item.end) - y + ROW_H) if item.span else ROW_H
-        title = item.label + ("\n" + item.detail if item.detail else "")
-        marks.append(Mark(item, x + 4, y + 1, h - 2, x + 16, clip(item.label, LABEL_CHARS),
-                          GLYPHS.get(item.status, ""), clip(title, 800)))
-    rows = tuple((4 + n * ROW_H, f"+{time / 1e6:.3f} ms") for n, time in enumerate(times))
-    return Layout(GUTTER + LANE_W * len(t.lanes), height, tuple(boxes), tuple(marks), rows)
+        text = clip(item.label, chars)
+        title = "" if text == item.label else clip(item.label, 2000)
+        marks.append(Mark(item, x + MARK_X, y + 1, h - 2, x + MARK_X + 12, text,
+                          GLYPHS.get(item.status, ""), title))
+    bars = []
+    for lease in t.leases:
+        if lease.lane not in lane_x:
+            continue
+        y0, y1, y2 = (y_of(time) + ROW_H // 2 for time in (lease.start, lease.held_until, lease.end))
+        bars.append(LeaseBar(lease, lane_x[lease.lane] + LEASE_X, y0, max(2, y1 - y0), max(0, y2 - y1),
+                             None if lease.expiry is None else y_of(lease.expiry) + ROW_H // 2))
+    rows = tuple((y, f"+{time / 1e6:.3f} ms") for time, y in at.items())
+    first = min((m.y for m in marks if m.item.proof), default=None)
+    if first is None:
+        first = min((m.y for m in marks if m.item.kind == "point"), default=None)
+    cut = 0
+    if first is not None and first > FOLD_BELOW:
+        cut = max(y for y in at.values() if y <= first - 2 * ROW_H) if any(
+            y <= first - 2 * ROW_H for y in at.values()) else 0
+    return Layout(GUTTER + lane_w * n, height, lane_w, tuple(boxes), tuple(marks), tuple(bars), rows,
+                  tuple(breaks), cut)
 
 
 def environment() -> jinja2.Environment:
@@ -101,8 +168,8 @@ def environment() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.PackageLoader("killpoint.reports", "templates"), autoescape=True,
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.filters["clip"] = clip
-    env.globals.update(CSP=CSP, GLYPHS=GLYPHS, ROW_H=ROW_H, LANE_W=LANE_W, GUTTER=GUTTER,
-                       HEAD_H=HEAD_H)
+    env.globals.update(CSP=CSP, GLYPHS=GLYPHS, ROW_H=ROW_H, GUTTER=GUTTER, HEAD_H=HEAD_H,
+                       LEASE_X=LEASE_X)
     return env
 
 

@@ -26,10 +26,10 @@ import json
 from typing import Any
 
 from killpoint.harness import checkpoint
-from killpoint.harness.checkpoint import CheckpointedWorkload, Migration, Migrations, Policy
+from killpoint.harness.checkpoint import Migration, Migrations, Policy
 from killpoint.harness.run import Session
 from killpoint.harness.targets import Target
-from killpoint.harness.workload import InstanceSpec, default_workload
+from killpoint.harness.workload import CheckpointedWorkload, InstanceSpec, default_workload
 from killpoint.scenarios._story import Story, config, requests, store_events, who, worker_events
 
 STEP = "charge"

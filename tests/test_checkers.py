@@ -1,4 +1,4 @@
-"""The eleven invariant checkers, judged on small hand-written histories (no processes, no clock).
+"""The fourteen invariant checkers, judged on small hand-written histories (no processes, no clock).
 
 Each invariant gets a history where it holds, one where it is violated (naming the right step and
 the proving events) and, where it matters, one with nothing to judge.
@@ -13,7 +13,8 @@ import pytest
 from killpoint.harness.checkers import (ALL, Result, Verdict, Violation, check_all, checkpoints_honoured,
                               effects_accounted, intent_conflict, legal_transitions, manual_stable,
                               no_duplicate_effects, retry_budget, stale_writes_rejected,
-                              stuck_detected, terminates, version_chain)
+                              stuck_detected, terminates, version_chain, lease_fenced, fence_rises,
+                              receipt_first)
 from killpoint.harness.checkers.base import rank
 from killpoint.harness.history import History, StepConfig, build
 
@@ -502,10 +503,11 @@ def test_checkpoints_honoured_has_nothing_to_judge_when_every_checkpoint_was_rea
 # check_all, ALL and ranking
 
 
-def test_all_lists_the_eleven_invariants_in_design_order():
+def test_all_lists_the_fourteen_invariants_in_design_order():
     assert list(ALL) == ["no_duplicate_effects", "effects_accounted", "stale_writes_rejected",
                          "version_chain", "legal_transitions", "manual_stable", "intent_conflict",
-                         "retry_budget", "terminates", "stuck_detected", "checkpoints_honoured"]
+                         "retry_budget", "terminates", "stuck_detected", "checkpoints_honoured",
+                         "lease_fenced", "fence_rises", "receipt_first"]
     assert all(ALL[name].__name__ == name for name in ALL)
 
 
@@ -513,7 +515,7 @@ def test_an_empty_history_is_judged_by_nobody_so_its_verdict_is_unknown_never_va
     verdict = check_all(build([]))
     assert verdict.valid is None
     assert not any(r.checked for r in verdict.results) and verdict.judged == 0
-    assert len(verdict.results) == 11
+    assert len(verdict.results) == 14
     assert any("no invariant had anything to judge" in r for r in verdict.unknown_reasons)
 
 
@@ -611,6 +613,102 @@ def test_terminates_holds_for_pending_steps_behind_a_step_in_manual_review():
 
 
 # ---------------------------------------------------------------------------------------------
+# lease_fenced, fence_rises, receipt_first: the bug classes of DESIGN section 7 beyond its ten
+
+
+def renewed(t: float, worker: str, fence: int, current: int, inst: str = "order-1",
+            step: str = "charge") -> Raw:
+    return store(t, "renewed", inst, step, worker=worker, fence=fence, lease_version=current)
+
+
+def released(t: float, worker: str, fence: int, inst: str = "order-1", step: str = "charge") -> Raw:
+    return store(t, "released", inst, step, worker=worker, fence=fence, lease_version=fence)
+
+
+def flagged(t: float, inst: str = "order-1", step: str = "charge") -> Raw:
+    return store(t, "stuck_flagged", inst, step, worker="B", lease_version=1, stuck_owner="A")
+
+
+def receipt(t: float, key: str = "k1", status: str = "succeeded", worker: str = "A",
+            inst: str = "order-1", step: str = "charge") -> Raw:
+    return store(t, "receipt_recorded", inst, step, worker=worker, fence=1, key=key, status=status)
+
+
+def test_lease_fenced_holds_for_the_holders_own_renewals_and_release():
+    holds(lease_fenced(build([created(0), claimed(1, "order-1", "charge", "A", 1, 2),
+                              renewed(2, "A", 1, 1), renewed(3, "A", 1, 1), released(4, "A", 1),
+                              claimed(5, "order-1", "charge", "B", 2, 3), renewed(6, "B", 2, 2),
+                              committed(7, "order-1", "charge", "B", 2, 4)])))
+
+
+def test_lease_fenced_flags_a_stale_heartbeat_renewing_by_instance_alone():
+    # aegra #502: A hung, the monitor freed its lease, B took it; A's heartbeat renews it anyway.
+    h = build([created(0), claimed(1, "order-1", "charge", "A", 1, 2), renewed(2, "A", 1, 1),
+               flagged(300), claimed(301, "order-1", "charge", "B", 2, 3),
+               renewed(310, "A", 1, 2), committed(320, "order-1", "charge", "B", 2, 4)])
+    v = only(lease_fenced(h))
+    assert (v.instance, v.step, v.events) == ("order-1", "charge", (4, 5))
+    assert "A renewed" in v.detail and "belonged to B with fence 2" in v.detail
+
+
+def test_lease_fenced_flags_a_renewal_or_release_of_a_lease_nobody_holds():
+    v = only(lease_fenced(build([created(0), claimed(1, "order-1", "charge", "A", 1, 2),
+                                 flagged(300), renewed(310, "A", 1, 1)])))
+    assert "nobody held the lease" in v.detail
+    v = only(lease_fenced(build([created(0), claimed(1, "order-1", "charge", "A", 1, 2),
+                                 committed(5, "order-1", "charge", "A", 1, 3), released(6, "A", 1)])))
+    assert "A released" in v.detail
+
+
+def test_lease_fenced_has_nothing_to_judge_without_renewals_or_releases():
+    unjudged(lease_fenced(build([created(0), claimed(1, "order-1", "charge", "A", 1, 2),
+                                 committed(5, "order-1", "charge", "A", 1, 3)])))
+
+
+def test_fence_rises_holds_when_every_claim_of_a_step_raises_its_fence():
+    holds(fence_rises(build([created(0), claimed(1, "order-1", "charge", "A", 1, 2),
+                             claimed(2, "order-1", "charge", "B", 2, 3),
+                             claimed(3, "order-1", "charge", "A", 5, 4)])))
+
+
+def test_fence_rises_flags_a_lease_generation_reset_on_re_grant():
+    # semaprax #192: the re-granted lease starts again at 1, so A and B share one fencing token.
+    h = build([created(0), claimed(1, "order-1", "charge", "A", 1, 2),
+               claimed(2, "order-1", "charge", "B", 1, 3)])
+    v = only(fence_rises(h))
+    assert v.events == (1, 2) and "fence 1, not above fence 1" in v.detail
+
+
+def test_fence_rises_judges_each_step_on_its_own():
+    unjudged(fence_rises(build([claimed(1, "order-1", "charge", "A", 1, 2),
+                                claimed(2, "order-1", "reserve", "A", 1, 2)])))
+
+
+def test_receipt_first_holds_when_the_receipt_precedes_the_commit():
+    holds(receipt_first(build([claimed(1, "order-1", "charge", "A", 1, 2), receipt(2),
+                               committed(3, "order-1", "charge", "A", 1, 3)], steps=(CHARGE,))))
+
+
+def test_receipt_first_flags_a_commit_recorded_before_its_receipt():
+    h = build([claimed(1, "order-1", "charge", "A", 1, 2),
+               committed(3, "order-1", "charge", "A", 1, 3), receipt(4)], steps=(CHARGE,))
+    v = only(receipt_first(h))
+    assert (v.step, v.events) == ("charge", (1,)) and "'k1'" in v.detail
+
+
+def test_receipt_first_does_not_take_a_failed_receipt_for_a_succeeded_commit():
+    h = build([receipt(2, status="failed_permanent"),
+               committed(3, "order-1", "charge", "A", 1, 3)], steps=(CHARGE,))
+    only(receipt_first(h))
+
+
+def test_receipt_first_judges_neither_a_target_without_receipts_nor_a_pure_step():
+    unjudged(receipt_first(build([committed(3, "order-1", "charge", "A", 1, 3)], steps=(CHARGE,))))
+    unjudged(receipt_first(build([receipt(1, key="k9"),
+                                  committed(3, "order-1", "notify", "A", 1, 3)], steps=(NOTIFY,))))
+
+
+# ---------------------------------------------------------------------------------------------
 # a target that owns its state: not applicable, never a silent pass
 
 
@@ -620,7 +718,8 @@ def test_owned_state_without_store_events_makes_store_invariants_not_applicable_
     verdict = check_all(h)
     by = {r.invariant: r for r in verdict.results}
     for name in ("version_chain", "legal_transitions", "manual_stable", "stuck_detected",
-                 "effects_accounted", "terminates", "checkpoints_honoured"):
+                 "effects_accounted", "terminates", "checkpoints_honoured", "lease_fenced",
+                 "fence_rises", "receipt_first"):
         assert by[name].applicable is False and not by[name].judged, name
         assert by[name].detail.startswith("not applicable:")
     assert by["no_duplicate_effects"].applicable and by["no_duplicate_effects"].judged

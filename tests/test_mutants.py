@@ -17,7 +17,8 @@ from killpoint.harness.targets import resolve
 
 REQUIRED = {"random-request-id", "no-fence-check", "local-clock-lease", "retry-unsafe",
             "auto-resolve-manual", "commit-before-call", "no-cas", "unbounded-retry",
-            "downstream-ignores-intent", "no-heartbeat-progress", "trust-checkpoint"}
+            "downstream-ignores-intent", "no-heartbeat-progress", "trust-checkpoint",
+            "renew-by-instance", "fence-reset", "commit-before-receipt"}
 
 
 @pytest.fixture(scope="module")
@@ -111,3 +112,16 @@ def test_selftest_names_an_unknown_mutant(capsys):
     assert main(["selftest", "--mutants", "no-such-bug"]) == 2
     err = capsys.readouterr().err
     assert "no-such-bug" in err and len(err.strip().splitlines()) == 1
+
+
+def test_no_fence_check_and_no_cas_are_different_mutants_with_different_counterexamples(session):
+    # They once had the same flags and the same counterexample, so the score counted one bug twice.
+    # no-fence-check compares a freshly read version: the chain stays whole, only the fence sees it.
+    # no-cas writes blind: the stale write steps the version chain back.
+    unfenced = run_mutant(session, MUTANTS["no-fence-check"])
+    blind = run_mutant(session, MUTANTS["no-cas"])
+    unfenced_violated = {v.invariant for v in unfenced.verdict.violations}
+    blind_violated = {v.invariant for v in blind.verdict.violations}
+    assert "stale_writes_rejected" in unfenced_violated and "version_chain" not in unfenced_violated
+    assert "version_chain" in blind_violated
+    assert resolve("mutant:no-fence-check") is not resolve("mutant:no-cas")

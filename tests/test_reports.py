@@ -21,11 +21,12 @@ from killpoint import chaos
 from killpoint.harness.checkers.base import Result, Verdict, Violation
 from killpoint.harness.cli import main
 from killpoint.harness.history import History, build
+from killpoint.harness.mutants import BlindCommits
 from killpoint.harness.run import RunConfig, RunResult, Session
 from killpoint.harness.worker import ReferenceWorker
 from killpoint.reports import run_report_name, write_reports, write_run_report
 from killpoint.reports.model import build_index, build_run, build_timeline
-from killpoint.reports.render import CSP, LABEL_CHARS, layout
+from killpoint.reports.render import CSP, LABEL_CHARS, MAX_GAP, ROW_H, WIDTH, layout, time_axis
 
 MS = 1_000_000
 TAKEOVER = "A@charge.after_call:1*pause"
@@ -40,12 +41,13 @@ HOSTILE = ("\"'><b>quoted</b>", HOSTILE_SCRIPT, "</script><script>alert(1)</scri
 class _StaleCommitter(ReferenceWorker):
     """Commits without any compare-and-set: neither the fence nor the state version is checked.
 
-    ``check_fence = False`` alone is not enough for a stale commit to land: the state-version
-    check still refuses it, because the new lease holder's claim moved the version on.
+    Dropping the fence alone is not enough for a stale commit to land: the state-version check
+    still refuses it, because the new lease holder's claim moved the version on.
     """
 
-    check_fence = False
-    check_version = False
+    def __init__(self, ctx) -> None:
+        super().__init__(ctx)
+        self.store = BlindCommits(self.store)
 
 
 def stale_committer(ctx) -> None:
@@ -207,6 +209,41 @@ def test_pause_is_drawn_until_the_harness_resumes_the_worker():
     assert (pause.start, pause.end, pause.end_index) == (0, 4 * MS, 1)
 
 
+def test_lease_of_a_killed_holder_is_held_until_its_death_then_runs_out_until_the_takeover():
+    t = build_timeline(takeover_history())  # A claims fence 1 at 4 ms, dies at 9, B claims at 12
+    a, b = sorted(t.leases, key=lambda lease: lease.fence)
+    assert (a.lane, a.fence, a.start, a.held_until) == ("A", 1, 4 * MS, 9 * MS)
+    assert a.how == "expired" and a.expiry == a.end == 12 * MS and not a.estimated  # the next claim bounds it
+    assert (b.lane, b.fence, b.how, b.end) == ("B", 2, "released", 18 * MS) and b.expiry is None
+    # with the lease's time to live, the expiry is bounded by the holder's death plus the ttl
+    (a, _) = sorted(build_timeline(takeover_history(), lease_ttl_ms=1.0).leases, key=lambda x: x.fence)
+    assert a.expiry == a.end == 10 * MS and a.estimated and "at most 1 ms" in a.label
+
+
+def test_frozen_holder_resumed_before_its_lease_could_run_out_keeps_holding_it():
+    h = build([ev(0, "store", "claimed", instance="o", step="s", worker="A", fence=1),
+               ev(0, "A", "claim", "ok", op=1, instance="o", step="s", fence=1),
+               ev(1, "harness", "stop", worker="A", signal="SIGSTOP"),
+               ev(2, "harness", "cont", worker="A", signal="SIGCONT"),
+               ev(5, "store", "committed", instance="o", step="s", worker="A", fence=1)])
+    (lease,) = build_timeline(h, lease_ttl_ms=100.0).leases
+    assert (lease.held_until, lease.end, lease.how, lease.expiry) == (5 * MS, 5 * MS, "released", None)
+
+
+def test_time_axis_is_elapsed_time_with_long_gaps_drawn_short_and_marked():
+    at, breaks, _ = time_axis([0, 1_000, 10 * MS, 11 * MS, 1000 * MS])
+    assert at[1_000] - at[0] == ROW_H  # a burst: one row each
+    assert at[10 * MS] - at[1_000] > at[11 * MS] - at[10 * MS]  # a 10 ms gap is taller than 1 ms
+    assert at[1000 * MS] - at[11 * MS] == ROW_H + MAX_GAP and breaks == [(breaks[0][0], "989.0 ms")]
+
+
+def test_timeline_fits_the_design_width_and_scales_down_when_there_are_many_lanes():
+    assert layout(build_timeline(takeover_history())).width <= WIDTH
+    many = build([ev(n, f"W{n}", "recover", instance="o", step="s", action="retry") for n in range(20)])
+    wide = layout(build_timeline(many))
+    assert wide.width > WIDTH and all(len(m.text) <= LABEL_CHARS for m in wide.marks)
+
+
 def test_every_timeline_item_and_proof_links_to_a_row_of_the_event_table():
     h = takeover_history()
     proof = Violation("stale_writes_rejected", "order-1", "charge", "stale", events=(4, 12, 18))
@@ -234,8 +271,8 @@ def test_cap_renders_the_first_events_plus_every_proof_and_says_showing_n_of_m(t
     report = build_run(result, max_events=10)
     assert [row.index for row in report.events] == list(range(10)) + [55]
     assert (report.shown, report.total) == (11, 60) and report.cap_note == "showing 11 of 60 events"
-    assert (report.timeline.shown, report.timeline.total) == (11, 60)
-    assert {i.index for i in report.timeline.items} == set(range(10)) | {55}
+    # the timeline follows the instance the violation names; the table keeps the cap's events
+    assert report.timeline.focus == ("o55",) and {i.index for i in report.timeline.items} == {55}
     path = write_run_report(result, str(tmp_path / "run.html"), max_events=10)
     assert "showing 11 of 60 events" in Page(open(path, encoding="utf-8").read()).all_text
 
@@ -366,6 +403,21 @@ def test_violating_run_gives_an_index_and_run_report_naming_the_invariant(violat
     assert 'href="run-0001.html"' in files["index.html"]
 
 
+def test_reports_of_many_runs_keep_the_focus_instances_and_stay_small(violated_reports, tmp_path):
+    result = violated_reports["result"]
+    whole = build_run(result)
+    focused = build_run(result, focus_table=True)
+    assert whole.shown == whole.total and focused.focus == ("order-1",)
+    assert focused.shown < focused.total and "showing" in focused.cap_note
+    assert all(row.instance in ("", "order-1") for row in focused.events)
+    index = write_reports([result] * 4, str(tmp_path), title="t")
+    sizes = [os.path.getsize(os.path.join(tmp_path, run_report_name(n))) for n in range(1, 5)]
+    # 68 runs must fit in 5 MB with their index: well under 70 kB a run
+    assert max(sizes) < 70_000, sizes
+    page = Page(open(os.path.join(tmp_path, run_report_name(1)), encoding="utf-8").read()).all_text
+    assert "--report-dir DIR" in page and os.path.getsize(index) < 20_000
+
+
 def test_report_command_runs_one_schedule_writes_its_report_and_exits_1(tmp_path, capsys):
     out = str(tmp_path / "rep")
     code = main(["report", "--schedule", TAKEOVER, "--target", f"{__name__}:stale_committer",
@@ -419,3 +471,42 @@ def test_real_report_in_headless_chromium_shows_the_violation_and_runs_no_hostil
     assert "data-pwned" not in body
     # the hostile note the worker journaled is on the page, as inert text
     assert "&lt;/script&gt;&lt;script&gt;document.title='PWNED'" in dom
+
+
+PROBE = """<!DOCTYPE html><html><body style="margin:0">
+<iframe id="f" src="REPORT" style="width:1280px;height:800px;border:0"></iframe><pre id="out">pending</pre>
+<script>
+document.getElementById('f').addEventListener('load', function () {
+  var d = this.contentDocument, de = d.documentElement, box = d.querySelector('.tl-scroll');
+  var proof = d.querySelector('svg.tl a.proof[id]'), r = box.getBoundingClientRect();
+  var p = proof ? proof.getBoundingClientRect() : null;
+  document.getElementById('out').textContent = JSON.stringify({
+    page: [de.scrollWidth, de.clientWidth], timeline: [box.scrollWidth, box.clientWidth],
+    top: d.getElementById('timeline').getBoundingClientRect().top, height: this.contentWindow.innerHeight,
+    proof: p && [p.top, p.bottom], box: [r.top, r.bottom],
+    expiries: d.querySelectorAll('svg.tl .lease path.expiry').length,
+    leases: d.querySelectorAll('svg.tl .lease rect.held').length});
+});
+</script></body></html>"""
+
+
+def test_report_at_1280_px_has_no_sideways_scroll_draws_lease_expiry_and_opens_at_the_violation(
+        violated_reports, tmp_path):
+    """Measured by a real browser: a probe page (not the report: reports run no script) loads the
+    report in a 1280-pixel frame and reads its layout."""
+    chromium = _chromium()
+    shutil.copy(os.path.join(violated_reports["dir"], run_report_name(1)), tmp_path / "run.html")
+    (tmp_path / "probe.html").write_text(PROBE.replace("REPORT", "run.html"), encoding="utf-8")
+    proc = subprocess.run(
+        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+         "--allow-file-access-from-files", "--virtual-time-budget=10000", "--window-size=1300,900",
+         f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", (tmp_path / "probe.html").as_uri()],
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    found = re.search(r'<pre id="out">(.*?)</pre>', proc.stdout, re.S)
+    m = json.loads(found.group(1).replace("&quot;", '"'))
+    assert m["page"][0] <= m["page"][1], m  # no horizontal scroll of the page
+    assert m["timeline"][0] <= m["timeline"][1], m  # nor inside the timeline: every lane is in view
+    assert m["leases"] >= 2 and m["expiries"] >= 1, m  # A's lease ran out, B took over
+    assert m["top"] < m["height"], m  # the timeline starts on the first screen
+    assert m["proof"] and m["box"][0] <= m["proof"][0] < min(m["box"][1], m["height"]), m

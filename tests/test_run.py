@@ -120,9 +120,12 @@ def test_a_restart_under_the_same_identity_claims_with_a_new_fence(session):
 
 def test_a_blind_commit_worker_defined_in_a_test_is_caught(session):
     # Defined here, inside the test: forked workers run it as they would any target.
+    from killpoint.harness.mutants import BlindCommits
+
     class BlindCommit(ReferenceWorker):
-        check_fence = False
-        check_version = False
+        def __init__(self, ctx):
+            super().__init__(ctx)
+            self.store = BlindCommits(self.store)  # commits with no compare-and-set
 
     def blind(ctx):
         BlindCommit(ctx).run()

@@ -24,6 +24,7 @@ from typing import Any
 
 import killpoint
 from killpoint import WorkerContext
+from killpoint.harness.mutants import blind_commit
 
 # States a worker may pick a step up from: never started, or started by a worker that may be dead.
 CLAIMABLE = ("pending", "running")
@@ -102,8 +103,11 @@ class Shop:
                 ctx.store.record_receipt(claim, key, None, outcome, answer.body)
                 ctx.point("after_receipt")
             ctx.point("before_commit")
-            ctx.store.commit(claim, "succeeded" if outcome == "succeeded" else "failed",
-                             check_fence=self.fenced, check_version=self.fenced)
+            state = "succeeded" if outcome == "succeeded" else "failed"
+            if self.fenced:
+                ctx.store.commit(claim, state)  # compare-and-set on state version, fence and owner
+            else:
+                blind_commit(ctx.store, claim, state)  # the bug: an UPDATE that compares nothing
             ctx.point("after_commit")
         finally:
             ctx.heartbeat.release()

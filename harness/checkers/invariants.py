@@ -1,4 +1,5 @@
-"""The invariants of DESIGN section 7 (its ten, and checkpoints_honoured for section 3), each a pure function ``History -> Result``.
+"""The invariants of DESIGN section 7 (its ten, then checkpoints_honoured, lease_fenced, fence_rises and
+receipt_first for the bug classes it names beyond them), each a pure function ``History -> Result``.
 
 No checker does I/O or reads a clock: they only walk the events of one history, so each one is
 tested on small hand-written histories. Every violation names the events that prove it, so a report
@@ -8,6 +9,7 @@ run with no reused key says nothing about ``intent_conflict`` and must not count
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from typing import Any, Iterable, Mapping
 
@@ -16,8 +18,6 @@ from killpoint.harness.history import ACCEPTED_TRANSITIONS, Event, History
 from killpoint.harness.states import (COMPENSATED, COMPENSATING, MANUAL, PENDING, RETRY_SCHEDULED, RUNNING,
                             SETTLED, SUCCEEDED, UNKNOWN, WAITING_APPROVAL, allowed)
 
-# Processes that are not worker incarnations; every other process name is a worker.
-NON_WORKERS = frozenset({"store", "downstream", "harness"})
 DEFAULT_MAX_ATTEMPTS = 3
 FORWARD = "forward"
 COMPENSATION = "compensation"
@@ -39,12 +39,8 @@ def _result(name: str, checked: bool, violations: list[Violation], detail: str =
     return Result(name, True, True, (), detail)
 
 
-def _is_worker(e: Event) -> bool:
-    return e.process not in NON_WORKERS
-
-
 def _store(history: History) -> list[Event]:
-    return [e for e in history.events if e.process == "store"]
+    return history.of("store")
 
 
 def _is_accepted(e: Event) -> bool:
@@ -53,21 +49,24 @@ def _is_accepted(e: Event) -> bool:
 
 
 def _requests(history: History) -> list[Event]:
-    return [e for e in history.events if e.process == "downstream" and e.kind == "request"]
+    return history.of("downstream", "request")
 
 
 def _meta(e: Event) -> Mapping[str, Any]:
-    meta = e.get("meta")
+    meta = e.data.get("meta")
+    if type(meta) is dict:  # the common case, without the slow abstract isinstance
+        return meta
     return meta if isinstance(meta, Mapping) else {}
 
 
 def _applied(history: History) -> list[Event]:
     """Downstream rows where a new effect really happened (``dropped`` included: applied, no answer)."""
-    return [e for e in _requests(history) if e.get("applied") is True]
+    return [e for e in _requests(history) if e.data.get("applied") is True]
 
 
 def _step_of(e: Event) -> StepId:
-    return (e.get("instance"), e.get("step"))
+    data = e.data
+    return (data.get("instance"), data.get("step"))
 
 
 def _effect_step(e: Event) -> StepId:
@@ -77,6 +76,17 @@ def _effect_step(e: Event) -> StepId:
 
 def _direction(e: Event) -> str:
     return _meta(e).get("direction") or FORWARD
+
+
+def _last_store(history: History) -> dict[StepId, Event]:
+    """Each step's last store event."""
+    return {sid: evs[-1] for sid, evs in history.store_by_step().items()}
+
+
+def _in_order(violations: list[Violation]) -> list[Violation]:
+    """Violations found step by step, put back in the order of the events that revealed them (the
+    latest event of each proof), as a walk over the whole history in order would have found them."""
+    return sorted(violations, key=lambda v: max(v.events, default=-1))
 
 
 def _final_states(history: History) -> dict[StepId, str]:
@@ -102,13 +112,14 @@ def _logical_key(history: History, e: Event) -> Any:
     new key per retry would make every duplicate look like a new intent. So an effect whose step is
     configured is grouped under that step's stable key, and only otherwise under the key it sent.
     """
-    inst, step = _effect_step(e)
+    meta = _meta(e)
+    inst, step = meta.get("instance"), meta.get("step")
     cfg = history.step_config(inst, step) if inst is not None and step is not None else None
     if cfg is not None:
-        expected = cfg.compensation_key if _direction(e) == COMPENSATION else cfg.key
+        expected = cfg.compensation_key if (meta.get("direction") or FORWARD) == COMPENSATION else cfg.key
         if expected is not None:
             return expected
-    return e.get("key")
+    return e.data.get("key")
 
 
 def no_duplicate_effects(history: History) -> Result:
@@ -122,17 +133,18 @@ def no_duplicate_effects(history: History) -> Result:
     effects = _applied(history)
     groups: dict[tuple[Any, ...], list[Event]] = defaultdict(list)
     for e in effects:
-        if e.get("key") is not None:
+        if e.data.get("key") is not None:
             groups[("key", _logical_key(history, e))].append(e)
         else:
-            inst, step = _effect_step(e)
-            groups[("legacy", inst, step, e.get("resource"), _direction(e))].append(e)
+            meta = _meta(e)
+            groups[("legacy", meta.get("instance"), meta.get("step"), e.data.get("resource"),
+                    meta.get("direction") or FORWARD)].append(e)
     violations = []
     for group, evs in groups.items():
         if len(evs) < 2:
             continue
         inst, step = _effect_step(evs[0])
-        sent = list(dict.fromkeys(x.get("key") for x in evs))
+        sent = list(dict.fromkeys(x.data.get("key") for x in evs))
         what = (f"legacy resource {group[3]!r} ({group[4]})" if group[0] == "legacy"
                 else f"key {group[1]!r}" if sent == [group[1]]
                 else f"intent {group[1]!r} (sent under keys {', '.join(map(repr, sent))})")
@@ -165,10 +177,9 @@ def effects_accounted(history: History) -> Result:
     effects = _applied(history)
     by_step: dict[tuple[Any, Any, str], list[Event]] = defaultdict(list)
     for e in effects:
-        by_step[(*_effect_step(e), _direction(e))].append(e)
-    last_store: dict[StepId, Event] = {}
-    for e in _store(history):
-        last_store[_step_of(e)] = e
+        meta = _meta(e)
+        by_step[(meta.get("instance"), meta.get("step"), meta.get("direction") or FORWARD)].append(e)
+    last_store = _last_store(history)
 
     violations: list[Violation] = []
     checked = bool(effects)
@@ -180,22 +191,23 @@ def effects_accounted(history: History) -> Result:
             continue
         if state in SETTLED:
             checked = True
-        proof = _idx([last_store.get((cfg.instance, cfg.step))])
         if state == SUCCEEDED and not by_step.get((cfg.instance, cfg.step, FORWARD)):
             violations.append(Violation(
                 name, cfg.instance, cfg.step,
                 f"step {cfg.step} of {cfg.instance} succeeded without an effect on "
-                f"{cfg.resource!r}: lost", proof))
+                f"{cfg.resource!r}: lost", _idx([last_store.get((cfg.instance, cfg.step))])))
         if state == COMPENSATED and not by_step.get((cfg.instance, cfg.step, COMPENSATION)):
             violations.append(Violation(
                 name, cfg.instance, cfg.step,
                 f"step {cfg.step} of {cfg.instance} was compensated without a compensation "
-                f"effect: lost", proof))
+                f"effect: lost", _idx([last_store.get((cfg.instance, cfg.step))])))
 
     if final:  # without final states nothing can be attributed
         ok = _ACCOUNTING_STATES if history.quiescent else _ACCOUNTING_STATES | _IN_FLIGHT_STATES
         for (inst, step, direction), evs in by_step.items():
             state = final.get((inst, step))
+            if state in ok and not (direction == COMPENSATION and state == SUCCEEDED):
+                continue
             proof = _idx([*evs, last_store.get((inst, step))])
             if state is None:
                 violations.append(Violation(
@@ -230,58 +242,58 @@ def stale_writes_rejected(history: History) -> Result:
     """
     name = "stale_writes_rejected"
     violations: list[Violation] = []
-    fence: dict[StepId, Any] = {}
-    owner: dict[StepId, Any] = {}
-    fence_src: dict[StepId, Event] = {}
-    claim_of: dict[tuple[Any, Any, Any, Any], Event] = {}  # (inst, step, worker, fence) -> claimed
-    claims: dict[StepId, int] = defaultdict(int)
     takeover = False
-
-    for e in _store(history):
-        sid = _step_of(e)
-        if e.kind == "commit_rejected":
-            takeover = True
-        if e.kind == "committed" and sid in fence and e.get("fence") is not None:
-            held, worker = e.get("fence"), e.get("worker")
-            stale_fence = held is not None and held != fence[sid]
-            stale_owner = (worker is not None and owner.get(sid) is not None
-                           and worker != owner[sid])
-            if stale_fence or stale_owner:
-                why = (f"fence {held} while the current lease version was {fence[sid]}"
-                       if stale_fence else
-                       f"worker {worker} while the lease belonged to {owner[sid]}")
-                proof = [e, fence_src.get(sid), claim_of.get((*sid, worker, held))]
-                violations.append(Violation(
-                    name, sid[0], sid[1],
-                    f"commit of step {sid[1]} of {sid[0]} by {worker} accepted with {why}: "
-                    f"a stale write", _idx(proof)))
-        if e.kind == "claimed":
-            claims[sid] += 1
-            if claims[sid] > 1:
+    for sid, events in history.store_by_step().items():
+        fence: Any = None  # the step's current lease version, and the event that set it
+        fence_src: Event | None = None
+        owner: Any = None
+        claim_of: dict[tuple[Any, Any], Event] = {}  # (worker, fence) -> its claimed event
+        claims = 0
+        for e in events:
+            data = e.data
+            if e.kind == "commit_rejected":
                 takeover = True
-            owner[sid] = e.get("worker")
-            claim_of[(*sid, e.get("worker"), e.get("lease_version"))] = e
-        if e.get("lease_version") is not None and e.get("lease_version") != fence.get(sid):
-            fence[sid] = e.get("lease_version")
-            fence_src[sid] = e
+            if e.kind == "committed" and fence_src is not None and data.get("fence") is not None:
+                held, worker = data.get("fence"), data.get("worker")
+                stale_fence = held != fence
+                stale_owner = worker is not None and owner is not None and worker != owner
+                if stale_fence or stale_owner:
+                    why = (f"fence {held} while the current lease version was {fence}"
+                           if stale_fence else
+                           f"worker {worker} while the lease belonged to {owner}")
+                    proof = [e, fence_src, claim_of.get((worker, held))]
+                    violations.append(Violation(
+                        name, sid[0], sid[1],
+                        f"commit of step {sid[1]} of {sid[0]} by {worker} accepted with {why}: "
+                        f"a stale write", _idx(proof)))
+            if e.kind == "claimed":
+                claims += 1
+                if claims > 1:
+                    takeover = True
+                owner = data.get("worker")
+                claim_of[(owner, data.get("lease_version"))] = e
+            lease = data.get("lease_version")
+            if lease is not None and (fence_src is None or lease != fence):
+                fence, fence_src = lease, e
+    violations = _in_order(violations)
 
     highest: dict[tuple[Any, Any], Event] = {}
     for e in _requests(history):
-        if e.get("outcome") == "stale_fence":
+        if e.data.get("outcome") == "stale_fence":
             takeover = True
-        f = e.get("fence")
-        if f is None or e.get("key") is None:
+        f = e.data.get("fence")
+        if f is None or e.data.get("key") is None:
             continue  # a legacy resource takes no key and enforces no fence: manual review covers it
-        scope = (e.get("resource"), e.get("scope"))
+        scope = (e.data.get("resource"), e.data.get("scope"))
         top = highest.get(scope)
-        if e.get("applied") is True and top is not None and f < top.get("fence"):
+        if e.data.get("applied") is True and top is not None and f < top.data.get("fence"):
             inst, step = _effect_step(e)
             violations.append(Violation(
                 name, inst, step,
-                f"{e.get('resource')} applied a request with fence {f} after it had seen fence "
-                f"{top.get('fence')} ({_at(top)}) in scope {e.get('scope')!r}: a stale write",
+                f"{e.data.get('resource')} applied a request with fence {f} after it had seen fence "
+                f"{top.data.get('fence')} ({_at(top)}) in scope {e.data.get('scope')!r}: a stale write",
                 _idx([top, e])))
-        if top is None or f > top.get("fence"):
+        if top is None or f > top.data.get("fence"):
             highest[scope] = e
     return _result(name, takeover, violations)
 
@@ -298,40 +310,40 @@ def version_chain(history: History) -> Result:
     """
     name = "version_chain"
     violations: list[Violation] = []
-    prev: dict[StepId, Event] = {}
-    seen: dict[StepId, dict[Any, Event]] = defaultdict(dict)
     checked = False
-    for e in _store(history):
-        if e.kind != "created" and not _is_accepted(e):
-            continue
-        sv = e.get("state_version")
-        if sv is None:
-            continue
-        sid = _step_of(e)
-        if e.kind == "created":
-            if sid not in prev:
-                prev[sid] = e
-                seen[sid][sv] = e
-            continue
-        before = prev.get(sid)
-        if before is not None:
-            checked = True
-            expected = before.get("state_version") + 1
-            if sv in seen[sid]:
-                twin = seen[sid][sv]
-                violations.append(Violation(
-                    name, sid[0], sid[1],
-                    f"step {sid[1]} of {sid[0]}: {e.kind} and {twin.kind} ({_at(twin)}) both "
-                    f"accepted at state_version {sv}: a fork", _idx([twin, e])))
-            elif sv != expected:
-                violations.append(Violation(
-                    name, sid[0], sid[1],
-                    f"step {sid[1]} of {sid[0]}: {e.kind} accepted at state_version {sv} right "
-                    f"after version {expected - 1} ({_at(before)}); expected {expected}",
-                    _idx([before, e])))
-        seen[sid][sv] = e
-        prev[sid] = e
-    return _result(name, checked, violations)
+    for sid, events in history.store_by_step().items():
+        prev: Event | None = None
+        seen: dict[Any, Event] = {}
+        for e in events:
+            if e.kind != "created" and e.kind not in ACCEPTED_TRANSITIONS:
+                continue
+            sv = e.data.get("state_version")
+            if sv is None:
+                continue
+            if e.kind == "created":
+                if prev is None:
+                    prev = e
+                    seen[sv] = e
+                continue
+            before = prev
+            if before is not None:
+                checked = True
+                expected = before.data.get("state_version") + 1
+                if sv in seen:
+                    twin = seen[sv]
+                    violations.append(Violation(
+                        name, sid[0], sid[1],
+                        f"step {sid[1]} of {sid[0]}: {e.kind} and {twin.kind} ({_at(twin)}) both "
+                        f"accepted at state_version {sv}: a fork", _idx([twin, e])))
+                elif sv != expected:
+                    violations.append(Violation(
+                        name, sid[0], sid[1],
+                        f"step {sid[1]} of {sid[0]}: {e.kind} accepted at state_version {sv} right "
+                        f"after version {expected - 1} ({_at(before)}); expected {expected}",
+                        _idx([before, e])))
+            seen[sv] = e
+            prev = e
+    return _result(name, checked, _in_order(violations))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -346,7 +358,7 @@ def legal_transitions(history: History) -> Result:
     for e in _store(history):
         if not _is_accepted(e):
             continue
-        src, dst = e.get("from_state"), e.get("to_state")
+        src, dst = e.data.get("from_state"), e.data.get("to_state")
         if src is None or dst is None:
             continue  # cannot be judged
         checked = True
@@ -371,32 +383,31 @@ def manual_stable(history: History) -> Result:
     """
     name = "manual_stable"
     violations: list[Violation] = []
-    entered: dict[StepId, Event] = {}  # steps now in manual review -> the event that put them there
     checked = False
-    for e in _store(history):
-        if not _is_accepted(e):
-            continue
-        sid = _step_of(e)
-        src, dst = e.get("from_state"), e.get("to_state")
-        in_manual = sid in entered or src == MANUAL
-        if in_manual:
-            entry = entered.get(sid)
-            operator = e.kind == "operator_resolved"
-            if not operator or not e.get("actor") or not e.get("evidence"):
-                why = ("without actor and evidence" if operator
-                       else f"through {e.kind} by {e.get('worker') or 'an unnamed writer'}, "
-                            f"not an operator event")
-                violations.append(Violation(
-                    name, sid[0], sid[1],
-                    f"step {sid[1]} of {sid[0]} in manual_intervention"
-                    f"{f' since {_at(entry)}' if entry else ''} was moved to {dst} {why}",
-                    _idx([entry, e])))
-        if dst == MANUAL:
-            checked = True
-            entered.setdefault(sid, e)
-        else:
-            entered.pop(sid, None)
-    return _result(name, checked, violations)
+    for sid, events in history.store_by_step().items():
+        entered: Event | None = None  # the event that put the step in manual review, while it is
+        for e in events:
+            if e.kind not in ACCEPTED_TRANSITIONS:
+                continue
+            src, dst = e.data.get("from_state"), e.data.get("to_state")
+            if entered is not None or src == MANUAL:
+                operator = e.kind == "operator_resolved"
+                if not operator or not e.data.get("actor") or not e.data.get("evidence"):
+                    why = ("without actor and evidence" if operator
+                           else f"through {e.kind} by {e.data.get('worker') or 'an unnamed writer'}, "
+                                f"not an operator event")
+                    violations.append(Violation(
+                        name, sid[0], sid[1],
+                        f"step {sid[1]} of {sid[0]} in manual_intervention"
+                        f"{f' since {_at(entered)}' if entered else ''} was moved to {dst} {why}",
+                        _idx([entered, e])))
+            if dst == MANUAL:
+                checked = True
+                if entered is None:
+                    entered = e
+            else:
+                entered = None
+    return _result(name, checked, _in_order(violations))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -417,18 +428,18 @@ def intent_conflict(history: History) -> Result:
     first: dict[Any, Event] = {}
     hashes: dict[Any, set[Any]] = defaultdict(set)
     for e in _requests(history):
-        key, h = e.get("key"), e.get("intent_hash")
+        key, h = e.data.get("key"), e.data.get("intent_hash")
         if key is None or h is None:
             continue
         hashes[key].add(h)
         owner = first.get(key)
         if owner is None:
-            if e.get("outcome") in _FINISHED:
+            if e.data.get("outcome") in _FINISHED:
                 first[key] = e
             continue
         if h == owner.get("intent_hash"):
             continue
-        outcome, status = e.get("outcome"), e.get("status")
+        outcome, status = e.data.get("outcome"), e.data.get("status")
         inst, step = _effect_step(e)
         if outcome in _SUCCESSES:
             violations.append(Violation(
@@ -454,10 +465,10 @@ def retry_budget(history: History) -> Result:
     name = "retry_budget"
     violations: list[Violation] = []
     checked = False
-    for e in history.events:
-        if not (_is_worker(e) and e.kind == "call" and e.type == "invoke"):
+    for e in history.of_workers("call"):
+        if e.type != "invoke":
             continue
-        attempt = e.get("attempt")
+        attempt = e.data.get("attempt")
         if attempt is None:
             continue
         if attempt > 1:
@@ -468,7 +479,7 @@ def retry_budget(history: History) -> Result:
         if attempt > limit:
             violations.append(Violation(
                 name, inst, step,
-                f"worker {e.process} called {e.get('resource')} for step {step} of {inst} at "
+                f"worker {e.process} called {e.data.get('resource')} for step {step} of {inst} at "
                 f"attempt {attempt}, beyond the maximum of {limit}", (e.index,)))
     return _result(name, checked, violations)
 
@@ -506,9 +517,7 @@ def terminates(history: History) -> Result:
         return Result(name, None, False, (), "run hit its bound")
     if not history.quiescent or not final:
         return _result(name, False, [], "run not quiescent" if final else "no steps")
-    last_store: dict[StepId, Event] = {}
-    for e in _store(history):
-        last_store[_step_of(e)] = e
+    last_store = _last_store(history)
     violations = [Violation(
         name, row["instance"], row["step"],
         f"instance {row['instance']} did not reach a terminal state: step {row['step']} is "
@@ -539,49 +548,64 @@ def stuck_detected(history: History) -> Result:
     deaths: dict[Any, list[Event]] = defaultdict(list)
     owners: dict[StepId, list[Event]] = defaultdict(list)  # events that set or clear the lease
     identity: dict[Any, Any] = {}  # worker incarnation (A.2) -> the identity the store saw (A)
-    for e in history.events:
-        if e.process == "store" and e.kind == "stuck_flagged":
+    for e in history.of("harness"):
+        if e.kind in ("kill", "exit"):
+            deaths[e.data.get("worker")].append(e)
+        elif e.kind == "spawn" and e.data.get("identity") is not None:
+            identity[e.data.get("worker")] = e.data.get("identity")
+    for e in _store(history):
+        if e.kind == "stuck_flagged":
             flags[_step_of(e)].append(e)
-        elif e.process == "harness" and e.kind in ("kill", "exit"):
-            deaths[e.get("worker")].append(e)
-        elif e.process == "harness" and e.kind == "spawn" and e.get("identity") is not None:
-            identity[e.get("worker")] = e.get("identity")
-        if e.process == "store" and (e.kind in ("created", "claimed", "stuck_flagged")
-                                     or (e.kind == "committed" and e.get("fence") is not None)):
+        if e.kind in ("created", "claimed", "stuck_flagged") or (
+                e.kind == "committed" and e.data.get("fence") is not None):
             owners[_step_of(e)].append(e)
 
+    # Each list is in history order, so in time order: a bisection finds the events around a hang
+    # without rescanning them (a worker may die many times in a long history).
+    def times(index: Mapping[Any, list[Event]]) -> dict[Any, list[int]]:
+        return {k: [x.time for x in evs] for k, evs in index.items()}
+    flag_times, death_times, owner_times = times(flags), times(deaths), times(owners)
+
     def held_no_lease(hang: Event, sid: StepId) -> bool:
-        before = [o for o in owners.get(sid, ()) if o.time <= hang.time]
-        if not before:
+        n = bisect_right(owner_times.get(sid, ()), hang.time)  # the owner events up to the hang
+        if n == 0:
             return False  # the store says nothing: judge the hang
+        last = owners[sid][n - 1]
         who = identity.get(hang.process, str(hang.process).split(".")[0])
-        return not (before[-1].kind == "claimed" and before[-1].get("worker") == who)
+        return not (last.kind == "claimed" and last.data.get("worker") == who)
+
+    def first_from(index: dict[Any, list[int]], key: Any, t: int) -> int | None:
+        """The time of the first event of ``index[key]`` at or after ``t``."""
+        ts = index.get(key, ())
+        i = bisect_left(ts, t)
+        return ts[i] if i < len(ts) else None
     violations: list[Violation] = []
     checked = False
-    for e in history.events:
-        if not (_is_worker(e) and e.kind == "point" and e.get("action") == "hang"):
+    for e in history.of_workers("point"):
+        if e.data.get("action") != "hang":
             continue
         sid = _step_of(e)
         if None in sid or held_no_lease(e, sid):
             continue
         deadline = e.time + window
-        in_time = [f for f in flags.get(sid, ()) if e.time <= f.time <= deadline]
-        if in_time:
+        flagged = first_from(flag_times, sid, e.time)
+        if flagged is not None and flagged <= deadline:
             checked = True
             continue
-        if any(e.time <= d.time <= deadline for d in deaths.get(e.process, ())):
+        died = first_from(death_times, e.process, e.time)
+        if died is not None and died <= deadline:
             continue  # the worker died unflagged before the deadline: its heartbeat died with it
         if end <= deadline:
             continue  # the history ends before the deadline
         checked = True
-        late = [f for f in flags.get(sid, ()) if f.time > deadline]
+        late = flags.get(sid, [])[bisect_right(flag_times.get(sid, ()), deadline):]
         ms = window / 1_000_000
         if late:
             after = (late[0].time - e.time) / 1_000_000
-            detail = (f"worker {e.process} hung at {e.get('point')} on step {sid[1]} of {sid[0]} "
+            detail = (f"worker {e.process} hung at {e.data.get('point')} on step {sid[1]} of {sid[0]} "
                       f"and was flagged only after {after:g} ms (bound {ms:g} ms)")
         else:
-            detail = (f"worker {e.process} hung at {e.get('point')} on step {sid[1]} of {sid[0]} "
+            detail = (f"worker {e.process} hung at {e.data.get('point')} on step {sid[1]} of {sid[0]} "
                       f"and was never flagged within {ms:g} ms")
         violations.append(Violation(name, sid[0], sid[1], detail, _idx([e, *late[:1]])))
     return _result(name, checked, violations)
@@ -607,22 +631,24 @@ def checkpoints_honoured(history: History) -> Result:
     refused = {c["instance"]: c for c in history.checkpoints if c.get("outcome") == REFUSED}
     if not refused:
         return _result(name, False, [], "no checkpoint had to be refused")
+    # One pass over the store and the ledger (not one per refused instance): instance -> step -> proof.
+    proofs: dict[Any, dict[Any, list[Event]]] = {instance: defaultdict(list) for instance in refused}
+    for e in _store(history):
+        if e.kind == "committed" and e.data.get("to_state") == SUCCEEDED and e.data.get("instance") in proofs:
+            proofs[e.data.get("instance")][e.data.get("step")].append(e)
+    for e in _applied(history):
+        instance, step = _effect_step(e)
+        if instance in proofs:
+            proofs[instance][step].append(e)
     violations: list[Violation] = []
     for instance, verdict in refused.items():
-        by_step: dict[Any, list[Event]] = defaultdict(list)
-        for e in _store(history):
-            if e.kind == "committed" and e.get("instance") == instance and e.get("to_state") == SUCCEEDED:
-                by_step[e.get("step")].append(e)
-        for e in _applied(history):
-            if _effect_step(e)[0] == instance:
-                by_step[_effect_step(e)[1]].append(e)
-        for step, proof in by_step.items():
+        for step, proof in proofs[instance].items():
             proof.sort(key=lambda e: e.index)
             commits = [e for e in proof if e.process == "store"]
             effects = [e for e in proof if e.process == "downstream"]
             what = []
             if commits:
-                workers = ", ".join(sorted({str(e.get("worker")) for e in commits}))
+                workers = ", ".join(sorted({str(e.data.get("worker")) for e in commits}))
                 what.append(f"committed to succeeded by {workers}")
             if effects:
                 what.append(f"{len(effects)} downstream effect(s) applied")
@@ -633,7 +659,135 @@ def checkpoints_honoured(history: History) -> Result:
     return _result(name, True, violations, f"{len(refused)} checkpoint(s) had to be refused")
 
 
-# The order is the order of DESIGN section 7 (and of reports), then the checkpoint rule of section 3.
+# ---------------------------------------------------------------------------------------------
+# 12. lease_fenced
+
+# Store events after which a step's lease is free: the holder's accepted commit (one with a fence),
+# the monitor freeing a stuck lease, the holder's release.
+_FREES_LEASE = frozenset({"stuck_flagged", "released"})
+
+
+def lease_fenced(history: History) -> Result:
+    """Only the lease's current holder, with its current fence, renews or releases it.
+
+    A renewal by anyone else keeps a lease alive under its holder's feet: a stale worker whose
+    heartbeat renews by instance alone takes the lease back and the new holder's commit is refused
+    (aegra #502). A release by anyone else frees a lease its holder still works under. Renewals and
+    releases are store events (``renewed``, ``released``), each with the writer and the fence it
+    held; commits are judged by ``stale_writes_rejected``.
+    """
+    name = "lease_fenced"
+    violations: list[Violation] = []
+    holder: dict[StepId, tuple[Any, Any, Event]] = {}  # step -> (owner, fence, the claim)
+    checked = False
+    for e in _store(history):
+        sid = _step_of(e)
+        if e.kind == "claimed":
+            holder[sid] = (e.get("worker"), e.get("lease_version"), e)
+            continue
+        if e.kind in ("renewed", "released"):
+            checked = True
+            worker, fence = e.get("worker"), e.get("fence")
+            owner, current, claim = holder.get(sid, (None, None, None))
+            if owner is None:
+                why = "nobody held the lease then"
+            elif (worker, fence) != (owner, current):
+                why = f"the lease belonged to {owner} with fence {current}"
+            else:
+                why = ""
+            if why:
+                verb = "renewed" if e.kind == "renewed" else "released"
+                violations.append(Violation(
+                    name, sid[0], sid[1],
+                    f"{worker} {verb} the lease of step {sid[1]} of {sid[0]} with fence {fence}, "
+                    f"but {why}: only the current holder with its current fence may", _idx([claim, e])))
+                continue
+        if e.kind in _FREES_LEASE or (e.kind == "committed" and e.get("fence") is not None):
+            holder.pop(sid, None)
+    return _result(name, checked, violations)
+
+
+# ---------------------------------------------------------------------------------------------
+# 13. fence_rises
+
+
+def fence_rises(history: History) -> Result:
+    """Each claim of a step gets a fence strictly above every earlier fence of that step.
+
+    A fence that does not rise (a lease generation reset to 1 on re-grant, semaprax #192) lets two
+    holders share one token, and a fenced downstream can no longer tell the stale one.
+    """
+    name = "fence_rises"
+    violations: list[Violation] = []
+    top: dict[StepId, Event] = {}
+    checked = False
+    for e in _store(history):
+        if e.kind != "claimed" or e.get("lease_version") is None:
+            continue
+        sid = _step_of(e)
+        before = top.get(sid)
+        if before is None:
+            top[sid] = e
+            continue
+        checked = True
+        fence, highest = e.get("lease_version"), before.get("lease_version")
+        if fence <= highest:
+            violations.append(Violation(
+                name, sid[0], sid[1],
+                f"{e.get('worker')} claimed step {sid[1]} of {sid[0]} with fence {fence}, not above "
+                f"fence {highest} of the claim by {before.get('worker')} ({_at(before)}): two "
+                f"holders share one fencing token", _idx([before, e])))
+        else:
+            top[sid] = e
+    return _result(name, checked, violations)
+
+
+# ---------------------------------------------------------------------------------------------
+# 14. receipt_first
+
+
+def receipt_first(history: History) -> Result:
+    """A keyed step committed as done has its succeeded receipt recorded before the commit.
+
+    A commit that comes first leaves, when the worker dies in between, a success the store can no
+    longer explain: recovery finds no receipt to rest on. Judged on commits under a lease (a fence)
+    that end a keyed call: ``succeeded`` under the step's key, ``compensated`` under its
+    compensation key. A target that records no receipt at all is not judged.
+    """
+    name = "receipt_first"
+    events = _store(history)
+    if not any(e.kind == "receipt_recorded" for e in events):
+        return _result(name, False, [], "the target recorded no receipt")
+    violations: list[Violation] = []
+    receipts: dict[Any, Event] = {}  # key -> its first succeeded receipt
+    checked = False
+    for e in events:
+        if e.kind == "receipt_recorded" and e.get("status") == "succeeded":
+            receipts.setdefault(e.get("key"), e)
+            continue
+        if e.kind != "committed" or e.get("fence") is None:
+            continue
+        to_state = e.get("to_state")
+        if to_state not in (SUCCEEDED, COMPENSATED):
+            continue
+        sid = _step_of(e)
+        cfg = history.step_config(*sid)
+        if cfg is None:
+            continue
+        key = cfg.key if to_state == SUCCEEDED else cfg.compensation_key
+        if key is None:
+            continue
+        checked = True
+        if key not in receipts:
+            violations.append(Violation(
+                name, sid[0], sid[1],
+                f"{e.get('worker')} committed step {sid[1]} of {sid[0]} {to_state} before any "
+                f"succeeded receipt for key {key!r} was recorded", (e.index,)))
+    return _result(name, checked, violations)
+
+
+# The order is the order of DESIGN section 7 (and of reports), then the checkpoint rule of section 3,
+# then the lease, fence and receipt rules of section 7's bug classes.
 CHECKERS = (no_duplicate_effects, effects_accounted, stale_writes_rejected, version_chain,
             legal_transitions, manual_stable, intent_conflict, retry_budget, terminates,
-            stuck_detected, checkpoints_honoured)
+            stuck_detected, checkpoints_honoured, lease_fenced, fence_rises, receipt_first)

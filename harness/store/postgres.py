@@ -53,7 +53,7 @@ import os
 import re
 import select
 import time
-from typing import Any, Callable, Iterable, TypeVar
+from typing import Any, Callable, Iterable, Mapping, TypeVar
 from urllib.parse import quote
 
 import psycopg
@@ -368,7 +368,7 @@ class PostgresStore(SqlStore):
         return {t: f"{self._s}.{t}" for t in ("steps", "receipts", "events", "instances")}
 
     # -- set-up and reading -----------------------------------------------------------------------
-    def setup(self, instances: Iterable[dict[str, Any]]) -> None:
+    def setup(self, instances: Iterable[Mapping[str, Any]]) -> None:
         """Create the schema and its tables and insert the instances, all in one transaction."""
         s = self._s
 

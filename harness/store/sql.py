@@ -143,25 +143,19 @@ class SqlStore(Store):
             return Claim(instance, step, worker, fence, sv, attempt, from_state, to_state)
         return self._write(do)
 
-    def commit(self, claim: Claim, to_state: str, *, check_fence: bool = True, check_version: bool = True,
-               **detail: Any) -> bool:
+    def commit(self, claim: Claim, to_state: str, **detail: Any) -> bool:
         """Compare-and-set on (state_version, lease_version, owner); a refusal is recorded."""
         if not states.allowed(claim.state, to_state):
             raise StoreError(f"illegal transition {claim.state} -> {to_state} for "
                              f"{claim.instance}:{claim.step}")
-        conds, args = ["instance = ?", "step = ?"], [claim.instance, claim.step]
-        if check_version:
-            conds.append("state_version = ?")
-            args.append(claim.state_version)
-        if check_fence:
-            conds += ["lease_version = ?", "owner_worker = ?"]
-            args += [claim.fence, claim.worker]
 
         def do(cur: Any) -> bool:
             row = cur.execute(self._q(
                 "UPDATE {steps} SET state = ?, state_version = ?, owner_worker = NULL, expires_at = NULL, "
-                f"progress_at = {{now}} WHERE {' AND '.join(conds)} RETURNING state_version, lease_version"),
-                [to_state, claim.state_version + 1, *args]).fetchone()
+                "progress_at = {now} WHERE instance = ? AND step = ? AND state_version = ? "
+                "AND lease_version = ? AND owner_worker = ? RETURNING state_version, lease_version"),
+                (to_state, claim.state_version + 1, claim.instance, claim.step, claim.state_version,
+                 claim.fence, claim.worker)).fetchone()
             if row is None:
                 # Read under the row lock where rows lock, so the refusal is recorded against the
                 # row as it is once any claim in flight has committed, never an older version.
@@ -201,13 +195,35 @@ class SqlStore(Store):
         return self._write(do)
 
     def heartbeat(self, claim: Claim, ttl_ms: float) -> bool:
-        """Extend the lease, only while it is still ours (same fence, same owner)."""
+        """Extend the lease, only while it is still ours (same fence, same owner); a renewal is
+        recorded as a ``renewed`` event, so the history shows who kept which lease alive."""
         def do(cur: Any) -> bool:
-            result = cur.execute(self._q(
+            row = cur.execute(self._q(
                 "UPDATE {steps} SET expires_at = {now} + ?, heartbeat_at = {now} "
-                "WHERE instance = ? AND step = ? AND lease_version = ? AND owner_worker = ?"),
-                (ttl_ms / 1000.0, claim.instance, claim.step, claim.fence, claim.worker))
-            return result.rowcount == 1
+                "WHERE instance = ? AND step = ? AND lease_version = ? AND owner_worker = ? "
+                "RETURNING lease_version"),
+                (ttl_ms / 1000.0, claim.instance, claim.step, claim.fence, claim.worker)).fetchone()
+            if row is None:
+                return False
+            self._event(cur, "renewed", claim.instance, claim.step, worker=claim.worker,
+                        fence=claim.fence, lease_version=row[0])
+            return True
+        return self._write(do, points=False)
+
+    def release(self, claim: Claim) -> bool:
+        """Give the lease up without a transition (the worker stops working on the step), only
+        while it is still ours; recorded as a ``released`` event. The next claim raises the fence."""
+        def do(cur: Any) -> bool:
+            row = cur.execute(self._q(
+                "UPDATE {steps} SET owner_worker = NULL, expires_at = NULL "
+                "WHERE instance = ? AND step = ? AND lease_version = ? AND owner_worker = ? "
+                "RETURNING lease_version, state_version"),
+                (claim.instance, claim.step, claim.fence, claim.worker)).fetchone()
+            if row is None:
+                return False
+            self._event(cur, "released", claim.instance, claim.step, worker=claim.worker,
+                        fence=claim.fence, lease_version=row[0], state_version=row[1])
+            return True
         return self._write(do, points=False)
 
     def progress(self, claim: Claim) -> None:
@@ -231,7 +247,7 @@ class SqlStore(Store):
                         fence=claim.fence, key=key, status=status)
         self._write(do)
 
-    def flag_stuck(self, bound_ms: float, worker: str, *, use_progress: bool = True) -> list[tuple[str, str]]:
+    def flag_stuck(self, bound_ms: float, worker: str) -> list[tuple[str, str]]:
         """Flag leases whose heartbeat goes on but whose progress stopped more than ``bound_ms`` ago,
         and free them so another worker can take over (the next claim raises the fence).
 
@@ -239,9 +255,6 @@ class SqlStore(Store):
         between finding and freeing; skipping locked rows in a fixed order means monitors never wait
         on each other or deadlock (a busy row is looked at again on the next poll).
         """
-        if not use_progress:
-            return []  # a monitor that trusts heartbeats alone never finds anything
-
         def do(cur: Any) -> list[tuple[str, str]]:
             rows = cur.execute(self._q(
                 "SELECT instance, step, owner_worker, lease_version, state_version, state, "

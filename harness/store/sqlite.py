@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from typing import Any, Callable, Iterable, TypeVar
+from typing import Any, Callable, Iterable, Mapping, TypeVar
 
 from killpoint.harness import states
 from killpoint.harness.store.sql import SqlStore
@@ -128,7 +128,7 @@ class SQLiteStore(SqlStore):
         return {"steps": "steps", "receipts": "receipts", "events": "events", "instances": "instances"}
 
     # -- set-up and reading -----------------------------------------------------------------------
-    def setup(self, instances: Iterable[dict[str, Any]]) -> None:
+    def setup(self, instances: Iterable[Mapping[str, Any]]) -> None:
         c = self.conn()
         c.executescript(SCHEMA)
 

@@ -1,0 +1,175 @@
+"""The ``[tool.killpoint]`` table of ``pyproject.toml``: a project's defaults for every run option.
+
+The command line and the pytest plugin read the same table, from the first ``pyproject.toml``
+found walking up from the current directory (as pytest and most tools find theirs). A flag given
+on the command line wins over the table; the table wins over killpoint's own defaults. A key the
+table does not know, or a value of the wrong kind, is an error naming it -- a misspelt ``sed = 7``
+must not silently run seed 0.
+
+    [tool.killpoint]
+    store = "postgresql://postgres@127.0.0.1:5432/test"
+    workers = 3
+    seed = 7
+    report-dir = "killpoint-report"
+    report = "always"          # always | on-failure | never
+    target = "myapp.worker:run"
+    workload = "orders"
+    junit-xml = "killpoint.xml"
+
+    [tool.killpoint.timing]    # milliseconds
+    lease-ttl-ms = 200
+    heartbeat-ms = 50
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from killpoint.errors import BadInput
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - the same parser, from its backport
+    import tomli as tomllib
+
+PYPROJECT = "pyproject.toml"
+REPORT_CHOICES = ("always", "on-failure", "never")
+# key -> (python type, the argparse dest it sets)
+KEYS: dict[str, tuple[type, str]] = {
+    "store": (str, "store"),
+    "workers": (int, "workers"),
+    "seed": (int, "seed"),
+    "report-dir": (str, "report_dir"),
+    "report": (str, "report"),
+    "target": (str, "target"),
+    "workload": (str, "workload"),
+    "junit-xml": (str, "junit_xml"),
+}
+TIMING_KEYS = {"lease-ttl-ms": "lease_ttl_ms", "heartbeat-ms": "heartbeat_ms",
+               "stuck-bound-ms": "stuck_bound_ms", "poll-ms": "poll_ms"}
+
+
+class InvalidSettings(BadInput):
+    """The ``[tool.killpoint]`` table has a key we do not know or a value of the wrong kind."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The table, checked: argparse ``dest`` -> value, and the timing overrides in milliseconds."""
+
+    path: str | None = None  # the pyproject.toml read, if any
+    values: Mapping[str, Any] = field(default_factory=dict)
+    timing: Mapping[str, float] = field(default_factory=dict)  # Timing field -> ms
+
+    def defaults_for(self, dests: set[str]) -> dict[str, Any]:
+        """The values a parser with these destinations takes from the table."""
+        out = {d: v for d, v in self.values.items() if d in dests}
+        if self.timing and "timing" in dests:
+            out["timing"] = dict(self.timing)
+        return out
+
+
+def find(start: str | None = None) -> str | None:
+    """The nearest ``pyproject.toml`` at or above ``start`` (default: the current directory)."""
+    here = os.path.abspath(start or os.getcwd())
+    while True:
+        candidate = os.path.join(here, PYPROJECT)
+        if os.path.isfile(candidate):
+            return candidate
+        parent = os.path.dirname(here)
+        if parent == here:
+            return None
+        here = parent
+
+
+def load(start: str | None = None, *, path: str | None = None) -> Settings:
+    """Read and check ``[tool.killpoint]`` of ``path`` (default: the one :func:`find` finds)."""
+    path = path or find(start)
+    if path is None:
+        return Settings()
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except OSError as exc:
+        raise InvalidSettings(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise InvalidSettings(f"{path}: not valid TOML ({exc})") from None
+    table = data.get("tool", {}).get("killpoint")
+    if table is None:
+        return Settings(path)
+    return parse(table, where=f"{path} [tool.killpoint]")
+
+
+def parse(table: Any, *, where: str = "[tool.killpoint]") -> Settings:
+    """Check a ``[tool.killpoint]`` table (already read from TOML)."""
+    if not isinstance(table, dict):
+        raise InvalidSettings(f"{where}: must be a table, not {_show(table)}")
+    values: dict[str, Any] = {}
+    timing: dict[str, float] = {}
+    unknown = [k for k in table if _key(k) not in KEYS and _key(k) != "timing"]
+    if unknown:
+        raise InvalidSettings(f"{where}: unknown key {', '.join(map(repr, unknown))}; known keys are "
+                              f"{', '.join(sorted(KEYS))} and the table timing")
+    for raw, value in table.items():
+        key = _key(raw)
+        if key == "timing":
+            timing = _timing(value, where)
+            continue
+        kind, dest = KEYS[key]
+        if kind is int and (not isinstance(value, int) or isinstance(value, bool)):
+            raise InvalidSettings(f"{where}: {raw} = {_show(value)}: give a whole number")
+        if kind is str and (not isinstance(value, str) or not value):
+            raise InvalidSettings(f"{where}: {raw} = {_show(value)}: give a non-empty string")
+        if key == "workers" and not 1 <= value <= 26:
+            raise InvalidSettings(f"{where}: workers = {value}: use a number from 1 to 26")
+        if key == "report" and value not in REPORT_CHOICES:
+            raise InvalidSettings(f"{where}: report = {_show(value)}: use one of {', '.join(REPORT_CHOICES)}")
+        values[dest] = value
+    return Settings(where.split(" [")[0] if " [" in where else None, values, timing)
+
+
+def parse_timing(text: str) -> dict[str, float]:
+    """``--timing lease-ttl-ms=200,heartbeat-ms=50`` as the same overrides as the table's."""
+    out: dict[str, Any] = {}
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        name, sep, value = part.partition("=")
+        try:
+            out[name.strip()] = float(value) if sep else None
+        except ValueError:
+            raise BadInput(f"--timing {_clip(text)}: {part!r} is not NAME=MILLISECONDS") from None
+        if not sep:
+            raise BadInput(f"--timing {_clip(text)}: {part!r} is not NAME=MILLISECONDS")
+    return _timing(out, "--timing")
+
+
+def _timing(value: Any, where: str) -> dict[str, float]:
+    if not isinstance(value, dict):
+        raise InvalidSettings(f"{where}: timing = {_show(value)}: must be a table of milliseconds")
+    out: dict[str, float] = {}
+    for raw, ms in value.items():
+        name = TIMING_KEYS.get(_key(raw))
+        if name is None:
+            raise InvalidSettings(f"{where}: unknown timing {raw!r}; known timings are "
+                                  f"{', '.join(TIMING_KEYS)}")
+        if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not ms > 0:
+            raise InvalidSettings(f"{where}: timing {raw} = {_show(ms)}: give a positive number of milliseconds")
+        out[name] = float(ms)
+    return out
+
+
+def _key(raw: str) -> str:
+    return str(raw).replace("_", "-")
+
+
+def _show(value: Any) -> str:
+    return _clip(repr(value))
+
+
+def _clip(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
+
+
+__all__ = ["Settings", "InvalidSettings", "find", "load", "parse", "parse_timing"]

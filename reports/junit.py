@@ -1,0 +1,112 @@
+"""JUnit XML of runs, the format CI systems read: one test case per run.
+
+A violated run is a ``<failure>`` whose message is its first violation and whose text is every
+violation and the line that reproduces the run; a run whose verdict is unknown (a fault that never
+fired, a checker that failed, an infrastructure fault) is an ``<error>``, never a pass; a valid run
+passes. Every string from a run goes through the XML library's escaping, and characters XML 1.0
+cannot carry at all (NUL, most control characters) are replaced, so hostile text cannot break the
+file.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import xml.etree.ElementTree as ET
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Callable, Sequence
+
+if TYPE_CHECKING:
+    from killpoint.harness.run import RunResult
+
+# XML 1.0 allows tab, newline, carriage return and everything from U+0020 but the surrogates and
+# U+FFFE/U+FFFF.
+_NOT_XML = re.compile("[^\t\n\r\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def clean(text: object) -> str:
+    """Text that XML can carry: every character it cannot is replaced by U+FFFD."""
+    return _NOT_XML.sub("\ufffd", str(text))
+
+
+def build(results: Sequence[RunResult], *, suite: str, reproduce: Callable[[RunResult], str],
+          reports: Sequence[str | None] | None = None, tests: Sequence[str | None] | None = None,
+          elapsed_s: float | None = None) -> ET.ElementTree:
+    """The document: a ``<testsuites>`` with one ``<testsuite>`` of one ``<testcase>`` per run.
+
+    ``reproduce(result)`` gives each run's replay line; ``reports[i]`` the path of its HTML report,
+    ``tests[i]`` the pytest node id that made it (both optional, written as properties).
+    """
+    reports = list(reports) if reports is not None else [None] * len(results)
+    tests = list(tests) if tests is not None else [None] * len(results)
+    failures = sum(1 for r in results if r.valid is False)
+    errors = sum(1 for r in results if r.valid is None)
+    total_s = sum(r.duration_s for r in results) if elapsed_s is None else elapsed_s
+    counts = {"tests": str(len(results)), "failures": str(failures), "errors": str(errors),
+              "skipped": "0", "time": f"{total_s:.3f}"}
+    root = ET.Element("testsuites", {"name": clean(suite), **counts})
+    ts = ET.SubElement(root, "testsuite", {
+        "name": clean(suite), **counts, "hostname": clean(socket.gethostname()),
+        "timestamp": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")})
+    for n, (r, report, test) in enumerate(zip(results, reports, tests), start=1):
+        schedule = str(r.config.schedule) or "no faults"
+        case = ET.SubElement(ts, "testcase", {
+            "classname": clean(f"killpoint.{r.config.target_name}"),
+            "name": clean(f"{n:04d} {schedule}"), "time": f"{r.duration_s:.3f}"})
+        props = ET.SubElement(case, "properties")
+        line = reproduce(r)
+        for name, value in (("schedule", str(r.config.schedule)), ("target", r.config.target_name),
+                            ("seed", str(r.config.seed)), ("run_id", r.run_id), ("reproduce", line),
+                            ("report", report), ("test", test)):
+            if value is not None:
+                ET.SubElement(props, "property", {"name": name, "value": clean(value)})
+        if r.valid is False:
+            first = r.verdict.violations[0] if r.verdict.violations else None
+            message = (f"{first.invariant} at {first.instance}:{first.step}: {first.detail}" if first
+                       else "an invariant was violated")
+            body = [f"VIOLATED {v.invariant} at {v.instance}:{v.step}: {v.detail}"
+                    for v in r.verdict.violations]
+            body.append(f"reproduce: {line}")
+            if report:
+                body.append(f"report: {report}")
+            failure = ET.SubElement(case, "failure", {"message": clean(_clip(message)),
+                                                      "type": clean(first.invariant if first else "violated")})
+            failure.text = clean("\n".join(body))
+        elif r.valid is None:
+            reasons = list(r.verdict.unknown_reasons) or ["the verdict is unknown"]
+            error = ET.SubElement(case, "error", {"message": clean(_clip(f"unknown: {reasons[0]}")),
+                                                  "type": "unknown"})
+            error.text = clean("\n".join([*reasons, f"reproduce: {line}"]))
+        out = ET.SubElement(case, "system-out")
+        out.text = clean(f"reproduce: {line}" + (f"\nreport: {report}" if report else ""))
+    ET.indent(root)
+    return ET.ElementTree(root)
+
+
+def write(path: str, results: Sequence[RunResult], *, suite: str, reproduce: Callable[[RunResult], str],
+          reports: Sequence[str | None] | None = None, tests: Sequence[str | None] | None = None,
+          elapsed_s: float | None = None) -> str:
+    """Write the JUnit XML of ``results`` to ``path`` atomically; returns ``path``."""
+    tree = build(results, suite=suite, reproduce=reproduce, reports=reports, tests=tests,
+                 elapsed_s=elapsed_s)
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    try:
+        tree.write(tmp, encoding="utf-8", xml_declaration=True)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return path
+
+
+def _clip(text: str, limit: int = 1000) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
+
+
+__all__ = ["build", "write", "clean"]
