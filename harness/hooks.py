@@ -52,8 +52,18 @@ def worker_body(target: Target, ctx: Any, journal: Journal, events_fd: int | Non
     return 0
 
 
+_OWN_FRAMES = (os.path.join("harness", "hooks.py"), os.path.join("harness", "declaration.py"))
+
+
+def format_traceback(exc: BaseException) -> str:
+    """The traceback from the target's first frame on (the harness's own calls left out)."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.endswith(_OWN_FRAMES)]
+    return "Traceback (most recent call last):\n" + "".join(traceback.format_list(frames)) + \
+        "".join(traceback.format_exception_only(type(exc), exc))
+
+
 def _raised(exc: BaseException, journal: Journal, events_fd: int | None) -> int:
-    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    text = format_traceback(exc)
     sig = signature(exc)
     journal.write(RAISED, error=describe(exc), exception=type(exc).__name__, where=sig,
                   traceback=text[-8000:])
