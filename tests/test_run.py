@@ -156,10 +156,12 @@ def test_a_target_that_raises_once_is_replaced_and_the_run_still_cannot_be_valid
     flag = tmp_path / "raised-once"
 
     def flaky(ctx):
-        if not flag.exists():
-            flag.write_text(ctx.worker_id)
-            raise TypeError("first start only")
-        reference(ctx)
+        try:  # exactly one worker process wins the exclusive create and raises
+            os.close(os.open(flag, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            reference(ctx)
+            return
+        raise TypeError("first start only")
 
     result = run(session, target=flaky, bound_s=20)
     assert result.valid is None
