@@ -225,3 +225,21 @@ def test_an_undeclared_point_raises_at_once_naming_the_declared_ones(session):
     assert result.valid is None
     assert any("InvalidPoint" in r and "'before_ack'" in r and "before_pay" in r
                for r in result.verdict.unknown_reasons)
+
+
+def test_pause_waits_for_registers_the_lock_among_those_a_pause_takes_before_the_freeze():
+    import threading
+
+    from killpoint.chaos import points as chaos_points
+    from killpoint.chaos.journal import NullJournal
+    from killpoint.harness.worker import WorkerContext
+
+    lock = threading.Lock()
+    failpoints = chaos_points.Failpoints([], NullJournal())
+    chaos_points.install(failpoints)
+    try:
+        ctx = WorkerContext("A", None, None, NullJournal(), None)  # type: ignore[arg-type]
+        ctx.pause_waits_for(lock)
+        assert failpoints.pause_locks[-1] is lock
+    finally:
+        chaos_points.install(None)
