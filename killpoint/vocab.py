@@ -85,3 +85,4 @@ DOWNSTREAM_RESTART = "downstream_restart"
 STORE_RESTART = "store_restart"
 AFTER_QUIESCENT = "after_quiescent"
 TERMINATE_BACKEND = "terminate_backend"
+INFRASTRUCTURE_FAILURE = "infrastructure_failure"  # phase, error: the run ended unknown
