@@ -112,15 +112,16 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             raise
         return _broken(args, exc)
-    if signals.received() is not None:  # its KeyboardInterrupt was swallowed where it landed
-        return _interrupted(signals.received())
+    received = signals.received()
+    if received is not None:  # its KeyboardInterrupt was swallowed where it landed
+        return _interrupted(received)
     return code
 
 
 def _interrupted(signum: int) -> int:
     name = "terminated (SIGTERM)" if signum == signal.SIGTERM else "interrupted"
     print(f"killpoint: {name}; every process it started has been ended", file=sys.stderr)
-    return signals.EXIT_CODES[signum]
+    return signals.EXIT_CODES[signal.Signals(signum)]
 
 
 def _broken(args: argparse.Namespace, exc: Exception) -> int:
