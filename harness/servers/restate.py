@@ -29,6 +29,7 @@ result).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import json
 import os
@@ -272,14 +273,32 @@ def done(run: "TargetRun") -> bool:
     return set(found) >= set(run.state["orders"]) and all(found[k] == "completed" for k in run.state["orders"])
 
 
+def _journaled_steps(server: RestateServer) -> set[tuple[str, str]]:
+    """(order, step) whose ``ctx.run`` result the server journaled as a success: a ``Run``
+    command names the step and its completion id, a ``Run`` notification with that id completes it."""
+    rows = server.query(f"SELECT i.target_service_key AS key, j.id AS id, j.entry_type AS entry_type, "
+                        f"j.entry_lite_json AS lite FROM sys_journal j JOIN sys_invocation i ON j.id = i.id "
+                        f"WHERE i.target_service_name = '{SERVICE}' AND j.entry_type LIKE '%Run%'")
+    names: dict[tuple[str, int], tuple[str, str]] = {}
+    succeeded: set[tuple[str, int]] = set()
+    for r in rows:
+        lite = json.loads(r.get("lite") or "{}")
+        run = lite.get("Command", {}).get("Run")
+        if run is not None:
+            names[(r["id"], run.get("completion_id"))] = (r["key"], run.get("name"))
+            continue
+        note = lite.get("Notification", {})
+        if note.get("result") == "Success":
+            succeeded.add((r["id"], (note.get("id") or {}).get("CompletionId")))
+    return {names[c] for c in succeeded if c in names}
+
+
 def final_states(run: "TargetRun") -> dict[tuple[str, str], str]:
     """Each step's state from the server's journal: ``succeeded`` once its ``ctx.run`` result is
-    journaled, ``running`` while its invocation is not completed, ``pending`` before."""
+    journaled; otherwise ``running`` while its invocation is not completed, ``pending`` before it
+    exists, and ``cancelled`` when the invocation completed without running it."""
     server: RestateServer = run.state["restate"]
-    rows = server.query(f"SELECT j.name AS name, i.target_service_key AS key, i.status AS status "
-                        f"FROM sys_journal j JOIN sys_invocation i ON j.id = i.id "
-                        f"WHERE i.target_service_name = '{SERVICE}' AND j.entry_type LIKE '%Run%'")
-    journaled = {(r["key"], r["name"]) for r in rows}
+    journaled = _journaled_steps(server)
     status = _invocations(server)
     out = {}
     for inst in run.workload.instances:
@@ -378,7 +397,7 @@ def serve(ctx: "WorkerContext", *, keyed: bool) -> None:
     app = restate.app(services=[make_workflow(ctx, keyed=keyed)])
     sock = _listening_socket(port)
     config = hypercorn.config.Config()
-    config.insecure_bind = [f"fd://{sock.fileno()}"]
+    config.bind = [f"fd://{sock.fileno()}"]
     config.loglevel = "WARNING"
     config.accesslog = None
     config.errorlog = None
@@ -388,27 +407,32 @@ def serve(ctx: "WorkerContext", *, keyed: bool) -> None:
         stop = asyncio.Event()
         serving = asyncio.ensure_future(hypercorn.asyncio.serve(app, config, shutdown_trigger=stop.wait))
         loop = asyncio.get_running_loop()
-        await asyncio.sleep(0)
-        await loop.run_in_executor(None, register_and_submit, server.admin, server.ingress,
-                                   f"http://127.0.0.1:{port}", run.state["orders"])
-        while True:
-            finished = await loop.run_in_executor(None, _all_completed, server, run.state["orders"])
-            if finished:
-                break
-            await asyncio.sleep(0.02)
+        orders = run.state["orders"]
+        with concurrent.futures.ThreadPoolExecutor(len(orders) + 1) as pool:
+            await loop.run_in_executor(pool, register_and_submit, server.admin, server.ingress,
+                                       f"http://127.0.0.1:{port}", orders)
+            # Each order's workflow, attached to until it completes: no polling.
+            await asyncio.gather(*(loop.run_in_executor(pool, wait_for_output, server, order_id)
+                                   for order_id in orders))
         stop.set()
         await serving
 
-    asyncio.run(main())
-    sock.close()
+    asyncio.run(main())  # hypercorn closes the listening socket when it stops
 
 
-def _all_completed(server: RestateServer, orders: dict[str, Any]) -> bool:
-    try:
-        found = _invocations(server)
-    except (OSError, RuntimeError):
-        return False  # the server is restarting: ask again
-    return set(found) >= set(orders) and all(found[k] == "completed" for k in orders)
+def wait_for_output(server: RestateServer, order_id: str) -> None:
+    """Block until the order's workflow has finished (succeeded or failed), attached to it through
+    the ingress; a connection the server dropped (it restarted) is simply made again."""
+    while True:
+        try:
+            status, _ = _http("GET", f"{server.ingress}/restate/workflow/{SERVICE}/{order_id}/attach",
+                              timeout=120)
+        except OSError:
+            time.sleep(0.05)
+            continue
+        if status < 500 or status in (500,):  # 200: its output; 500 with a failure: it failed
+            return
+        time.sleep(0.05)
 
 
 def restate_target(policy: str) -> "Target":
