@@ -5,11 +5,14 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, Mapping
 
 from killpoint.harness import declaration
 from killpoint.harness.declaration import InvalidTarget
 from killpoint.harness.worker import WorkerContext, reference
+
+if TYPE_CHECKING:
+    from killpoint.harness.mutants import Mutant
 
 # What a run accepts as a target: a function taking a WorkerContext (a declared
 # :class:`killpoint.harness.declaration.Target` is one too).
@@ -17,7 +20,7 @@ Target = Callable[[WorkerContext], None]
 __all__ = ["InvalidTarget", "Target", "declared", "resolve"]
 
 
-def mutants() -> dict[str, object]:
+def mutants() -> Mapping[str, Mutant]:
     from killpoint.harness.mutants import MUTANTS
 
     return MUTANTS
@@ -67,7 +70,7 @@ def resolve(target: "str | Target") -> Target:
         if name not in zoo:
             known = ", ".join(sorted(zoo)) or "none yet"
             raise InvalidTarget(f"unknown mutant {name!r}: known mutants are {known}")
-        return zoo[name].target  # type: ignore[attr-defined]
+        return zoo[name].target
     module_name, sep, attr = target.partition(":")
     if not sep or not module_name or not attr:
         raise InvalidTarget(f"target {target!r}: expected reference, mutant:NAME or pkg.module:function")
