@@ -279,8 +279,8 @@ def _journaled_steps(server: RestateServer) -> set[tuple[str, str]]:
     rows = server.query(f"SELECT i.target_service_key AS key, j.id AS id, j.entry_type AS entry_type, "
                         f"j.entry_lite_json AS lite FROM sys_journal j JOIN sys_invocation i ON j.id = i.id "
                         f"WHERE i.target_service_name = '{SERVICE}' AND j.entry_type LIKE '%Run%'")
-    names: dict[tuple[str, int], tuple[str, str]] = {}
-    succeeded: set[tuple[str, int]] = set()
+    names: dict[tuple[Any, Any], tuple[str, str]] = {}
+    succeeded: set[tuple[Any, Any]] = set()
     for r in rows:
         lite = json.loads(r.get("lite") or "{}")
         run = lite.get("Command", {}).get("Run")
