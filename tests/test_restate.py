@@ -62,21 +62,22 @@ def test_server_config_listens_on_loopback_only_without_telemetry_and_keeps_data
 
 
 def test_restate_naive_matrix_exits_1_with_duplicate_effects_only(restate_server, capsys):
-    code, report = run_json(capsys, "matrix", "--target", "restate:naive", "--actions", "kill")
+    code, report = run_json(capsys, "matrix", "--target", "restate:naive")
     assert code == 1 and report["valid"] is False
     assert {v["invariant"] for v in report["violations"]} == {"no_duplicate_effects"}
     duplicated = {r["schedule"] for r in report["results"] if r["valid"] is False}
     # A kill inside ctx.run once the request was applied: Restate retries the run, a new key.
-    assert {"A@charge.in_call:kill", "A@charge.after_call:kill"} <= duplicated
+    assert {"A@charge.run_in_call:kill", "A@charge.run_after_call:kill"} <= duplicated
     # Before the call, or once the server journaled the run's result: one effect.
-    assert not duplicated & {"A@charge.before_run:kill", "A@charge.before_call:kill", "A@charge.after_run:kill"}
+    assert not duplicated & {"A@charge.before_run:kill", "A@charge.run_before_call:kill",
+                             "A@charge.after_run:kill"}
     assert all(r["unfired"] == [] for r in report["results"])
 
 
 def test_restate_keyed_matrix_exits_0_with_every_declared_point_fired(restate_server, capsys):
     from killpoint.harness.servers.restate import POINTS
 
-    code, report = run_json(capsys, "matrix", "--target", "restate:keyed", "--actions", "kill")
+    code, report = run_json(capsys, "matrix", "--target", "restate:keyed")
     assert code == 0 and report["valid"] is True and report["violations"] == []
     assert all(r["unfired"] == [] and all(n >= 1 for n in r["fired"].values()) for r in report["results"])
     fired_points = {s.split(".")[1].split(":")[0] for r in report["results"] for s in r["fired"]}

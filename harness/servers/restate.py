@@ -17,10 +17,12 @@ reports every order's invocation completed (``done``); ``final_states`` reads ea
 from the server's journal table.
 
 Crash points, in the order an attempt passes them (``chaos.at(order, step)``):
-``before_run`` (the step's ``ctx.run`` not yet journaled), ``before_call``, ``in_call`` (the
-request answered, the answer unread), ``after_call`` (inside the closure, the answer read, the
-result not yet sent to the server), ``after_run`` (``ctx.run`` returned: the server has the
-result).
+``before_run`` (the step's ``ctx.run`` not yet journaled), ``run_before_call``, ``run_in_call``
+(inside the closure: the request answered, the answer unread), ``run_after_call`` (the answer read,
+the result not yet sent to the server), ``after_run`` (``ctx.run`` returned: the server has the
+result). The matrix kills at each; it does not pause there, because Restate holds no lease to
+outlive and a frozen worker would keep its place on the shared port, where the kernel still hands
+it connections that it never answers.
 
 ``naive`` sends a new random idempotency key from inside the closure; ``keyed`` sends
 ``ctx.request().id + ":" + step``: the invocation id, which the server keeps across retries.
@@ -53,7 +55,9 @@ if TYPE_CHECKING:
 
 __all__ = ["POINTS", "RestateServer", "restate_target", "server_binary", "ServerMissing"]
 
-POINTS = ("before_run", "before_call", "in_call", "after_call", "after_run")
+# Named for Restate, not the lease protocol: Restate holds no lease, so the matrix kills at these
+# points and does not pause past a lease (a frozen process keeps its place on the shared port).
+POINTS = ("before_run", "run_before_call", "run_in_call", "run_after_call", "after_run")
 SERVICE = "order"
 STEPS = ("reserve", "charge")
 EXTRA = "pip install 'killpoint[restate]'"
@@ -172,8 +176,8 @@ memory-size = "64 MiB"
 bind-port = {self.ingress_port}
 
 [worker.invoker]
-inactivity-timeout = "10s"
-abort-timeout = "10s"
+inactivity-timeout = "1s"
+abort-timeout = "1s"
 
 [default-retry-policy]
 initial-interval = "50ms"
@@ -340,14 +344,14 @@ def make_workflow(ctx: "WorkerContext", *, keyed: bool) -> Any:
 
             async def action(spec: dict[str, Any] = spec, step: str = step) -> dict[str, Any]:
                 key = f"{wctx.request().id}:{step}" if keyed else random_key()
-                _point(instance, step, "before_call")
+                _point(instance, step, "run_before_call")
                 # Called from the event loop on purpose: a kill at in_call or after_call then hits
                 # the process while this invocation, and no other, is inside its closure.
                 answer = ctx.downstream.call(spec["resource"], key=key, params=spec["params"],
                                              meta={"instance": instance, "step": step, "worker": ctx.worker_id,
                                                    "invocation": wctx.request().id, "direction": "forward"},
-                                             before_read=lambda: _point(instance, step, "in_call"))
-                _point(instance, step, "after_call")
+                                             before_read=lambda: _point(instance, step, "run_in_call"))
+                _point(instance, step, "run_after_call")
                 if answer.status >= 500 or answer.status in (409, 429):
                     raise RuntimeError(f"downstream answered {answer.status}: retry")
                 if answer.status >= 300:
