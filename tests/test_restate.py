@@ -84,3 +84,22 @@ def test_restate_keyed_matrix_exits_0_with_every_declared_point_fired(restate_se
     assert fired_points == set(POINTS)
     assert report["invariants"]["no_duplicate_effects"]["checked"] == report["runs"]
     assert report["invariants"]["effects_accounted"]["checked"] == report["runs"]
+
+
+@pytest.mark.parametrize("policy, valid", [("naive", False), ("keyed", True)])
+def test_server_crash_and_restart_inside_ctx_run_duplicates_a_random_key_never_a_stable_one(
+        restate_server, policy, valid):
+    from killpoint.chaos.points import POINTS as BUILTIN
+    from killpoint.chaos.schedule import parse
+    from killpoint.harness.run import RunConfig, Session
+    from killpoint.harness.servers.restate import POINTS
+
+    fault = "A@charge.run_after_call:1*pause"  # A waits there while the server is killed and restarted
+    with Session() as session:
+        r = session.run(RunConfig(schedule=parse(fault, points=frozenset(BUILTIN) | frozenset(POINTS)),
+                                  target=f"restate:{policy}", restarts={fault: ("target",)}))
+    restarts = [e for e in r.history.events if e.process == "harness" and e.kind == "target_restart"]
+    assert len(restarts) == 1 and restarts[0].get("ok") is True
+    assert r.unfired == () and r.verdict.valid is valid
+    if not valid:
+        assert {v.invariant for v in r.verdict.violations} == {"no_duplicate_effects"}

@@ -259,6 +259,13 @@ def setup(run: "TargetRun") -> None:
     run.state["orders"] = _orders(run)
 
 
+def restart(run: "TargetRun") -> None:
+    """The server crashes (SIGKILL) and starts again on the same data and ports: a fault
+    ``RunConfig.restarts`` maps to ``"target"``. Its journal, deployments and invocations survive."""
+    server: RestateServer = run.state["restate"]
+    server.restart(crash=True)
+
+
 def teardown(run: "TargetRun") -> None:
     server = run.state.pop("restate", None)
     if server is not None:
@@ -450,4 +457,4 @@ def restate_target(policy: str) -> "Target":
     server_binary()
     fn = functools.partial(serve, keyed=policy == "keyed")
     return Target(fn, points=POINTS, owns_state=True, workload="plain", name=f"restate:{policy}",
-                  setup=setup, done=done, final_states=final_states, teardown=teardown)
+                  setup=setup, done=done, final_states=final_states, teardown=teardown, restart=restart)
