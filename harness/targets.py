@@ -50,6 +50,10 @@ def _server_target(name: str) -> Target | None:
             from killpoint.harness.servers.temporal import activity_target
 
             return activity_target(policy)
+        if kind == "temporal":
+            from killpoint.harness.servers.temporal_server import server_target
+
+            return server_target(policy)
         if kind == "restate":
             from killpoint.harness.servers.restate import restate_target
 
