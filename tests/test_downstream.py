@@ -309,3 +309,105 @@ def test_stop_kills_and_reaps_the_server_process(tmp_path):
     ds.stop()  # idempotent
     with pytest.raises(LostResponse):  # a clear error, not a hang
         _pay(c)
+
+
+# -- a plain HTTP client, as a user's own worker calls it -------------------------------------------
+def _plain_post(url: str, body: dict, headers: dict) -> tuple[int, dict, dict]:
+    import json
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json", **headers})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.status, json.loads(answer.read()), dict(answer.headers)
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read()), dict(error.headers)
+
+
+def test_a_plain_http_client_with_the_documented_headers_is_recorded_as_that_step(downstream):
+    run = f"run-{uuid.uuid4().hex[:8]}"
+    base = f"{downstream.url}/runs/{run}"  # what ctx.downstream_url is
+    headers = {"Idempotency-Key": "job-1:charge", "Fencing-Token": "3", "Fencing-Scope": "job-1",
+               "Killpoint-Instance": "job-1", "Killpoint-Step": "charge", "Killpoint-Worker": "B",
+               "Killpoint-Attempt": "2"}
+    status, body, _ = _plain_post(f"{base}/resources/payment", {"params": {"amount": 5}}, headers)
+    assert status == 200 and body["status"] == "applied"
+    status, body, answer_headers = _plain_post(f"{base}/resources/payment", {"params": {"amount": 5}}, headers)
+    assert status == 200 and body["replay"] is True and answer_headers.get("Idempotent-Replayed") == "true"
+    stale = {**headers, "Fencing-Token": "2"}
+    assert _plain_post(f"{base}/resources/payment", {"params": {"amount": 5}}, stale)[0] == 409
+    with DownstreamClient(downstream.url, run) as c:
+        rows = c.ledger()
+    assert [r["outcome"] for r in rows] == ["applied", "replay", "stale_fence"]
+    assert rows[0]["meta"] == {"instance": "job-1", "step": "charge", "worker": "B", "attempt": 2}
+    assert rows[0]["scope"] == "job-1" and rows[0]["fence"] == 3
+
+
+def test_a_bad_attempt_header_is_a_400_naming_it(downstream):
+    base = f"{downstream.url}/runs/run-{uuid.uuid4().hex[:8]}"
+    status, body, _ = _plain_post(f"{base}/resources/payment", {"params": {}},
+                                  {"Idempotency-Key": "k", "Killpoint-Attempt": "two"})
+    assert status == 400 and "Killpoint-Attempt" in body["detail"]
+
+
+def test_one_client_shared_by_threads_gives_each_its_own_connection(client):
+    results: list[int] = []
+    errors: list[BaseException] = []
+
+    def pay(n: int) -> None:
+        try:
+            for i in range(5):
+                results.append(_pay(client, key=f"thread-{n}-{i}").status)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=pay, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors and results == [200] * 40
+    assert _effects(client) == 40
+
+
+def test_a_request_without_the_sessions_secret_gets_403_and_writes_no_ledger_row(downstream, client):
+    # Any local process can reach the port; only the harness and the workers it handed the URL to
+    # know the secret that is its first path segment. Without it: 403, nothing applied, no row.
+    import http.client
+    import json
+    from urllib.parse import urlsplit
+
+    _pay(client)  # the run exists and has one row
+    parts = urlsplit(downstream.url)
+    secret = parts.path.strip("/")
+    assert len(secret) >= 24 and secret not in ("runs", "health")
+    body = json.dumps({"params": {"amount": 1}, "meta": META}).encode()
+    attempts = [("POST", f"/runs/{client.run}/resources/payment", body),
+                ("POST", f"/wrong-{secret}/runs/{client.run}/resources/payment", body),
+                ("POST", f"/{secret[:-1]}/runs/{client.run}/resources/payment", body),
+                ("GET", f"/runs/{client.run}/ledger", None),
+                ("PUT", f"/runs/{client.run}/config", b"{}"),
+                ("GET", "/health", None)]
+    for method, path, data in attempts:
+        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
+        conn.request(method, path, body=data, headers={"Idempotency-Key": "intruder-1",
+                                                        "Content-Type": "application/json"})
+        resp = conn.getresponse()
+        assert resp.status == 403, (method, path, resp.status)
+        assert json.loads(resp.read())["error"] == "forbidden"
+        conn.close()
+    rows = client.ledger()
+    assert len(rows) == 1 and all(r["key"] == KEY for r in rows)
+
+
+def test_run_ids_carry_a_random_tail_so_no_other_process_can_guess_them():
+    from killpoint.harness.run import RunConfig, Session
+
+    with Session() as session:
+        url = session.downstream.url
+        a, b = (session.run(RunConfig(workload="single", workers=1)) for _ in range(2))
+    assert a.run_id.startswith("run0001-s0-") and b.run_id.startswith("run0002-s0-")
+    assert len(a.run_id.rsplit("-", 1)[1]) == 8 and a.run_id.rsplit("-", 1)[1] != b.run_id.rsplit("-", 1)[1]
+    assert a.valid is True and url.rsplit("/", 1)[1] not in a.run_id
