@@ -160,6 +160,16 @@ class Hooks:
     def teardown(self) -> None:
         self._call("teardown", None, self.run)
 
+    def restart(self) -> bool:
+        """Restart the target's own server; False when it has no ``restart`` hook or the hook raised."""
+        if self.target.hook("restart") is None:
+            self.errors.append("a fault asked to restart the target's server, but the target has no "
+                               "restart() hook")
+            return False
+        before = len(self.errors)
+        self._call("restart", None, self.run)
+        return len(self.errors) == before
+
 
 def _rows(raw: Any, errors: list[str]) -> Iterable[dict[str, Any]]:
     if raw is None:

@@ -32,6 +32,7 @@ from killpoint.harness.commands.common import (EXIT_UNKNOWN, EXIT_VALID, EXIT_VI
                                                report_hint, run_config, target_points, write_html,
                                                write_junit)
 from killpoint.harness.history import History
+from killpoint.harness.stats import PointStats
 
 HELP = ("search schedules with Hypothesis (several faults per run); shrink a failure to a minimal "
         "schedule and print how to replay it")
@@ -77,6 +78,7 @@ class Search:
     smallest: tuple[Experiment, Any] | None = None  # the fallback when the last did not reproduce
     invariants: dict[str, dict[str, int]] = field(default_factory=dict)
     seen: list[Any] = field(default_factory=list)  # every run, without its history (for JUnit)
+    points: PointStats = field(default_factory=PointStats)  # crash points reached and fired, all runs
     failing: list[Experiment] = field(default_factory=list)  # every counterexample, in order
 
     def failed(self, experiment: Experiment, result: Any) -> None:
@@ -89,6 +91,7 @@ class Search:
     def record(self, result: Any) -> None:
         self.runs += 1
         self.seen.append(dataclasses.replace(result, history=History(())))
+        self.points = self.points + PointStats.of(result.history)
         for res in result.verdict.results:
             counts = self.invariants.setdefault(res.invariant, {"checked": 0, "violated": 0})
             counts["checked"] += res.checked
@@ -259,6 +262,7 @@ def _report(args: argparse.Namespace, search: Search, minimal: tuple[Experiment,
             "duration_s": round(elapsed, 1), "violations": violations,
             "invariants": search.invariants, "report": shown.report, "minimal": found,
             "counterexamples_seen": search.failures, "unfired_only": search.unfired,
+            "points": search.points.to_json(),
             "unknown": [{"schedule": r.schedule, "reasons": list(r.verdict.unknown_reasons)}
                         for r in search.unknown],
         }, indent=2))
@@ -267,6 +271,10 @@ def _report(args: argparse.Namespace, search: Search, minimal: tuple[Experiment,
           f"seed {args.seed}); {search.valid} valid, {search.unfired} with a drawn fault that never fired")
     for r in search.unknown:
         print(f"\nUNKNOWN under {r.schedule}: {'; '.join(r.verdict.unknown_reasons)}")
+    if args.stats:
+        print(f"\ncrash points over {search.points.runs} run(s), {search.points.total_fired} fired:")
+        for line in search.points.lines():
+            print(f"  {line}")
     if minimal is None:
         print("\nno violation found" + ("" if not search.unknown else "; some runs could not be judged"))
         _where_report(args, shown)
