@@ -12,6 +12,7 @@ import os
 import sys
 
 from killpoint.harness.commands.common import EXIT_BAD_INPUT, BadInput
+from killpoint.harness.redact import RedactingStream
 
 # name -> module under harness.commands; each has HELP, add_arguments(parser) and run(args) -> int.
 COMMANDS = {
@@ -53,6 +54,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; everything it prints passes through :func:`killpoint.harness.redact.redact`."""
+    if not isinstance(sys.stdout, RedactingStream):
+        out, err = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = RedactingStream(out), RedactingStream(err)
+        try:
+            return main(argv)
+        finally:
+            sys.stdout, sys.stderr = out, err
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

@@ -1,5 +1,8 @@
 """``killpoint explore``: search schedules with Hypothesis, far beyond the single-crash matrix.
 
+The search itself is :func:`killpoint.harness.explore.explore`; this command reads its options and
+prints what it returns.
+
 Each example is a schedule of one to a few faults (kills anywhere, including inside the call,
 pauses past the lease, hangs, short sleeps), plus the rule for restarting killed workers (under a
 fresh identity, or under their own). A run whose verdict is invalid is a counterexample; Hypothesis
@@ -14,25 +17,15 @@ running the same command again starts from the last counterexample.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import dataclasses
-import hashlib
 import json
-import os
 import sys
-import time
-from dataclasses import dataclass, field
-from typing import Any, Iterator
 
 from killpoint.harness.commands.common import (EXIT_UNKNOWN, EXIT_VALID, EXIT_VIOLATED, BadInput, Progress,
-                                     add_common, parse_points, replay_command, run_config,
-                                     target_points)
+                                               add_common, run_config, target_points)
+from killpoint.harness.explore import DEFAULT_DATABASE, Exploration
 
 HELP = ("search schedules with Hypothesis (several faults per run); shrink a failure to a minimal "
         "schedule and print how to replay it")
-DEFAULT_DATABASE = os.path.join(".killpoint", "hypothesis")
-# Restart rules a run can draw, simplest first: the default mix, always the same identity, never.
-SAME_IDENTITY = (0.5, 1.0, 0.0)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -51,56 +44,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"{DEFAULT_DATABASE}; 'none' to keep no examples)")
 
 
-@dataclass(frozen=True)
-class Experiment:
-    """One example: a schedule and the chance that a killed worker keeps its identity."""
-
-    schedule: Any  # chaos.Schedule
-    same_identity: float = 0.5
-
-
-@dataclass
-class Search:
-    """What a search saw: run counts, unjudgeable runs, counterexamples in the order found."""
-
-    runs: int = 0
-    valid: int = 0
-    unfired: int = 0  # runs unknown only because a drawn fault never fired
-    unknown: list[Any] = field(default_factory=list)  # RunResults unknown for another reason
-    failures: int = 0  # counterexamples seen, shrinking included
-    last: tuple[Experiment, Any] | None = None  # Hypothesis's final one: the shrunk counterexample
-    smallest: tuple[Experiment, Any] | None = None  # the fallback when the last did not reproduce
-    invariants: dict[str, dict[str, int]] = field(default_factory=dict)
-
-    def failed(self, experiment: Experiment, result: Any) -> None:
-        self.failures += 1
-        self.last = (experiment, result)
-        if self.smallest is None or _size(experiment) < _size(self.smallest[0]):
-            self.smallest = self.last
-
-    def record(self, result: Any) -> None:
-        self.runs += 1
-        for res in result.verdict.results:
-            counts = self.invariants.setdefault(res.invariant, {"checked": 0, "violated": 0})
-            counts["checked"] += res.checked
-            counts["violated"] += res.valid is False
-        if result.valid is True:
-            self.valid += 1
-        elif result.valid is None:
-            if all("never fired" in reason for reason in result.verdict.unknown_reasons):
-                self.unfired += 1
-            else:
-                self.unknown.append(result)
-
-
-def _size(experiment: Experiment) -> tuple[int, int]:
-    return len(experiment.schedule.faults), len(str(experiment.schedule))
-
-
-class _Found(Exception):
-    """Raised inside the Hypothesis test to mark a counterexample (Hypothesis then shrinks it)."""
-
-
 def _steps(args: argparse.Namespace) -> tuple[str, ...]:
     from killpoint.harness.commands.common import workload_of
 
@@ -115,24 +58,9 @@ def _steps(args: argparse.Namespace) -> tuple[str, ...]:
     return chosen
 
 
-def database_key(args: argparse.Namespace, steps: tuple[str, ...], points: tuple[str, ...]) -> bytes:
-    """Examples are kept per search space: the same target, workload and shape of schedule."""
-    from killpoint.harness.commands.common import workload_name
-
-    text = json.dumps([args.target, workload_name(args), args.workers, args.max_faults, list(steps),
-                       list(points)])
-    return hashlib.sha256(text.encode()).digest()
-
-
 def run(args: argparse.Namespace) -> int:
-    from hypothesis import HealthCheck, Phase, Verbosity, given, seed, settings
-    from hypothesis import strategies as st
-    from hypothesis.database import DirectoryBasedExampleDatabase
-    from hypothesis.errors import Flaky
-
-    from killpoint.chaos.strategies import schedules
+    from killpoint.harness.explore import explore
     from killpoint.harness.mutants import overrides_for
-    from killpoint.harness.run import Session
 
     if args.budget < 1:
         raise BadInput(f"--budget {args.budget}: use a whole number of at least 1")
@@ -141,69 +69,18 @@ def run(args: argparse.Namespace) -> int:
     points = target_points(args, args.points)
     steps = _steps(args)
     base = run_config(args, None, **overrides_for(args.target))  # validates target, store, workers
-    workers = [chr(ord("A") + i) for i in range(args.workers)]
-    experiments = st.builds(Experiment, schedules(workers, steps, points=points,
-                                                  max_faults=args.max_faults),
-                            st.sampled_from(SAME_IDENTITY))
-    home = DEFAULT_DATABASE if args.database == "none" else args.database
-    database = None if args.database == "none" else \
-        DirectoryBasedExampleDatabase(os.path.join(home, "examples"))
-    search = Search()
     progress = Progress(args.budget, enabled=not args.json)
-    started = time.monotonic()
-
-    with Session() as session:
-        def trial(experiment: Experiment) -> None:
-            config = dataclasses.replace(base, schedule=experiment.schedule,
-                                         same_identity=experiment.same_identity)
-            progress.step(str(experiment.schedule))
-            result = session.run(config)
-            search.record(result)
-            progress.step(str(experiment.schedule), result)
-            if result.valid is False:
-                search.failed(experiment, result)
-                raise _Found
-
-        test = settings(database=database, max_examples=args.budget, deadline=None,
-                        suppress_health_check=list(HealthCheck), verbosity=Verbosity.quiet,
-                        phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink),
-                        report_multiple_bugs=False, derandomize=False, print_blob=False)(
-            seed(args.seed)(given(experiments)(trial)))
-        test._hypothesis_internal_database_key = database_key(args, steps, points)  # type: ignore[attr-defined]
-        flaky = False
-        with _hypothesis_home(home):
-            try:
-                test()
-            except _Found:
-                pass
-            except Flaky:
-                flaky = True  # the shrunk example did not fail again: report the smallest that did
+    found = explore(base, steps=steps, points=points, budget=args.budget, seed=args.seed,
+                    max_faults=args.max_faults,
+                    database=None if args.database == "none" else args.database,
+                    on_run=progress.step)
     progress.close()
-    elapsed = time.monotonic() - started
-
-    minimal = search.smallest if flaky else search.last
-    return _report(args, search, minimal, flaky, elapsed)
+    return _report(args, found)
 
 
-@contextlib.contextmanager
-def _hypothesis_home(path: str) -> Iterator[None]:
-    """Point Hypothesis's own files (its caches) at ``path`` for the search, not ``./.hypothesis``.
-
-    The setting is process-wide, so the previous one comes back afterwards (a test suite that
-    calls ``explore`` keeps its own Hypothesis folder).
-    """
-    from hypothesis import configuration
-
-    previous = configuration.storage_directory(intent_to_write=False).home_directory
-    configuration.set_hypothesis_home_dir(path)
-    try:
-        yield
-    finally:
-        configuration.set_hypothesis_home_dir(previous)
-
-
-def _report(args: argparse.Namespace, search: Search, minimal: tuple[Experiment, Any] | None,
-            flaky: bool, elapsed: float) -> int:
+def _report(args: argparse.Namespace, found: Exploration) -> int:
+    search, minimal = found, found.minimal
+    flaky, elapsed = (minimal.flaky if minimal else False), found.duration_s
     if minimal is not None:
         code = EXIT_VIOLATED
     elif search.unknown:
@@ -212,16 +89,15 @@ def _report(args: argparse.Namespace, search: Search, minimal: tuple[Experiment,
         code = EXIT_VALID
     found = None
     if minimal is not None:
-        experiment, result = minimal
-        found = {"schedule": str(experiment.schedule), "faults": len(experiment.schedule.faults),
-                 "same_identity": experiment.same_identity,
-                 "violated": list(dict.fromkeys(v.invariant for v in result.verdict.violations)),
-                 "reproduce": replay_command(result), "flaky": flaky}
+        experiment, result = minimal.experiment, minimal.result
+        found = {"schedule": minimal.schedule, "faults": len(experiment.schedule.faults),
+                 "same_identity": experiment.same_identity, "violated": list(minimal.violated),
+                 "reproduce": minimal.reproduce, "flaky": flaky}
     if args.json:
         violations = []
         if minimal is not None:
             violations = [{**v.to_json(), "schedule": found["schedule"], "reproduce": found["reproduce"]}
-                          for v in minimal[1].verdict.violations]
+                          for v in minimal.result.verdict.violations]
         print(json.dumps({
             "valid": False if minimal else (None if search.unknown else True),
             "runs": search.runs, "budget": args.budget, "seed": args.seed, "target": args.target,
@@ -233,13 +109,13 @@ def _report(args: argparse.Namespace, search: Search, minimal: tuple[Experiment,
         }, indent=2))
         return code
     print(f"explore {args.target}: {search.runs} runs in {elapsed:.1f} s (budget {args.budget}, "
-          f"seed {args.seed}); {search.valid} valid, {search.unfired} with a drawn fault that never fired")
+          f"seed {args.seed}); {search.valid_runs} valid, {search.unfired} with a drawn fault that never fired")
     for r in search.unknown:
         print(f"\nUNKNOWN under {r.schedule}: {'; '.join(r.verdict.unknown_reasons)}")
     if minimal is None:
         print("\nno violation found" + ("" if not search.unknown else "; some runs could not be judged"))
         return code
-    experiment, result = minimal
+    experiment, result = minimal.experiment, minimal.result
     print(f"\ncounterexample found and shrunk ({search.failures} failing run(s) in all) to "
           f"{found['faults']} fault(s): {experiment.schedule}"
           + ("" if experiment.same_identity == 0.5 else
