@@ -109,6 +109,8 @@ def double_crash_schedules(step_names: Iterable[str], points: Iterable[str], *,
     so the restarted A takes the second crash; when A passes ``p2`` before (or at) ``p1`` in an
     attempt, the second fault waits for hit #2 so that it lands after the first. A pair whose
     second fault is never reached (the other worker did that work) is unknown, never valid.
+    The ``hits`` form has no pair after a hang at the heartbeat: a hung worker is never killed
+    and restarted (the harness ends it only once the run is done), so A could never crash again.
     """
     step_names, points = tuple(step_names), tuple(points)
     out: list[tuple[Schedule, float]] = []
@@ -119,7 +121,7 @@ def double_crash_schedules(step_names: Iterable[str], points: Iterable[str], *,
                 for s2 in (step_names if cross_steps else (s1,)):
                     for p2 in points:
                         out.append((Schedule((first, _fault("B", s2, p2))), 0.5))
-            if "hits" in forms:
+            if "hits" in forms and _action(p1) != "1*hang":
                 for p2 in points:
                     hit = 2 if HIT_ORDER.index(p2) <= HIT_ORDER.index(p1) else 1
                     out.append((Schedule((first, _fault("A", s1, p2, hit))), 1.0))

@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
+from killpoint.harness.history import History
 from killpoint.harness.run import RunConfig, RunResult, Session
 
 __all__ = ["DEFAULT_DATABASE", "Counterexample", "Exploration", "Experiment", "SAME_IDENTITY", "explore"]
@@ -76,6 +77,7 @@ class Exploration:
     minimal: Counterexample | None
     invariants: dict[str, dict[str, int]]
     duration_s: float
+    seen: tuple[RunResult, ...] = ()  # every run in the order run, without its history (for JUnit)
 
     @property
     def valid(self) -> bool | None:
@@ -93,6 +95,7 @@ class _Search:
     last: tuple[Experiment, RunResult] | None = None  # Hypothesis's final one: the shrunk counterexample
     smallest: tuple[Experiment, RunResult] | None = None  # the fallback when the last did not reproduce
     invariants: dict[str, dict[str, int]] = field(default_factory=dict)
+    seen: list[RunResult] = field(default_factory=list)
 
     def failed(self, experiment: Experiment, result: RunResult) -> None:
         self.failures += 1
@@ -102,6 +105,7 @@ class _Search:
 
     def record(self, result: RunResult) -> None:
         self.runs += 1
+        self.seen.append(dataclasses.replace(result, history=History(())))
         for res in result.verdict.results:
             counts = self.invariants.setdefault(res.invariant, {"checked": 0, "violated": 0})
             counts["checked"] += res.checked
@@ -198,7 +202,7 @@ def explore(config: RunConfig, *, steps: Sequence[str], points: Sequence[str], b
     minimal = None if found is None else Counterexample(found[0], found[1], flaky)
     return Exploration(config, budget, seed, search.runs, search.valid, search.unfired,
                        tuple(search.unknown), search.failures, minimal, search.invariants,
-                       time.monotonic() - started)
+                       time.monotonic() - started, tuple(search.seen))
 
 
 @contextlib.contextmanager

@@ -1,7 +1,7 @@
 """``killpoint explore``: search schedules with Hypothesis, far beyond the single-crash matrix.
 
-The search itself is :func:`killpoint.harness.explore.explore`; this command reads its options and
-prints what it returns.
+The search itself is :func:`killpoint.harness.explore.explore`; this command reads its options,
+prints what it returns and writes its reports.
 
 Each example is a schedule of one to a few faults (kills anywhere, including inside the call,
 pauses past the lease, hangs, short sleeps), plus the rule for restarting killed workers (under a
@@ -20,8 +20,9 @@ import argparse
 import json
 import sys
 
-from killpoint.harness.commands.common import (EXIT_UNKNOWN, EXIT_VALID, EXIT_VIOLATED, BadInput, Progress,
-                                               add_common, run_config, target_points)
+from killpoint.harness.commands.common import (EXIT_UNKNOWN, EXIT_VALID, EXIT_VIOLATED, BadInput, Summary,
+                                               add_common, progress_for, report_hint, run_config,
+                                               target_points, write_html, write_junit)
 from killpoint.harness.explore import DEFAULT_DATABASE, Exploration
 
 HELP = ("search schedules with Hypothesis (several faults per run); shrink a failure to a minimal "
@@ -45,17 +46,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _steps(args: argparse.Namespace) -> tuple[str, ...]:
-    from killpoint.harness.commands.common import workload_of
+    from killpoint.harness.commands.common import parse_steps, workload_of
 
-    steps = workload_of(args).step_names
-    if not args.steps:
-        return steps
-    chosen = tuple(s.strip() for s in args.steps.split(",") if s.strip())
-    bad = [s for s in chosen if s not in steps]
-    if bad or not chosen:
-        raise BadInput(f"--steps: unknown step {', '.join(map(repr, bad)) or repr(args.steps)}; "
-                       f"the workload's steps are {', '.join(steps)}")
-    return chosen
+    return parse_steps(args.steps, workload_of(args).step_names)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -69,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     points = target_points(args, args.points)
     steps = _steps(args)
     base = run_config(args, None, **overrides_for(args.target))  # validates target, store, workers
-    progress = Progress(args.budget, enabled=not args.json)
+    progress = progress_for(args, None, f"killpoint explore {args.target}")  # shrinking goes past the budget
     found = explore(base, steps=steps, points=points, budget=args.budget, seed=args.seed,
                     max_faults=args.max_faults,
                     database=None if args.database == "none" else args.database,
@@ -78,9 +71,10 @@ def run(args: argparse.Namespace) -> int:
     return _report(args, found)
 
 
-def _report(args: argparse.Namespace, found: Exploration) -> int:
-    search, minimal = found, found.minimal
-    flaky, elapsed = (minimal.flaky if minimal else False), found.duration_s
+def _report(args: argparse.Namespace, search: Exploration) -> int:
+    minimal = search.minimal
+    flaky = minimal.flaky if minimal is not None else False
+    elapsed = search.duration_s
     if minimal is not None:
         code = EXIT_VIOLATED
     elif search.unknown:
@@ -88,8 +82,14 @@ def _report(args: argparse.Namespace, found: Exploration) -> int:
     else:
         code = EXIT_VALID
     found = None
+    # The reports: the counterexample's, and those of runs that could not be judged; JUnit: every run.
+    shown = Summary(results=([minimal.result] if minimal is not None else []) + list(search.unknown))
+    title = f"killpoint explore {args.target}"
+    if shown.results:
+        write_html(args, shown, title)
+    write_junit(args, Summary(results=list(search.seen)), title)
     if minimal is not None:
-        experiment, result = minimal.experiment, minimal.result
+        experiment = minimal.experiment
         found = {"schedule": minimal.schedule, "faults": len(experiment.schedule.faults),
                  "same_identity": experiment.same_identity, "violated": list(minimal.violated),
                  "reproduce": minimal.reproduce, "flaky": flaky}
@@ -102,7 +102,7 @@ def _report(args: argparse.Namespace, found: Exploration) -> int:
             "valid": False if minimal else (None if search.unknown else True),
             "runs": search.runs, "budget": args.budget, "seed": args.seed, "target": args.target,
             "duration_s": round(elapsed, 1), "violations": violations,
-            "invariants": search.invariants, "report": None, "minimal": found,
+            "invariants": search.invariants, "report": shown.report, "minimal": found,
             "counterexamples_seen": search.failures, "unfired_only": search.unfired,
             "unknown": [{"schedule": r.schedule, "reasons": list(r.verdict.unknown_reasons)}
                         for r in search.unknown],
@@ -114,6 +114,7 @@ def _report(args: argparse.Namespace, found: Exploration) -> int:
         print(f"\nUNKNOWN under {r.schedule}: {'; '.join(r.verdict.unknown_reasons)}")
     if minimal is None:
         print("\nno violation found" + ("" if not search.unknown else "; some runs could not be judged"))
+        _where_report(args, shown)
         return code
     experiment, result = minimal.experiment, minimal.result
     print(f"\ncounterexample found and shrunk ({search.failures} failing run(s) in all) to "
@@ -127,4 +128,13 @@ def _report(args: argparse.Namespace, found: Exploration) -> int:
         print(f"\nVIOLATED {v.invariant} at {v.instance}:{v.step}")
         print(f"  {v.detail}")
     print(f"\nreproduce: {found['reproduce']}")
+    _where_report(args, shown)
     return code
+
+
+def _where_report(args: argparse.Namespace, shown: Summary) -> None:
+    hint = report_hint(args, shown)
+    if shown.report:
+        print(f"report: {shown.report}")
+    elif hint and shown.results:
+        print(hint)
