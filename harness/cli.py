@@ -28,14 +28,9 @@ COMMANDS = {
 
 
 def _available() -> dict[str, object]:
-    found = {}
-    for name, module in COMMANDS.items():
-        try:
-            found[name] = importlib.import_module(f"killpoint.harness.commands.{module}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"killpoint.harness.commands.{module}":
-                raise
-    return found
+    """Every command's module; a missing one is an ImportError naming it, never a command quietly gone."""
+    return {name: importlib.import_module(f"killpoint.harness.commands.{module}")
+            for name, module in COMMANDS.items()}
 
 
 class _Parser(argparse.ArgumentParser):

@@ -200,3 +200,37 @@ def test_exploration_returns_a_value_with_the_minimal_counterexample_and_its_run
     assert found.minimal.reproduce == found.minimal.result.config.reproduce_command()
     assert found.minimal.reproduce.startswith("killpoint replay ")
     assert len(found.minimal.result.config.schedule.faults) <= 2
+
+
+# -- loading the plugin is light -----------------------------------------------------------------------
+HEAVY = ("killpoint.harness", "killpoint.chaos", "killpoint.reports", "killpoint.scenarios", "multiprocess",
+         "psycopg", "psycopg_pool", "jinja2", "faker", "hypothesis")
+
+
+@pytest.mark.parametrize("statement", ["import killpoint.plugin", "import killpoint",
+                                       "from killpoint import KillpointError"])
+def test_loading_the_package_or_its_pytest_plugin_imports_nothing_heavy(statement):
+    # A fresh interpreter, as pytest's entry point loading sees it: pytest loads killpoint.plugin
+    # in every session of an environment that has killpoint installed.
+    code = f"import json, sys\n{statement}\nprint(json.dumps(sorted(sys.modules)))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          cwd=ROOT.parent)
+    assert proc.returncode == 0, proc.stderr
+    loaded = json.loads(proc.stdout)
+    heavy = [m for m in loaded if any(m == h or m.startswith(h + ".") for h in HEAVY)]
+    assert heavy == []
+    assert "killpoint" in loaded
+
+
+def test_a_public_name_is_looked_up_on_first_use_and_a_missing_one_is_a_named_error():
+    code = ("import sys, killpoint\n"
+            "assert 'killpoint.chaos' not in sys.modules\n"
+            "s = killpoint.parse_schedule('A@charge.after_call:kill')\n"
+            "assert 'killpoint.chaos' in sys.modules and 'killpoint.harness' not in sys.modules\n"
+            "print(s)\n"
+            "try:\n    killpoint.no_such_name\nexcept AttributeError as e:\n    print(e)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          cwd=ROOT.parent)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["A@charge.after_call:kill",
+                                        "module 'killpoint' has no attribute 'no_such_name'"]
