@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+from killpoint import vocab
 from killpoint.chaos.schedule import Schedule
 from killpoint.harness import downstream as ds
 from killpoint.harness import history as hist
@@ -192,7 +193,7 @@ class _Run:
             sup.end_workers()
         try:
             if quiescent and self.config.after_quiescent is not None:
-                self.note("after_quiescent")
+                self.note(vocab.AFTER_QUIESCENT)
                 self.config.after_quiescent(store, client)
             history = gather_history(workload=self.workload, store=store, client=client,
                                      workers=sup.workers, harness_events=self.harness_events,

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import multiprocess
 
-from killpoint import chaos
+from killpoint import chaos, vocab
 from killpoint.chaos.journal import Journal
 from killpoint.chaos import seeds
 from killpoint.chaos.points import Failpoints
@@ -96,7 +96,7 @@ def worker_main(target: Target, ctx_args: dict[str, Any], faults, hits, seed: in
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the harness decides when workers end
     unblock_sigint()
     journal = Journal(ctx_args["journal"])
-    journal.write("start", pid=os.getpid(), worker=ctx_args["worker_id"])
+    journal.write(vocab.START, pid=os.getpid(), worker=ctx_args["worker_id"])
     store: Store = ctx_args["store"]
     chaos.points.install(Failpoints(list(faults), journal, seed, events_fd, control_fd, dict(hits),
                                     backends=store.backends))
@@ -105,7 +105,7 @@ def worker_main(target: Target, ctx_args: dict[str, Any], faults, hits, seed: in
                         ctx_args["timing"])
     ctx.heartbeat = Heartbeat(store, journal, ctx.timing)
     target(ctx)
-    journal.write("finish")
+    journal.write(vocab.FINISH)
     os._exit(0)
 
 
@@ -183,7 +183,7 @@ class Supervisor:
         w = WorkerProcess(label, worker_id, proc, Inbox(events_r), control_w, journal)
         self.workers.append(w)
         self.registry[proc.pid] = w
-        self.note("spawn", worker=label, identity=worker_id, pid=proc.pid)
+        self.note(vocab.SPAWN, worker=label, identity=worker_id, pid=proc.pid)
         return w
 
     def live(self) -> list[WorkerProcess]:
@@ -230,11 +230,11 @@ class Supervisor:
 
     def kill_worker(self, w: WorkerProcess, reason: str) -> None:
         """SIGKILL a live worker on the harness's own account, and record it as its death."""
-        self.note("kill", worker=w.label, pid=w.proc.pid, signal="SIGKILL", reason=reason)
+        self.note(vocab.KILL, worker=w.label, pid=w.proc.pid, signal="SIGKILL", reason=reason)
         kill(w)
         w.exitcode = -signal.SIGKILL
         self.registry.pop(w.proc.pid, None)
-        self.note("exit", worker=w.label, pid=w.proc.pid, code=w.exitcode, signal="SIGKILL")
+        self.note(vocab.EXIT, worker=w.label, pid=w.proc.pid, code=w.exitcode, signal="SIGKILL")
 
     def end_workers(self) -> None:
         for w in self.live():
@@ -249,7 +249,7 @@ class Supervisor:
         w.exitcode = code
         self.registry.pop(w.proc.pid, None)
         sig = -code if code is not None and code < 0 else None
-        self.note("exit", worker=w.label, pid=w.proc.pid, code=code,
+        self.note(vocab.EXIT, worker=w.label, pid=w.proc.pid, code=code,
                   signal=signal.Signals(sig).name if sig else None)
         for fd in (w.events, w.control):
             try:
@@ -278,14 +278,14 @@ class Supervisor:
             return  # killed (by a store restart) before its pause was read
         if str(self.schedule.faults[index]) in self.config.restarts:
             os.write(w.control, RESUME)  # it only waited for the restart, which is done
-            self.note("cont", worker=w.label, pid=w.proc.pid, signal=None,
+            self.note(vocab.CONT, worker=w.label, pid=w.proc.pid, signal=None,
                       reason="released once the restart it waited for was done")
             return
         row = self.step_row(instance, step)
         os.kill(w.proc.pid, signal.SIGSTOP)
         w.state = "paused"
         w.paused = (instance, step, row["state_version"] if row else 0)  # type: ignore[assignment]
-        self.note("stop", worker=w.label, pid=w.proc.pid, signal="SIGSTOP", instance=instance,
+        self.note(vocab.STOP, worker=w.label, pid=w.proc.pid, signal="SIGSTOP", instance=instance,
                   step=step, reason="pause")
 
     def on_terminate(self, w: WorkerProcess, msg: dict[str, Any]) -> None:
@@ -301,7 +301,7 @@ class Supervisor:
             return  # killed (by a store restart) before its message was read
         ended = self.store.terminate_backends(msg.get("backend_pids") or (),
                                               await_idle=msg.get("await_idle") or ())
-        self.note("terminate_backend", worker=w.label, pid=w.proc.pid, point=msg.get("point"),
+        self.note(vocab.TERMINATE_BACKEND, worker=w.label, pid=w.proc.pid, point=msg.get("point"),
                   instance=msg.get("instance"), step=msg.get("step"), fault=msg.get("terminate"),
                   **ended)
         os.write(w.control, RESUME)
@@ -319,7 +319,7 @@ class Supervisor:
             if service == "downstream":
                 before = self.downstream.pid
                 self.downstream.restart()
-                self.note("downstream_restart", fault=fault, pid_before=before,
+                self.note(vocab.DOWNSTREAM_RESTART, fault=fault, pid_before=before,
                           pid=self.downstream.pid, url=self.downstream.url)
                 continue
             killed = self.live()
@@ -327,7 +327,7 @@ class Supervisor:
                 self.kill_worker(w, "store restart: every connection to the store is cut")
             self.store.close()
             self.store.snapshot()  # a new connection, on what the killed writers left
-            self.note("store_restart", fault=fault, killed=[w.label for w in killed])
+            self.note(vocab.STORE_RESTART, fault=fault, killed=[w.label for w in killed])
             for w in killed:
                 if len(self.workers) < self.spawn_cap:
                     self.replace(w)
@@ -344,7 +344,7 @@ class Supervisor:
         moved_on = row is None or row["state_version"] >= version + 2 or \
             (row["state_version"] > version and row["owner_worker"] is None)
         if moved_on or not others_active:
-            self.note("cont", worker=w.label, pid=w.proc.pid, signal="SIGCONT",
+            self.note(vocab.CONT, worker=w.label, pid=w.proc.pid, signal="SIGCONT",
                       reason="its step moved on" if moved_on else "no other worker can move")
             os.kill(w.proc.pid, signal.SIGCONT)
             os.write(w.control, RESUME)
@@ -373,7 +373,7 @@ class Supervisor:
                         self.kill_worker(w, "quiescent: the run is done and this worker hangs")
                     quiescent = plan(rows, now, self.workload) == DONE
                     if not quiescent:  # the workers keep dying: the run could not finish
-                        self.note("bound_hit", reason=f"{len(self.workers)} worker processes spawned, "
+                        self.note(vocab.BOUND_HIT, reason=f"{len(self.workers)} worker processes spawned, "
                                                       f"the cap; the target keeps failing")
                     return not quiescent, quiescent
                 self.start_gated()
@@ -381,7 +381,7 @@ class Supervisor:
                     self.replace(live[-1] if live else self.workers[-1])
                 continue
             if time.monotonic() > deadline:
-                self.note("bound_hit", seconds=self.config.bound_s)
+                self.note(vocab.BOUND_HIT, seconds=self.config.bound_s)
                 for w in live:
                     self.kill_worker(w, "bound")
                 return True, False

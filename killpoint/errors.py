@@ -20,6 +20,8 @@ __all__ = [
     "InvalidTarget",
     "InvalidWorkload",
     "KillpointError",
+    "KillpointUnavailable",
+    "LostResponse",
     "OutcomeUnknown",
     "StoreError",
     "StoreUnavailable",
@@ -70,6 +72,10 @@ class BadInput(KillpointError):
     """Input the user must fix; the message is one line naming the bad value (the CLI exits 2)."""
 
 
+class KillpointUnavailable(KillpointError, RuntimeError):
+    """Asked for a part of killpoint this installation does not have (e.g. exploration)."""
+
+
 # The store.
 
 
@@ -92,3 +98,10 @@ class OutcomeUnknown(StoreUnavailable):
     :class:`StoreUnavailable` (the connection is gone all the same); catch it first to journal the
     operation as indeterminate (``info``) rather than failed.
     """
+
+
+# The downstream.
+
+
+class LostResponse(KillpointError):
+    """The request may or may not have been applied: the answer never arrived (indeterminate)."""

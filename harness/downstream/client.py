@@ -10,9 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 from urllib.parse import quote, urlsplit
 
-
-class LostResponse(Exception):
-    """The request may or may not have been applied: the answer never arrived (indeterminate)."""
+from killpoint.errors import LostResponse as LostResponse
 
 
 @dataclass(frozen=True)
@@ -155,4 +153,5 @@ class DownstreamClient:
         status, body = self._idempotent("GET", "/ledger")
         if status != 200:
             raise RuntimeError(f"downstream ledger: {status} {body}")
-        return body["rows"]
+        rows: list[dict[str, Any]] = body["rows"]
+        return rows
