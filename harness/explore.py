@@ -3,7 +3,10 @@
 Each example is a schedule of one to a few faults (kills anywhere, including inside the call,
 pauses past the lease, hangs, short sleeps), plus the rule for restarting killed workers (under a
 fresh identity, or under their own). A run whose verdict is invalid is a counterexample; Hypothesis
-shrinks it to a minimal schedule. :func:`explore` returns what the search found as an
+shrinks it, and the smallest counterexamples are then *confirmed* (:mod:`killpoint.harness.confirm`):
+replayed five times, shrunk further one fault at a time; only a schedule that failed every replay is
+the confirmed counterexample. Stalls are drawn relative to the run's lease TTL and stuck bound, below
+and well past them. :func:`explore` returns what the search found as an
 :class:`Exploration`; the ``killpoint explore`` command prints it and the pytest plugin's
 ``killpoint.explore()`` turns it into a verdict.
 
@@ -41,13 +44,28 @@ class Experiment:
     same_identity: float = 0.5
 
 
+CANDIDATES = 4  # the smallest distinct counterexamples a search hands to confirmation
+
+
 @dataclass(frozen=True)
 class Counterexample:
-    """A run that violated an invariant: the schedule Hypothesis shrank it to, and that run."""
+    """A run that violated an invariant, and how its replays went.
+
+    Confirmed: the schedule failed every one of its ``replays`` (``result`` is its last failing
+    run). Not confirmed: no candidate failed every replay (its outcome depends on timing);
+    ``result`` is then the smallest failing run seen, and ``replays``/``replays_failed`` those of
+    the candidate that failed most often.
+    """
 
     experiment: Experiment
     result: RunResult
-    flaky: bool = False  # the shrunk example did not fail again; this one (the smallest seen) did
+    confirmed: bool = False
+    replays: int = 0
+    replays_failed: int = 0
+
+    @property
+    def flaky(self) -> bool:
+        return not self.confirmed
 
     @property
     def schedule(self) -> str:
@@ -96,9 +114,11 @@ class _Search:
     smallest: tuple[Experiment, RunResult] | None = None  # the fallback when the last did not reproduce
     invariants: dict[str, dict[str, int]] = field(default_factory=dict)
     seen: list[RunResult] = field(default_factory=list)
+    failing: list[Experiment] = field(default_factory=list)  # every counterexample, in order
 
     def failed(self, experiment: Experiment, result: RunResult) -> None:
         self.failures += 1
+        self.failing.append(experiment)
         self.last = (experiment, result)
         if self.smallest is None or _size(experiment) < _size(self.smallest[0]):
             self.smallest = self.last
@@ -151,15 +171,16 @@ def explore(config: RunConfig, *, steps: Sequence[str], points: Sequence[str], b
     from hypothesis.database import DirectoryBasedExampleDatabase
     from hypothesis.errors import Flaky
 
-    from killpoint.chaos.strategies import schedules
+    from killpoint.chaos.strategies import schedules, stall_durations
 
     if budget < 1:
         raise ValueError(f"budget {budget}: use a whole number of at least 1")
     if max_faults < 1:
         raise ValueError(f"max_faults {max_faults}: use a whole number of at least 1")
     workers = [chr(ord("A") + i) for i in range(config.workers)]
+    stalls = stall_durations(config.timing.lease_ttl_ms, config.timing.stuck_bound_ms)
     experiments = st.builds(Experiment, schedules(workers, tuple(steps), points=tuple(points),
-                                                  max_faults=max_faults),
+                                                  max_faults=max_faults, stalls_ms=stalls),
                             st.sampled_from(SAME_IDENTITY))
     home = DEFAULT_DATABASE if database is None else database
     examples = None if database is None else DirectoryBasedExampleDatabase(os.path.join(home, "examples"))
@@ -197,12 +218,33 @@ def explore(config: RunConfig, *, steps: Sequence[str], points: Sequence[str], b
             except _Found:
                 pass
             except Flaky:
-                flaky = True  # the shrunk example did not fail again: report the smallest that did
+                flaky = True  # the shrunk example did not fail again: confirmation decides
+        confirmed, tried = _confirm(run, config, search)
     found = search.smallest if flaky else search.last
-    minimal = None if found is None else Counterexample(found[0], found[1], flaky)
+    minimal = None
+    if confirmed is not None:
+        minimal = Counterexample(Experiment(confirmed.config.schedule, confirmed.config.same_identity),
+                                 confirmed.result, True, confirmed.replays, confirmed.failed)
+    elif found is not None:
+        best = max(tried, key=lambda t: t.failed / t.replays, default=None)
+        minimal = Counterexample(found[0], found[1], False, best.replays if best else 0,
+                                 best.failed if best else 0)
     return Exploration(config, budget, seed, search.runs, search.valid, search.unfired,
                        tuple(search.unknown), search.failures, minimal, search.invariants,
                        time.monotonic() - started, tuple(search.seen))
+
+
+def _confirm(run: Callable[[RunConfig], RunResult], config: RunConfig, search: _Search) -> tuple[Any, list[Any]]:
+    """Replay the smallest counterexamples seen (see :mod:`killpoint.harness.confirm`)."""
+    from killpoint.harness.confirm import confirm
+
+    if not search.failing:
+        return None, []
+    distinct = {(str(e.schedule), e.same_identity): e for e in search.failing}
+    smallest = sorted(distinct.values(), key=_size)[:CANDIDATES]
+    configs = [dataclasses.replace(config, schedule=e.schedule, same_identity=e.same_identity)
+               for e in smallest]
+    return confirm(run, configs)
 
 
 @contextlib.contextmanager

@@ -14,11 +14,13 @@ A worker at a ``terminate`` waits while the harness ends its PostgreSQL sessions
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import random
 import select
 import signal
 import string
+import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
@@ -32,6 +34,8 @@ from killpoint.chaos.points import Failpoints
 from killpoint.harness import downstream as ds
 from killpoint.harness import messages
 from killpoint.harness.messages import RESUME, FaultTally, Inbox
+from killpoint.errors import InfrastructureError
+from killpoint.harness import signals
 from killpoint.harness.signals import sigint_deferred, unblock_sigint
 from killpoint.harness.store.base import Store
 from killpoint.harness.targets import Target
@@ -42,6 +46,17 @@ if TYPE_CHECKING:
     from killpoint.harness.run import RunConfig
 
 _FORK = multiprocess.get_context("fork")
+# Errors that say the disk the run writes to is full or unusable: infrastructure, not the target.
+DISK_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO})
+EXIT_DISK = 75  # EX_TEMPFAIL: a worker that ended because the disk failed it
+
+
+def disk_failed(exc: BaseException) -> bool:
+    """Whether ``exc`` says the disk failed: an OS error of :data:`DISK_ERRORS`, or SQLite's own
+    words for it (it reports a full disk as an OperationalError, not an OSError)."""
+    if isinstance(exc, OSError):
+        return exc.errno in DISK_ERRORS
+    return type(exc).__module__ == "sqlite3" and ("disk is full" in str(exc) or "disk I/O" in str(exc))
 _PR_SET_PDEATHSIG = 1
 
 Note = Callable[..., None]
@@ -89,23 +104,38 @@ def _die_with_parent() -> None:
         pass
 
 
+def _thread_hook(args: Any) -> None:
+    """In a worker: a thread the full disk ended (the heartbeat) ends quietly, like the worker."""
+    if args.exc_value is not None and disk_failed(args.exc_value):
+        return
+    threading.__excepthook__(args)
+
+
 def worker_main(target: Target, ctx_args: dict[str, Any], faults, hits, seed: int,
                 events_fd: int, control_fd: int) -> None:
     """The body of a worker process (runs in the forked child)."""
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the harness decides when workers end
     unblock_sigint()
-    journal = Journal(ctx_args["journal"])
-    journal.write(vocab.START, pid=os.getpid(), worker=ctx_args["worker_id"])
-    store: Store = ctx_args["store"]
-    chaos.points.install(Failpoints(list(faults), journal, seed, events_fd, control_fd, dict(hits),
-                                    backends=store.backends))
-    client = ds.DownstreamClient(ctx_args["url"], ctx_args["run_id"])
-    ctx = WorkerContext(ctx_args["worker_id"], store, client, journal, ctx_args["workload"],
-                        ctx_args["timing"])
-    ctx.heartbeat = Heartbeat(store, journal, ctx.timing)
-    target(ctx)
-    journal.write(vocab.FINISH)
+    threading.excepthook = _thread_hook
+    try:
+        journal = Journal(ctx_args["journal"])
+        journal.write(vocab.START, pid=os.getpid(), worker=ctx_args["worker_id"])
+        store: Store = ctx_args["store"]
+        chaos.points.install(Failpoints(list(faults), journal, seed, events_fd, control_fd, dict(hits),
+                                        backends=store.backends))
+        client = ds.DownstreamClient(ctx_args["url"], ctx_args["run_id"])
+        ctx = WorkerContext(ctx_args["worker_id"], store, client, journal, ctx_args["workload"],
+                            ctx_args["timing"])
+        ctx.heartbeat = Heartbeat(store, journal, ctx.timing)
+        target(ctx)
+        journal.write(vocab.FINISH)
+    except Exception as exc:
+        if not disk_failed(exc):
+            raise
+        # The disk under the run is full (or gone): the harness finds it and names it; a traceback
+        # from each of the workers it keeps replacing would only bury that.
+        os._exit(EXIT_DISK)
     os._exit(0)
 
 
@@ -176,13 +206,21 @@ class Supervisor:
         proc = _FORK.Process(target=worker_main, name=f"killpoint-worker-{label}",
                              args=(self.target, ctx_args, faults, self.tally.hits, seed, events_w,
                                    control_r))
+        # Registered before a signal can be delivered: a Ctrl-C or SIGTERM that lands at any point
+        # of the fork finds the new worker among those the cleanup ends.
         with sigint_deferred():
-            proc.start()
-        os.close(events_w)
-        os.close(control_r)
-        w = WorkerProcess(label, worker_id, proc, Inbox(events_r), control_w, journal)
-        self.workers.append(w)
-        self.registry[proc.pid] = w
+            try:
+                proc.start()
+            except OSError as exc:  # EAGAIN, ENOMEM: the machine cannot start another process
+                for fd in (events_r, events_w, control_r, control_w):
+                    os.close(fd)
+                raise InfrastructureError(f"cannot start worker {label}: {type(exc).__name__}: "
+                                          f"{exc}") from exc
+            os.close(events_w)
+            os.close(control_r)
+            w = WorkerProcess(label, worker_id, proc, Inbox(events_r), control_w, journal)
+            self.workers.append(w)
+            self.registry[proc.pid] = w
         self.note(vocab.SPAWN, worker=label, identity=worker_id, pid=proc.pid)
         return w
 
@@ -359,6 +397,7 @@ class Supervisor:
         """
         self.start_gated()
         while True:
+            signals.check()  # a Ctrl-C whose exception was swallowed (in a finalizer) ends the run too
             live = self.live()
             active = [w for w in live if w.state == "running"]
             if not active:

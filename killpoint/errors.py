@@ -13,6 +13,7 @@ from __future__ import annotations
 
 __all__ = [
     "BadInput",
+    "InfrastructureError",
     "InvalidAction",
     "InvalidSchedule",
     "InvalidStore",
@@ -105,3 +106,11 @@ class OutcomeUnknown(StoreUnavailable):
 
 class LostResponse(KillpointError):
     """The request may or may not have been applied: the answer never arrived (indeterminate)."""
+
+
+# The harness's own machinery broke: never a violation (exit 3, the cause in the verdict).
+
+
+class InfrastructureError(KillpointError, RuntimeError):
+    """The infrastructure a run needs broke: the store went away, the downstream failed, the disk
+    is full, a process could not be started. A run it ends is unknown, never violated."""

@@ -41,6 +41,9 @@ HEARTBEAT_LOST = "heartbeat_lost"  # the heartbeat found the lease gone
 STORE_UNAVAILABLE = "store_unavailable"  # the store connection died; the worker goes on
 START = "start"  # the worker process began (pid)
 FINISH = "finish"  # the target returned
+# Written by the Temporal targets.
+ACTIVITY = "activity"  # a Temporal activity began
+REPLAYED = "replay"  # a workflow history replayed against the code (``outcome``, ``detail``)
 
 # -- store event kinds ---------------------------------------------------------------------------------
 CREATED = "created"
@@ -82,3 +85,4 @@ DOWNSTREAM_RESTART = "downstream_restart"
 STORE_RESTART = "store_restart"
 AFTER_QUIESCENT = "after_quiescent"
 TERMINATE_BACKEND = "terminate_backend"
+INFRASTRUCTURE_FAILURE = "infrastructure_failure"  # phase, error: the run ended unknown

@@ -255,3 +255,59 @@ def test_replay_narrates_the_run_and_a_failure_without_report_dir_says_how_to_ge
     assert "SIGSTOP to A" in out and "B claimed order-1:charge with fence 2" in out
     assert "accepted A's commit with fence 1" in out  # the stale write, told as it happened
     assert "add --report-dir DIR" in out
+
+
+def test_an_unusable_report_dir_is_refused_before_the_first_run(capsys, tmp_path):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    foreign = tmp_path / "site"
+    foreign.mkdir()
+    (foreign / "index.html").write_text("<p>my own page</p>")
+    for where, why in ((a_file, "is a file"), (foreign, "did not write"),
+                       (a_file / "below", "cannot write")):
+        # --report on-failure and a run that would be valid: still refused, and before any run
+        code, out, err = run_cli(capsys, "replay", "", "--workload", "single", "--report-dir", str(where))
+        assert code == 2 and out == "" and why in err and len(err.strip().splitlines()) == 1, err
+    assert (foreign / "index.html").read_text() == "<p>my own page</p>"
+
+
+def test_a_report_that_cannot_be_written_never_hides_the_verdict(capsys, tmp_path):
+    import os
+
+    where = tmp_path / "rep"
+    code, out, err = run_cli(capsys, "replay", "A@charge.after_call:1*pause", "--target",
+                             "mutant:no-fence-check", "--report-dir", str(where), "--json")
+    assert code == 1 and json.loads(out)["report"]  # the first time, it is written
+    os.chmod(where, 0o500)  # then the directory goes read-only (as root, make it a file instead)
+    if os.access(where, os.W_OK):
+        os.chmod(where, 0o700)
+        for name in os.listdir(where):
+            os.unlink(where / name)
+        os.rmdir(where)
+        where.mkdir()
+        (where / "run-0001.html").mkdir()  # a page killpoint cannot write
+    try:
+        code, out, err = run_cli(capsys, "replay", "A@charge.after_call:1*pause", "--target",
+                                 "mutant:no-fence-check", "--report-dir", str(where), "--json")
+    finally:
+        os.chmod(where, 0o700)
+    report = json.loads(out)
+    assert code == 1 and report["valid"] is False  # the violation, not a bad-input exit
+    assert report["report"] is None and "cannot write reports" in report["report_error"]
+    assert "the verdict stands" in err
+
+
+def test_each_command_leaves_only_its_own_runs_in_the_report_dir(capsys, tmp_path):
+    import os
+
+    where = tmp_path / "rep"
+    code, out, _ = run_cli(capsys, "matrix", "--steps", "charge", "--points", "after_call,before_commit",
+                           "--target", "mutant:no-fence-check", "--report-dir", str(where), "--json")
+    assert code == 1 and len(json.loads(out)["results"]) == 4
+    assert sorted(p for p in os.listdir(where) if p.endswith(".html"))[-1] == "run-0004.html"
+    code, out, _ = run_cli(capsys, "replay", "A@charge.after_call:1*pause", "--target",
+                           "mutant:no-fence-check", "--report-dir", str(where), "--json")
+    assert code == 1
+    assert sorted(p for p in os.listdir(where) if p.endswith(".html")) == ["index.html", "run-0001.html"]
+    index = (where / "index.html").read_text(encoding="utf-8")
+    assert "run-0002.html" not in index

@@ -117,7 +117,8 @@ def test_table_is_found_walking_up_and_sets_the_options_it_names(tmp_path):
     deep.mkdir(parents=True)
     assert find(str(deep)) == str(tmp_path / "pyproject.toml")
     s = load(str(deep))
-    assert dict(s.values) == {"seed": 7, "store": "sqlite", "report_dir": "out", "workers": 3}
+    # a path is relative to the pyproject.toml, not to where the command runs
+    assert dict(s.values) == {"seed": 7, "store": "sqlite", "report_dir": str(tmp_path / "out"), "workers": 3}
     assert dict(s.timing) == {"lease_ttl_ms": 250.0}
     assert s.defaults_for({"seed", "timing"}) == {"seed": 7, "timing": {"lease_ttl_ms": 250.0}}
 

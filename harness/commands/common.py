@@ -36,6 +36,8 @@ def add_common(p: argparse.ArgumentParser, *, target: bool = True) -> None:
     p.add_argument("--report-dir", default=None, help="where to write HTML reports")
     p.add_argument("--report", choices=("always", "on-failure", "never"), default="on-failure",
                    help="when to write HTML reports (default: on-failure)")
+    p.add_argument("--debug", action="store_true",
+                   help="print the traceback of an infrastructure failure (store, downstream, disk)")
     p.add_argument("--timing", type=_timing, default=None, metavar="NAME=MS,...",
                    help="the worker's timings in milliseconds: lease-ttl-ms, heartbeat-ms, "
                         "stuck-bound-ms, poll-ms (default: 120, 30, 300, 2)")
@@ -240,6 +242,7 @@ def replay_command(result: RunResult) -> str:
 class Summary:
     results: list[RunResult] = field(default_factory=list)
     report: str | None = None
+    report_error: str | None = None  # why the reports asked for could not be written
 
     @property
     def valid(self) -> bool | None:
@@ -286,8 +289,11 @@ class Summary:
             "invariants": self.invariants(),
             "judged": self.judged()[0],
             "report": self.report,
+            **({"report_error": self.report_error} if self.report_error else {}),
             "unknown": [{"schedule": str(r.config.schedule), "reasons": list(r.verdict.unknown_reasons)}
                         for r in self.results if r.valid is None],
+            "unknown_reasons": list(dict.fromkeys(reason for r in self.results if r.valid is None
+                                                  for reason in r.verdict.unknown_reasons)),
             "results": [{"schedule": str(r.config.schedule), "target": r.config.target_name,
                          "valid": r.valid, "fired": r.fired, "unfired": list(r.unfired),
                          "workers_spawned": r.spawned, "duration_ms": round(r.duration_s * 1000, 1),
@@ -370,8 +376,44 @@ def report_hint(args: argparse.Namespace, summary: Summary) -> str | None:
     return "no HTML report written: add --report-dir DIR to get one for each failing run"
 
 
+REPORT_MARKER = ".killpoint-report"  # in a report directory: its pages are killpoint's to replace
+_OWN_PAGE = re.compile(r"^(index|run-\d{4,})\.html$")
+
+
+def prepare_report_dir(args: argparse.Namespace) -> None:
+    """Before the first run: make sure ``--report-dir`` can take this command's reports, and clear
+    the pages an earlier command left there, so the directory shows this command's runs only.
+
+    Refused (bad input) when it is a file, cannot be written, or holds an ``index.html`` that
+    killpoint did not write (a user's own page is never replaced).
+    """
+    where = getattr(args, "report_dir", None)
+    if where is None or getattr(args, "report", "on-failure") == "never":
+        return
+    if os.path.exists(where) and not os.path.isdir(where):
+        raise BadInput(f"--report-dir {shown(where)} is a file: name a directory to write into")
+    try:
+        os.makedirs(where, exist_ok=True)
+        names = os.listdir(where)
+        ours = REPORT_MARKER in names
+        if "index.html" in names and not ours:
+            raise BadInput(f"--report-dir {shown(where)} holds an index.html that killpoint did not "
+                           f"write: name an empty directory, or one killpoint writes to")
+        with open(os.path.join(where, REPORT_MARKER), "w", encoding="utf-8") as fh:
+            fh.write("killpoint replaces the index.html and run-NNNN.html pages of this directory\n")
+        for name in names:
+            if ours and _OWN_PAGE.match(name):
+                os.unlink(os.path.join(where, name))
+    except OSError as exc:
+        raise BadInput(f"--report-dir {shown(where)}: cannot write reports there "
+                       f"({exc.strerror or exc})") from None
+
+
 def write_html(args: argparse.Namespace, summary: Summary, title: str) -> None:
-    """The HTML index and run reports, when ``--report-dir`` and ``--report`` ask for them."""
+    """The HTML index and run reports, when ``--report-dir`` and ``--report`` ask for them.
+
+    A report that cannot be written never hides the verdict: the command says so on stderr and
+    goes on to print its verdict and exit with its code."""
     if args.report == "never" or args.report_dir is None:
         return
     if args.report == "on-failure" and summary.valid is True:
@@ -381,8 +423,9 @@ def write_html(args: argparse.Namespace, summary: Summary, title: str) -> None:
     try:
         summary.report = write(summary.results, args.report_dir, title=title)
     except OSError as exc:
-        raise BadInput(f"--report-dir {shown(args.report_dir)}: cannot write reports there "
-                       f"({exc.strerror or exc})") from None
+        summary.report_error = (f"cannot write reports to {shown(args.report_dir)} "
+                                f"({exc.strerror or exc})")
+        print(f"killpoint: warning: {summary.report_error}; the verdict stands", file=sys.stderr)
 
 
 def print_judgement(summary: Summary, results: Sequence[RunResult], *, reproduce: bool = True) -> None:

@@ -6,8 +6,11 @@ prints what it returns and writes its reports.
 Each example is a schedule of one to a few faults (kills anywhere, including inside the call,
 pauses past the lease, hangs, short sleeps), plus the rule for restarting killed workers (under a
 fresh identity, or under their own). A run whose verdict is invalid is a counterexample; Hypothesis
-shrinks it to a minimal schedule, which is printed with the one-line ``killpoint replay`` command
-that reproduces it.
+shrinks it, and the smallest counterexamples are then *confirmed* (:mod:`killpoint.harness.confirm`):
+replayed five times, shrunk further one fault at a time, and only a schedule that failed every
+replay is printed as the counterexample, with how many replays failed and the one-line ``killpoint
+replay`` command that reproduces it. Stalls are drawn relative to the run's lease TTL and stuck
+bound, below and well past them.
 
 Every draw flows from ``--seed``. Hypothesis keeps what it found under ``.killpoint/hypothesis`` in
 the working directory (laid out as pytest's ``.hypothesis/``, examples under ``examples/``), so
@@ -18,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 from killpoint.harness.commands.common import (EXIT_UNKNOWN, EXIT_VALID, EXIT_VIOLATED, BadInput, Summary,
                                                add_common, progress_for, report_hint, run_config,
@@ -73,7 +75,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace, search: Exploration) -> int:
     minimal = search.minimal
-    flaky = minimal.flaky if minimal is not None else False
     elapsed = search.duration_s
     if minimal is not None:
         code = EXIT_VIOLATED
@@ -92,7 +93,8 @@ def _report(args: argparse.Namespace, search: Exploration) -> int:
         experiment = minimal.experiment
         found = {"schedule": minimal.schedule, "faults": len(experiment.schedule.faults),
                  "same_identity": experiment.same_identity, "violated": list(minimal.violated),
-                 "reproduce": minimal.reproduce, "flaky": flaky}
+                 "reproduce": minimal.reproduce, "confirmed": minimal.confirmed, "flaky": minimal.flaky,
+                 "replays": minimal.replays, "replays_failed": minimal.replays_failed}
     if args.json:
         violations = []
         if minimal is not None:
@@ -117,13 +119,16 @@ def _report(args: argparse.Namespace, search: Exploration) -> int:
         _where_report(args, shown)
         return code
     experiment, result = minimal.experiment, minimal.result
-    print(f"\ncounterexample found and shrunk ({search.failures} failing run(s) in all) to "
-          f"{found['faults']} fault(s): {experiment.schedule}"
-          + ("" if experiment.same_identity == 0.5 else
-             f" (killed workers restart under {'their own' if experiment.same_identity else 'a fresh'} identity)"))
-    if flaky:
-        print("warning: the shrunk schedule did not fail again when Hypothesis re-ran it; "
-              "this one failed once, so its verdict may depend on timing", file=sys.stderr)
+    restart = ("" if experiment.same_identity == 0.5 else
+               f" (killed workers restart under {'their own' if experiment.same_identity else 'a fresh'} identity)")
+    if minimal.confirmed:
+        print(f"\ncounterexample found ({search.failures} failing run(s) in all), shrunk and confirmed: "
+              f"{found['faults']} fault(s), failed {minimal.replays_failed}/{minimal.replays} replays: "
+              f"{experiment.schedule}{restart}")
+    else:
+        print(f"\nviolation found ({search.failures} failing run(s) in all), but no schedule failed "
+              f"every one of its replays (the best failed {found['replays_failed']}/{found['replays']}): "
+              f"its outcome depends on timing; the smallest failing run: {experiment.schedule}{restart}")
     for v in result.verdict.violations:
         print(f"\nVIOLATED {v.invariant} at {v.instance}:{v.step}")
         print(f"  {v.detail}")
