@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from killpoint.harness.history import History
 from killpoint.harness.run import RunConfig, RunResult, Session
+from killpoint.harness.stats import PointStats
 
 __all__ = ["DEFAULT_DATABASE", "Counterexample", "Exploration", "Experiment", "SAME_IDENTITY", "explore"]
 
@@ -96,6 +97,7 @@ class Exploration:
     invariants: dict[str, dict[str, int]]
     duration_s: float
     seen: tuple[RunResult, ...] = ()  # every run in the order run, without its history (for JUnit)
+    points: PointStats = field(default_factory=PointStats)  # crash points reached and fired, all runs
 
     @property
     def valid(self) -> bool | None:
@@ -115,6 +117,7 @@ class _Search:
     invariants: dict[str, dict[str, int]] = field(default_factory=dict)
     seen: list[RunResult] = field(default_factory=list)
     failing: list[Experiment] = field(default_factory=list)  # every counterexample, in order
+    points: PointStats = field(default_factory=PointStats)
 
     def failed(self, experiment: Experiment, result: RunResult) -> None:
         self.failures += 1
@@ -126,6 +129,7 @@ class _Search:
     def record(self, result: RunResult) -> None:
         self.runs += 1
         self.seen.append(dataclasses.replace(result, history=History(())))
+        self.points = self.points + PointStats.of(result.history)
         for res in result.verdict.results:
             counts = self.invariants.setdefault(res.invariant, {"checked": 0, "violated": 0})
             counts["checked"] += res.checked
@@ -149,7 +153,7 @@ class _Found(Exception):
 
 def database_key(config: RunConfig, max_faults: int, steps: Sequence[str], points: Sequence[str]) -> bytes:
     """Examples are kept per search space: the same target, workload and shape of schedule."""
-    text = json.dumps([config.target_name, config.workload, config.workers, max_faults, list(steps),
+    text = json.dumps([config.target_name, config.workload_name, config.workers, max_faults, list(steps),
                        list(points)])
     return hashlib.sha256(text.encode()).digest()
 
@@ -231,7 +235,7 @@ def explore(config: RunConfig, *, steps: Sequence[str], points: Sequence[str], b
                                  best.failed if best else 0)
     return Exploration(config, budget, seed, search.runs, search.valid, search.unfired,
                        tuple(search.unknown), search.failures, minimal, search.invariants,
-                       time.monotonic() - started, tuple(search.seen))
+                       time.monotonic() - started, tuple(search.seen), search.points)
 
 
 def _confirm(run: Callable[[RunConfig], RunResult], config: RunConfig, search: _Search) -> tuple[Any, list[Any]]:

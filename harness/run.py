@@ -28,12 +28,14 @@ from killpoint.harness import signals
 from killpoint.harness import history as hist
 from killpoint.harness.checkers.base import Verdict
 from killpoint.harness.judge import gather_history, judge
+from killpoint.harness.declaration import TargetRun
+from killpoint.harness.hooks import Hooks
 from killpoint.harness.redact import redact
-from killpoint.harness.store import check_faults, open_store
+from killpoint.harness.store import check_faults, open_store, schema_name
 from killpoint.harness.store.base import Store
 from killpoint.errors import InfrastructureError
 from killpoint.harness.supervise import DISK_ERRORS, Supervisor, WorkerProcess, kill
-from killpoint.harness.targets import Target, resolve
+from killpoint.harness.targets import Target, declared
 from killpoint.harness.worker import Timing
 from killpoint.harness.workload import Workload, resolve_workload
 
@@ -48,7 +50,9 @@ def _workload(name: str, seed: int) -> Workload:
 class RunConfig:
     schedule: Schedule = field(default_factory=Schedule)
     target: "str | Target" = "reference"
-    workload: str = "orders"
+    # A built-in name or pkg.module:function; None: the target's own (orders for the reference and
+    # the mutants, plain for a user's target unless it declares one).
+    workload: str | None = None
     workers: int = 2
     seed: int = 0
     store: str = "sqlite"
@@ -63,11 +67,27 @@ class RunConfig:
     # Called once the run is quiescent, before judging: an outside actor (an operator resolving a
     # step in manual review) acts on the store or the downstream, and the history records it.
     after_quiescent: "Callable[[Store, ds.DownstreamClient], None] | None" = None
-    # What the harness restarts when a fault fires, by the fault's text: ``downstream`` (same
+    # What the harness restarts when a fault fires, by the fault's text: ``target`` (the target's own
+    # server, through its restart() hook), ``downstream`` (same
     # ledger, same port) and/or ``store`` (every connection to it cut: the live workers are killed
     # and replaced, the harness reopens its handle). A worker paused by that fault is released at
     # once, without SIGSTOP: it only waited for the restart.
     restarts: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    @property
+    def workload_name(self) -> str:
+        """The workload the run uses: ``workload``, or the target's default."""
+        from killpoint.harness.workload import default_for
+
+        if self.workload_spec is not None:
+            return self.workload_spec.name
+        if self.workload:
+            return self.workload
+        try:
+            own = declared(self.target)
+        except Exception:  # noqa: BLE001 - an unresolvable target fails later, with its own message
+            own = None
+        return default_for(self.target, own)
 
     @property
     def target_name(self) -> str:
@@ -81,8 +101,8 @@ class RunConfig:
                  "--seed", str(self.seed)]
         if self.workers != 2:
             parts += ["--workers", str(self.workers)]
-        if self.workload != "orders":
-            parts += ["--workload", self.workload]
+        if self.workload_name != RunConfig(target=self.target).workload_name:  # not the target's default
+            parts += ["--workload", self.workload_name]
         if self.store != "sqlite":
             parts += ["--store", redact(self.store)]  # before quoting: '***' must be quoted
         if self.same_identity != 0.5:  # the restart rule decides who recovers: it is part of the run
@@ -161,14 +181,18 @@ class _Run:
         self.config = config
         self.run_id = run_id
         self.run_dir = os.path.join(session.base_dir, run_id)
-        self.workload: Workload = config.workload_spec or _workload(config.workload, config.seed)
+        self.declared = declared(config.target)
+        self.workload: Workload = config.workload_spec or _workload(config.workload_name, config.seed)
         known = {str(f) for f in config.schedule.faults}
         for fault, services in config.restarts.items():
-            if fault not in known or not set(services) <= {"downstream", "store"}:
+            if fault not in known or not set(services) <= {"downstream", "store", "target"}:
                 raise ValueError(f"restarts {fault!r}: {services!r}: name a fault of the schedule "
-                                 f"and any of 'downstream', 'store'")
+                                 f"and any of 'downstream', 'store', 'target'")
         check_faults(config.store, config.schedule)  # InvalidStore, a ValueError
-        self.target = resolve(config.target)
+        self.target = self.declared
+        self.target_run = TargetRun(run_id, self.run_dir, schema_name(f"{run_id}_target"), self.workload,
+                                    f"{session.downstream.url}/runs/{run_id}", config.store, config.seed)
+        self.hooks = Hooks(self.declared, self.target_run)
         self.harness_events: list[dict[str, Any]] = []
 
     def note(self, kind: str, **data: Any) -> None:
@@ -213,7 +237,14 @@ class _Run:
         self.phase = "supervising the workers"
         sup = self.sup = Supervisor(self.config, run_id=self.run_id, run_dir=self.run_dir,
                                     target=self.target, workload=self.workload, store=store,
-                                    downstream=self.s.downstream, registry=self.s._live, note=self.note)
+                                    downstream=self.s.downstream, registry=self.s._live, note=self.note,
+                                    target_run=self.target_run,
+                                    finished=self.hooks.done if self.declared.owns_state else None,
+                                    restart_target=self.hooks.restart)
+        self.phase = "setting up the target's own state"
+        if not self.hooks.setup():
+            sup.halted = True  # the target could not set up its own state: no worker starts
+        self.phase = "supervising the workers"
         try:
             bound_hit, quiescent = sup.supervise(started + self.config.bound_s)
         finally:
@@ -228,14 +259,18 @@ class _Run:
         history = gather_history(workload=self.workload, store=store, client=client,
                                  workers=sup.workers, harness_events=self.harness_events,
                                  schedule=self.config.schedule, timing=self.config.timing,
-                                 quiescent=quiescent, bound_hit=bound_hit)
+                                 quiescent=quiescent, bound_hit=bound_hit, hooks=self.hooks)
         store.close()
         if not self.s.keep:  # the history holds all a report needs; the run's tables can go
             self.phase = "dropping the run's tables"
             store.drop()
         self.store = None
         self.phase = "judging"
-        judged = judge(history, self.config.schedule, sup.tally.fired)
+        # A target that raised, or a hook that did, is a finding: the run cannot be valid.
+        judged = judge(history, self.config.schedule, sup.tally.fired,
+                       sup.raised.reasons() + tuple(self.hooks.errors))
+        if not self.s.keep:
+            self.hooks.teardown()
         return RunResult(self.config, self.run_id, history, judged.verdict, judged.fired,
                          judged.unfired, len(sup.workers), time.monotonic() - started, self.run_dir)
 
@@ -270,6 +305,8 @@ class _Run:
             steps.append(store.close)
             if not self.s.keep:  # an interrupted or broken run leaves no file or schema behind
                 steps.append(store.drop)
+        if not self.s.keep:
+            steps.append(self.hooks.teardown)
         for step in steps:
             try:
                 step()

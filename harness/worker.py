@@ -70,6 +70,14 @@ class WorkerContext:
                                f"{', '.join(self.points)}; add it to @killpoint.target(points=...)")
         return chaos.point(name)
 
+    def pause_waits_for(self, lock: Any) -> None:
+        """Declare a lock (anything with ``acquire``/``release``) that a ``pause`` takes before the
+        harness freezes this process: a library thread holding it (a checkpointer's database lock)
+        is then never frozen inside it, stalling every other worker."""
+        failpoints = chaos.points.installed()
+        if failpoints is not None:
+            failpoints.pause_locks.append(lock)
+
     def at(self, instance: str | None, step: str | None) -> "contextlib.AbstractContextManager[None]":
         """Tell the crash points that follow which step they belong to, so that a schedule can name
         it (``A@charge.before_ack:kill``): ``with ctx.at("order-1", "charge"): ...``."""

@@ -175,7 +175,7 @@ def parse_schedule(args: argparse.Namespace, text: str):
     the target did not declare is refused by :func:`run_config`, naming the ones it did)."""
     from killpoint import chaos
 
-    points = frozenset(POINTS) | frozenset(declared_target(args).points)
+    points = frozenset(declared_target(args).points) | frozenset(DB_POINTS)
     try:
         return chaos.parse(text, points=points)
     except chaos.InvalidSchedule as exc:

@@ -106,6 +106,7 @@ def _report(args: argparse.Namespace, search: Exploration) -> int:
             "duration_s": round(elapsed, 1), "violations": violations,
             "invariants": search.invariants, "report": shown.report, "minimal": found,
             "counterexamples_seen": search.failures, "unfired_only": search.unfired,
+            "points": search.points.to_json(),
             "unknown": [{"schedule": r.schedule, "reasons": list(r.verdict.unknown_reasons)}
                         for r in search.unknown],
         }, indent=2))
@@ -114,6 +115,10 @@ def _report(args: argparse.Namespace, search: Exploration) -> int:
           f"seed {args.seed}); {search.valid_runs} valid, {search.unfired} with a drawn fault that never fired")
     for r in search.unknown:
         print(f"\nUNKNOWN under {r.schedule}: {'; '.join(r.verdict.unknown_reasons)}")
+    if args.stats:
+        print(f"\ncrash points over {search.points.runs} run(s), {search.points.total_fired} fired:")
+        for line in search.points.lines():
+            print(f"  {line}")
     if minimal is None:
         print("\nno violation found" + ("" if not search.unknown else "; some runs could not be judged"))
         _where_report(args, shown)

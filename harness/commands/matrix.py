@@ -25,7 +25,7 @@ import sys
 
 from killpoint.chaos import generator
 from killpoint.chaos.generator import ACTIONS, FORMS
-from killpoint.chaos.points import ORDERED_POINTS
+from killpoint.chaos.points import DB_POINTS, ORDERED_POINTS
 from killpoint.harness.commands.common import (Summary, add_common, finish, parse_points, parse_steps,
                                                progress_for, run_config, target_points, workload_of)
 from killpoint.harness.run import Session
@@ -73,7 +73,10 @@ def run(args: argparse.Namespace) -> int:
             raise BadInput(f"--actions terminate: ending a worker's database sessions needs a "
                            f"postgresql:// store, not --store {redact(args.store)}")
         # Unless --points narrows it, terminate also runs inside the PostgreSQL store's COMMIT.
-        terminate_points = points if args.points is not None else parse_points(None, default=ORDERED_POINTS)
+        # (for a target that declares its own points: those, and the store's own)
+        terminate_points = points if args.points is not None else \
+            parse_points(None, default=ORDERED_POINTS) if set(points) <= set(ORDERED_POINTS) \
+            else points + DB_POINTS
         plans = generator.matrix(steps, points, depth=1, actions=actions, terminate_points=terminate_points)
     else:
         forms = tuple(f.strip() for f in args.forms.split(",") if f.strip())

@@ -14,14 +14,13 @@ if TYPE_CHECKING:
     from killpoint._plugin.fixture import Killpoint
 
 
-def explore(handle: "Killpoint", *, target: Any, budget: int | None, seed: int | None, workload: str,
-            workers: int) -> CrashVerdict:
+def explore(handle: "Killpoint", *, target: Any, budget: int | None, seed: int | None,
+            workload: str | None, workers: int) -> CrashVerdict:
     """See :meth:`killpoint._plugin.fixture.Killpoint.explore`."""
     from killpoint.chaos.generator import budget_share
     from killpoint.chaos.points import DEFAULT_POINTS
     from killpoint.harness.explore import explore as search
     from killpoint.harness.mutants import overrides_for
-    from killpoint.harness.targets import InvalidTarget, declared
     from killpoint.harness.workload import InvalidWorkload, resolve_workload
 
     settings = handle.settings
@@ -31,11 +30,11 @@ def explore(handle: "Killpoint", *, target: Any, budget: int | None, seed: int |
     if total and not share:
         pytest.skip(f"shard {k}/{n} has no share of an exploration budget of {total}")
     seed = (settings.seed if seed is None else seed) + (k - 1)
+    own = tuple(handle._declared(target).points)
     config = handle._config(None, target, workload, workers, seed, overrides_for(target))
     try:
-        steps = resolve_workload(workload, seed).step_names
-        own = tuple(declared(target).points)
-    except (InvalidTarget, InvalidWorkload) as exc:
+        steps = resolve_workload(config.workload_spec or config.workload_name, seed).step_names
+    except InvalidWorkload as exc:
         pytest.fail(f"killpoint: {exc}", pytrace=False)
     # The points as ``killpoint explore --points`` takes them: a plain target's built-in points
     # (or those --killpoint-points names), a declaring target's own (narrowed by it).
