@@ -70,6 +70,7 @@ def test_explore_on_the_reference_with_a_small_budget_finds_nothing(capsys, in_t
     assert code == 0, report
     assert report["valid"] is True and report["minimal"] is None and report["violations"] == []
     assert report["runs"] == 12 and report["unknown"] == []
+    assert report["points"]["runs"] == 12 and report["points"]["fired_total"] >= 1  # always in the JSON
 
 
 @pytest.mark.parametrize("name", ["retry-unsafe", "no-fence-check"])
