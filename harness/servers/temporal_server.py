@@ -174,7 +174,7 @@ async def _describe_async(cfg: dict[str, Any], clients: dict[tuple[str, str], An
         clients[key] = await Client.connect(cfg["address"], namespace=cfg["namespace"],
                                             runtime=_quiet_runtime())
     client = clients[key]
-    out = {}
+    out: dict[str, Any] = {}
     for wid in cfg["workflows"]:
         handle = client.get_workflow_handle(wid)
         try:
@@ -237,7 +237,8 @@ def _activities(ctx: "WorkerContext", *, keyed: bool, instances: dict[str, str])
         @activity.defn(name=name)
         async def step(request: dict[str, Any]) -> dict[str, Any]:
             info = activity.info()
-            instance = instances.get(info.workflow_id, info.workflow_id)
+            workflow_id = str(info.workflow_id)
+            instance = instances.get(workflow_id, workflow_id)
             step_name = request["step"]
             key = f"{info.workflow_id}:{info.activity_id}" if keyed else random_key()
             _point(instance, step_name, "before_call")
