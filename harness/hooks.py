@@ -17,11 +17,12 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
+from killpoint import vocab
 from killpoint.chaos.journal import Journal
 from killpoint.harness.declaration import Target, TargetRun, normalize_final_states
 
-# The first line of a worker's message to the harness when its target raised.
-RAISED = "raised"
+# The journal kind, and the key of a worker's message to the harness, when its target raised.
+RAISED = vocab.RAISED
 
 
 def signature(exc: BaseException) -> str:

@@ -315,7 +315,7 @@ class Supervisor:
                   signal=signal.Signals(sig).name if sig else None)
         if w.raised is not None and self.raised.add(w.raised[0], w.raised[1], w.label) and not self.halted:
             self.halted = True
-            self.note("replacements_stopped", worker=w.label, error=w.raised[1],
+            self.note(vocab.REPLACEMENTS_STOPPED, worker=w.label, error=w.raised[1],
                       reason="the target raised the same exception again")
         for fd in (w.events, w.control):
             try:

@@ -123,6 +123,9 @@ class _Querier:
             ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: end with the harness
         except (OSError, AttributeError):
             pass
+        # The harness's handlers came with the fork; this helper just ends when told to.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         loop = asyncio.new_event_loop()
         clients: dict[tuple[str, str], Any] = {}
         while True:
@@ -237,7 +240,7 @@ def _activities(ctx: "WorkerContext", *, keyed: bool, instances: dict[str, str])
         @activity.defn(name=name)
         async def step(request: dict[str, Any]) -> dict[str, Any]:
             info = activity.info()
-            workflow_id = info.workflow_id or ""  # an activity of a workflow always has one
+            workflow_id = str(info.workflow_id)
             instance = instances.get(workflow_id, workflow_id)
             step_name = request["step"]
             key = f"{info.workflow_id}:{info.activity_id}" if keyed else random_key()
