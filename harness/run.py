@@ -14,6 +14,7 @@ A worker at a ``terminate`` waits while the harness ends its PostgreSQL sessions
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import functools
 import json
 import os
@@ -35,6 +36,7 @@ from killpoint.chaos.points import Failpoints
 from killpoint.chaos import seeds
 from killpoint.chaos.schedule import Schedule
 from killpoint.harness import checkpoint
+from killpoint.harness import clock as run_clock
 from killpoint.harness import downstream as ds
 from killpoint.harness import history as hist
 from killpoint.harness.checkers import check_all
@@ -43,7 +45,7 @@ from killpoint.harness.checkers.base import Verdict
 from killpoint.harness.store import check_faults, open_store
 from killpoint.harness.store.base import Store
 from killpoint.harness.targets import Target, resolve
-from killpoint.harness.worker import DONE, Heartbeat, Timing, WorkerContext, plan
+from killpoint.harness.worker import DONE, REAL_TIME_TIMING, Heartbeat, Timing, WorkerContext, plan
 from killpoint.harness.workload import Workload, resolve_workload
 
 _FORK = multiprocess.get_context("fork")
@@ -64,8 +66,13 @@ class RunConfig:
     workers: int = 2
     seed: int = 0
     store: str = "sqlite"
-    timing: Timing = field(default_factory=Timing)
-    bound_s: float = 30.0
+    # None: the default for the clock -- production-like (Timing()) on the virtual clock,
+    # REAL_TIME_TIMING with it off. Always a Timing once the config is made.
+    timing: "Timing | None" = None
+    bound_s: float = 30.0  # wall seconds; the run's own time is bounded too (see virtual_bound_s)
+    # The run clock (harness.clock): True moves the run's time past waits when every worker waits,
+    # so leases and bounds cost no wall time; False (--real-time) is plain real time.
+    virtual_time: bool = True
     same_identity: float = 0.5  # chance that a killed worker comes back under its own identity
     # Merged over the workload's downstream configuration, e.g. {"ignore_intent": True}; a
     # ``mutant:NAME`` target's own downstream overrides are applied first.
@@ -80,6 +87,39 @@ class RunConfig:
     # and replaced, the harness reopens its handle). A worker paused by that fault is released at
     # once, without SIGSTOP: it only waited for the restart.
     restarts: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.timing is None:
+            object.__setattr__(self, "timing", Timing() if self.virtual_time else REAL_TIME_TIMING)
+
+    def with_clock(self, virtual: bool) -> "RunConfig":
+        """The same run on the virtual clock or off it; a default timing follows the clock."""
+        if virtual == self.virtual_time:
+            return self
+        timing = self.timing
+        if timing == (Timing() if self.virtual_time else REAL_TIME_TIMING):
+            timing = None
+        return dataclasses.replace(self, virtual_time=virtual, timing=timing)
+
+    @property
+    def stuck_slack_ms(self) -> float:
+        """How late past the stuck bound a hang may be flagged: the heartbeat and look periods."""
+        t = self.timing
+        assert t is not None
+        return max(250.0, 2 * t.heartbeat_ms + 20 * t.poll_ms)
+
+    @property
+    def virtual_bound_s(self) -> float:
+        """The most run time (database time) a run may take: ``bound_s`` counted in stuck windows
+        (bound plus slack) as the real-time timings have them, so a run that waits for ever on
+        the virtual clock ends after as many windows as it would in real time, in about as many
+        jumps, and a hang nobody flags is still judged."""
+        t = self.timing
+        assert t is not None
+        real = REAL_TIME_TIMING
+        window = (t.stuck_bound_ms + self.stuck_slack_ms) / (real.stuck_bound_ms + max(
+            250.0, 2 * real.heartbeat_ms + 20 * real.poll_ms))
+        return self.bound_s * max(1.0, window)
 
     @property
     def target_name(self) -> str:
@@ -120,6 +160,7 @@ class _Worker:
     state: str = "running"  # running | paused | hung | exited
     paused: tuple[str, str, int] | None = None  # (instance, step, state_version) at pause
     exitcode: int | None = None
+    clock: int | None = None  # its block on the run clock's page (None: untracked)
 
 
 def _die_with_parent() -> None:
@@ -135,15 +176,17 @@ def _worker_main(target: Target, ctx_args: dict[str, Any], faults, hits, seed: i
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the harness decides when workers end
     unblock_sigint()
+    clock = ctx_args["clock"]
+    run_clock.install(clock)
     journal = Journal(ctx_args["journal"])
     journal.write("start", pid=os.getpid(), worker=ctx_args["worker_id"])
     store: Store = ctx_args["store"]
     chaos.points.install(Failpoints(list(faults), journal, seed, events_fd, control_fd, dict(hits),
-                                    backends=store.backends))
+                                    backends=store.backends, clock=clock))
     client = ds.DownstreamClient(ctx_args["url"], ctx_args["run_id"])
     ctx = WorkerContext(ctx_args["worker_id"], store, client, journal, ctx_args["workload"],
-                        ctx_args["timing"])
-    ctx.heartbeat = Heartbeat(store, journal, ctx.timing)
+                        ctx_args["timing"], clock=clock)
+    ctx.heartbeat = Heartbeat(store, journal, ctx.timing, clock)
     target(ctx)
     journal.write("finish")
     os._exit(0)
@@ -155,7 +198,8 @@ class Session:
     Use it as a context manager: leaving it ends every process it started.
     """
 
-    def __init__(self, base_dir: str | None = None, *, keep: bool = False):
+    def __init__(self, base_dir: str | None = None, *, keep: bool = False, real_time: bool = False):
+        self.real_time = real_time  # every run with the clock off (--real-time), whatever its config
         self._own_dir = base_dir is None
         self.base_dir = base_dir or tempfile.mkdtemp(prefix="killpoint-")
         os.makedirs(self.base_dir, exist_ok=True)
@@ -179,6 +223,8 @@ class Session:
             shutil.rmtree(self.base_dir, ignore_errors=True)
 
     def run(self, config: RunConfig) -> RunResult:
+        if self.real_time:
+            config = config.with_clock(False)
         self._runs += 1
         run_id = f"run{self._runs:04d}-s{config.seed}"
         return _Run(self, config, run_id).execute()
@@ -245,9 +291,10 @@ class _Run:
         events_r, events_w = os.pipe()
         control_r, control_w = os.pipe()
         journal = os.path.join(self.run_dir, f"journal-{label}.jsonl")
+        slot = self.clock.add_worker()
         ctx_args = {"worker_id": worker_id, "store": self.store, "url": self.s.downstream.url,
                     "run_id": self.run_id, "workload": self.workload, "timing": self.config.timing,
-                    "journal": journal}
+                    "journal": journal, "clock": self.clock.worker_clock(slot)}
         seed = seeds.derive(self.config.seed, f"worker:{label}")
         proc = _FORK.Process(target=_worker_main, name=f"killpoint-worker-{label}",
                              args=(self.target, ctx_args, faults, self.hits, seed, events_w, control_r))
@@ -255,7 +302,8 @@ class _Run:
             proc.start()
         os.close(events_w)
         os.close(control_r)
-        w = _Worker(label, worker_id, proc, events_r, control_w, journal)
+        self.clock.forked(slot)
+        w = _Worker(label, worker_id, proc, events_r, control_w, journal, clock=slot)
         self.workers.append(w)
         self.s._live[proc.pid] = w
         self.note("spawn", worker=label, identity=worker_id, pid=proc.pid)
@@ -425,6 +473,8 @@ class _Run:
                 os.close(fd)
             except OSError:
                 pass
+        self.clock.exited(w.clock)
+        self.moved = True  # it may have moved a step on its way out: let the waiting look again
         if code != 0 and len(self.workers) < self.spawn_cap:
             self.replace(w)
 
@@ -443,8 +493,12 @@ class _Run:
         client = ds.DownstreamClient(self.s.downstream.url, self.run_id)
         client.configure(self.downstream_config())
         self.spawn_cap = 4 * self.config.workers + 2 * len(self.schedule.faults) + 4
+        self.clock = run_clock.RunClock(virtual=self.config.virtual_time, capacity=self.spawn_cap + 2,
+                                        set_store_offset=lambda s: self.store.set_clock(s))
+        self.moved = False
         bound_hit = quiescent = False
         deadline = started + self.config.bound_s
+        run_deadline = self.clock.now() + self.config.virtual_bound_s
         try:
             self.start_gated()
             while True:
@@ -470,15 +524,25 @@ class _Run:
                     if not self.live() or all(w.state != "running" for w in self.live()):
                         self.replace(live[-1] if live else self.workers[-1])
                     continue
-                if time.monotonic() > deadline:
+                if time.monotonic() > deadline or self.clock.now() > run_deadline:
                     bound_hit = True
-                    self.note("bound_hit", seconds=self.config.bound_s)
+                    if time.monotonic() > deadline:
+                        self.note("bound_hit", seconds=self.config.bound_s)
+                    else:
+                        self.note("bound_hit", seconds=self.config.virtual_bound_s, clock="run")
                     for w in live:
                         self.kill_worker(w, "bound")
                     break
                 fds = {w.events: w for w in live}
                 sentinels = {w.proc.sentinel: w for w in live}
-                ready, _, _ = select.select(list(fds) + list(sentinels), [], [], 0.02)
+                watched = list(fds) + list(sentinels)
+                timeout = self.clock.service(
+                    [w.clock for w in live if w.state != "paused"], self.moved,
+                    quiet=lambda: not select.select(watched + [self.clock.notice_r], [], [], 0)[0])
+                self.moved = False
+                ready, _, _ = select.select(watched + [self.clock.notice_r], [], [], timeout)
+                if self.clock.notice_r in ready:
+                    self.moved = self.clock.notices()
                 for fd in ready:
                     if fd in fds and fds[fd].state != "exited":
                         self.read_messages(fds[fd])
@@ -492,6 +556,7 @@ class _Run:
                                                                if o is not w))
         except BaseException:
             self.end_workers()
+            self.clock.close()
             if not self.s.keep:  # an interrupted run leaves no file or schema behind either
                 self.store.drop()
             client.close()
@@ -545,8 +610,9 @@ class _Run:
                              checkpoints=checkpoints,
                              schedule=str(self.schedule), quiescent=quiescent, bound_hit=bound_hit,
                              stuck_bound_ms=self.config.timing.stuck_bound_ms,
-                             stuck_slack_ms=max(250.0, 2 * self.config.timing.heartbeat_ms
-                                                + 20 * self.config.timing.poll_ms))
+                             stuck_slack_ms=self.config.stuck_slack_ms,
+                             at=self.clock.virtual_ns)
+        self.clock.close()
         self.store.close()
         if not self.s.keep:  # the history holds all a report needs; the run's tables can go
             self.store.drop()

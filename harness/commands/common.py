@@ -14,7 +14,6 @@ from typing import Any, Iterable, Sequence
 from killpoint.chaos.points import DB_POINTS, DEFAULT_POINTS, ORDERED_POINTS, POINTS
 from killpoint.errors import BadInput
 from killpoint.harness.run import RunConfig, RunResult
-from killpoint.harness.worker import Timing
 
 EXIT_VALID, EXIT_VIOLATED, EXIT_BAD_INPUT, EXIT_UNKNOWN = 0, 1, 2, 3
 
@@ -33,6 +32,10 @@ def add_common(p: argparse.ArgumentParser, *, target: bool = True) -> None:
     p.add_argument("--report-dir", default=None, help="where to write HTML reports")
     p.add_argument("--report", choices=("always", "on-failure", "never"), default="on-failure",
                    help="when to write HTML reports (default: on-failure)")
+    p.add_argument("--real-time", action="store_true",
+                   help="turn the run clock off: leases and bounds wait in real time, with short "
+                        "timings (lease 120 ms), instead of production-like ones (lease 30 s) that "
+                        "the virtual clock skips past")
 
 
 def parse_points(text: str | None, known: Iterable[str] = POINTS,
@@ -124,7 +127,8 @@ def run_config(args: argparse.Namespace, schedule, **overrides: Any) -> RunConfi
                            f"the target does not declare; it declares {', '.join(declared.points)}")
     validate_store(args.store, schedule)
     values = dict(schedule=schedule, target=target, workload=workload, workers=args.workers,
-                  seed=args.seed, store=args.store, timing=Timing())
+                  seed=args.seed, store=args.store,
+                  virtual_time=not getattr(args, "real_time", False))
     values.update(overrides)
     return RunConfig(**values)
 

@@ -33,6 +33,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true",
                    help="run the reference only on the mutants' schedules, not the full matrix")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.add_argument("--real-time", action="store_true",
+                   help="turn the run clock off: real waits and short timings (see matrix --help)")
     p.set_defaults(workers=2, workload="orders", target="reference")
 
 
