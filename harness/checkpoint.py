@@ -16,13 +16,33 @@ checkpoint the code cannot trust or read is never silently run.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import json
 from dataclasses import dataclass, field
-from types import MappingProxyType
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
-from killpoint.harness.workload import FORMAT_VERSION, InstanceSpec, Workload, integrity
+FORMAT_VERSION = 1
+
+
+
+class InstanceSpec(Protocol):
+    """What verifying a checkpoint reads of an instance's definition
+    (:class:`killpoint.harness.workload.InstanceSpec` is one): this module sits below the workloads."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def data(self) -> Mapping[str, Any]: ...
+    @property
+    def definition(self) -> str: ...
+    @property
+    def definition_version(self) -> int: ...
+    @property
+    def fingerprint(self) -> str: ...
+    @property
+    def steps(self) -> Sequence[Any]: ...
+
 
 OK = "ok"
 MIGRATED = "migrated"
@@ -94,6 +114,15 @@ class Loaded:
         return self.outcome != REFUSED
 
 
+def integrity(instance: str, format_version: int, fingerprint: str, data: str,
+              hmac_key: bytes | None = None) -> str:
+    """A hash over the checkpoint; with a key, an HMAC (which, unlike a hash, authenticates)."""
+    text = json.dumps([instance, format_version, fingerprint, data]).encode()
+    if hmac_key:
+        return "hmac:" + hmac.new(hmac_key, text, hashlib.sha256).hexdigest()
+    return "sha256:" + hashlib.sha256(text).hexdigest()
+
+
 def _refuse(row: Mapping[str, Any], reason: str) -> Loaded:
     return Loaded(str(row.get("id")), REFUSED, reason, str(row.get("fingerprint", "")))
 
@@ -157,24 +186,5 @@ def corrupt(row: Mapping[str, Any], path: tuple[str, ...] = ("amount",)) -> dict
     return {**row, "data": json.dumps(data, sort_keys=True)}
 
 
-@dataclass(frozen=True)
-class CheckpointedWorkload(Workload):
-    """A workload whose deployment has a checkpoint policy, and whose store starts from rows an
-    earlier deployment (or an accident, or an attacker) left: ``stored`` maps an instance id to
-    the checkpoint fields that replace the ones this code would write."""
-
-    policy: Policy = DEFAULT_POLICY
-    stored: Mapping[str, Mapping[str, Any]] = field(default_factory=lambda: MappingProxyType({}))
-
-    def checkpoints(self, hmac_key: bytes | None = None) -> list[dict[str, Any]]:
-        rows = super().checkpoints(hmac_key or self.policy.hmac_key)
-        return [{**row, **self.stored.get(row["id"], {})} for row in rows]
-
-
-def policy_of(workload: Workload) -> Policy:
-    """The checkpoint policy of the deployment a workload describes (plain hashes by default)."""
-    return workload.policy if isinstance(workload, CheckpointedWorkload) else DEFAULT_POLICY
-
-
-__all__ = ["CheckpointedWorkload", "DEFAULT_POLICY", "Loaded", "MIGRATED", "Migration", "Migrations",
-           "OK", "Policy", "REFUSED", "checkpoint_row", "corrupt", "policy_of", "verify"]
+__all__ = ["DEFAULT_POLICY", "FORMAT_VERSION", "Loaded", "MIGRATED", "Migration", "Migrations", "OK", "Policy",
+           "REFUSED", "checkpoint_row", "corrupt", "integrity", "verify"]

@@ -11,7 +11,7 @@ import importlib
 import os
 import sys
 
-from killpoint.harness.commands.common import EXIT_BAD_INPUT, BadInput
+from killpoint.harness.commands.common import EXIT_BAD_INPUT, BadInput, one_line
 
 # name -> module under harness.commands; each has HELP, add_arguments(parser) and run(args) -> int.
 COMMANDS = {
@@ -39,21 +39,45 @@ def _available() -> dict[str, object]:
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, exit 2, as for every bad input
-        self.exit(EXIT_BAD_INPUT, f"killpoint: error: {message}\n")
+        self.exit(EXIT_BAD_INPUT, f"killpoint: error: {one_line(message)}\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def version() -> str:
+    """The installed distribution's version (the package's own when run from a source tree)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("killpoint")
+    except metadata.PackageNotFoundError:
+        from killpoint import __version__
+
+        return __version__
+
+
+def build_parser(settings=None) -> argparse.ArgumentParser:
+    """The parser; ``settings`` (the ``[tool.killpoint]`` table) gives each command its defaults, so
+    a flag on the command line still wins."""
     parser = _Parser(prog="killpoint", description="Crash-injection testing for durable-execution workers.")
+    parser.add_argument("--version", action="version", version=f"killpoint {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name, module in _available().items():
         p = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_arguments(p)
         p.set_defaults(_run=module.run)
+        if settings is not None:
+            p.set_defaults(**settings.defaults_for({a.dest for a in p._actions}))
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    from killpoint.harness.settings import load
+
+    try:
+        settings = load()
+    except BadInput as exc:
+        print(f"killpoint: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    parser = build_parser(settings)
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, or a usage error already printed as one line
@@ -64,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args._run(args)
     except BadInput as exc:
-        print(f"killpoint: error: {exc}", file=sys.stderr)
+        print(f"killpoint: error: {one_line(str(exc))}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except BrokenPipeError:  # e.g. `killpoint demo | head`: the reader left; end quietly
         devnull = os.open(os.devnull, os.O_WRONLY)

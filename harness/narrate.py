@@ -124,3 +124,24 @@ def narrate(history: History, steps: Iterable[tuple[str, str]] | None = None) ->
         if text:
             out.append(f"{_ms(e, t0)}  {text}")
     return out
+
+
+def story(result) -> list[str]:
+    """The demo's story of one run (a :class:`harness.run.RunResult`): the narration of the steps
+    its faults fired on (of every step a violation names, when no fault fired there), what each of
+    those steps ended as with the effects the downstream applied, and the verdict."""
+    history: History = result.history
+    steps = focus(history) | {(v.instance, v.step) for v in result.verdict.violations
+                              if v.instance is not None and v.step is not None}
+    out = list(narrate(history, steps))
+    for instance, step in sorted(steps, key=lambda s: (str(s[0]), str(s[1]))):
+        effects = [e for e in history.events if e.process == "downstream" and e.get("applied")
+                   and (e.get("meta") or {}).get("instance") == instance
+                   and (e.get("meta") or {}).get("step") == step]
+        out.append(f"=> {instance}:{step} ended {history.final_state(instance, step)} with "
+                   f"{len(effects)} applied effect(s) in the downstream ledger")
+    judged = [r for r in result.verdict.results if r.checked]
+    word = {True: "valid", False: "VIOLATED", None: "unknown"}[result.valid]
+    out.append(f"verdict: {word} ({len(judged)} of {len(result.verdict.results)} invariants had "
+               f"something to judge; {result.duration_s * 1000:.0f} ms)")
+    return out

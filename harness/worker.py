@@ -25,10 +25,10 @@ from killpoint.harness import checkpoint, recovery, states
 from killpoint.harness.clock import Clock
 from killpoint.harness.clock import current as current_clock
 from killpoint.harness.declaration import InvalidPoint, TargetRun
-from killpoint.harness.downstream import DownstreamClient, LostResponse
+from killpoint.harness.downstream import Answer, DownstreamClient, LostResponse
 from killpoint.harness.intent import idempotency_key, intent_hash
 from killpoint.harness.store.base import Claim, OutcomeUnknown, Store, StoreUnavailable
-from killpoint.harness.workload import InstanceSpec, StepSpec, Workload
+from killpoint.harness.workload import InstanceSpec, StepSpec, Workload, policy_of
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,11 @@ class Timing:
     heartbeat_ms: float = 10_000.0
     stuck_bound_ms: float = 60_000.0
     poll_ms: float = 1_000.0
+
+    @property
+    def stuck_slack_ms(self) -> float:
+        """How late past the stuck bound a hang may be flagged: the heartbeat and look periods."""
+        return max(250.0, 2 * self.heartbeat_ms + 20 * self.poll_ms)
 
 
 # Short enough for a run in real time, long enough that a loaded machine rarely breaks them.
@@ -233,7 +238,7 @@ class ReferenceWorker:
                 if now >= next_monitor:
                     self.monitor()
                     next_monitor = now + self.timing.stuck_bound_ms / 4000.0
-                if task == WAIT:
+                if not isinstance(task, Task):  # WAIT
                     # Nothing to do until a lease expires, the next stuck check, or another worker
                     # moves a step (the harness wakes us then): no polling in between.
                     clock.wait_until(self.wake_at(rows, now, next_monitor), or_moved=True)
@@ -295,7 +300,7 @@ class ReferenceWorker:
         if loaded is None:
             loaded = checkpoint.verify(self.store.instance(instance_id),
                                        self.ctx.workload.instance(instance_id),
-                                       checkpoint.policy_of(self.ctx.workload))
+                                       policy_of(self.ctx.workload))
             self._loaded[instance_id] = loaded
             if loaded.outcome != checkpoint.OK:
                 self.journal.write("checkpoint", instance=instance_id, outcome=loaded.outcome,
@@ -382,13 +387,13 @@ class ReferenceWorker:
                                                  fence_scope=f"{inst.id}:{spec.name}")
             if remote is not None:
                 source = "downstream"
-                status = self.classify_status(remote["status"])
-                receipt = {"intent_hash": remote["intent_hash"], "status": status,
+                found = self.classify_status(remote["status"])
+                receipt = {"intent_hash": remote["intent_hash"], "status": found,
                            "response": remote.get("response") or {}}
-                if status != "transient":
-                    self.record_receipt(claim, receipt_key, remote["intent_hash"], status,
+                if found != "transient":
+                    self.record_receipt(claim, receipt_key, remote["intent_hash"], found,
                                         receipt["response"])
-        status = None
+        status: str | None = None
         if receipt is not None:
             status = receipt["status"]
             if receipt.get("intent_hash") not in (None, ihash):
@@ -407,7 +412,7 @@ class ReferenceWorker:
 
     # -- call -------------------------------------------------------------------------------------
     def call(self, inst: InstanceSpec, spec: StepSpec, claim: Claim, resource: str, key: str | None,
-             params: dict[str, Any], ihash: str, compensation: bool):
+             params: dict[str, Any], ihash: str, compensation: bool) -> Answer | None:
         meta = {"instance": inst.id, "step": spec.name, "worker": self.ctx.worker_id,
                 "attempt": claim.attempt, "direction": "compensation" if compensation else "forward"}
         op = self.journal.invoke("call", instance=inst.id, step=spec.name, resource=resource, key=key,
@@ -435,7 +440,7 @@ class ReferenceWorker:
             return "transient"
         return "failed_permanent"  # 402 declined, 422 conflicting intent, 400 bad request
 
-    def classify(self, answer) -> str:
+    def classify(self, answer: Answer) -> str:
         return self.classify_status(answer.status)
 
     # -- receipt and commit -----------------------------------------------------------------------

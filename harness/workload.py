@@ -11,15 +11,15 @@ registered migration (so the checkpoint rule is judged on every run, not only in
 from __future__ import annotations
 
 import hashlib
-import hmac
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Mapping
 
-from killpoint.errors import InvalidWorkload
+from killpoint.errors import InvalidWorkload as InvalidWorkload
+from killpoint.harness.checkpoint import (DEFAULT_POLICY, FORMAT_VERSION, Migration, Migrations, Policy, checkpoint_row,
+                                          corrupt, integrity)
 from killpoint.harness.intent import idempotency_key
-
-FORMAT_VERSION = 1
 
 IDEMPOTENT = "idempotent"  # keyed, replayed by the downstream, receipts can be queried
 PURE = "pure"  # no downstream effect; safe to run again
@@ -112,13 +112,23 @@ class Workload:
         return rows
 
 
-def integrity(instance: str, format_version: int, fingerprint: str, data: str,
-              hmac_key: bytes | None = None) -> str:
-    """A hash over the checkpoint; with a key, an HMAC (which, unlike a hash, authenticates)."""
-    text = json.dumps([instance, format_version, fingerprint, data]).encode()
-    if hmac_key:
-        return "hmac:" + hmac.new(hmac_key, text, hashlib.sha256).hexdigest()
-    return "sha256:" + hashlib.sha256(text).hexdigest()
+@dataclass(frozen=True)
+class CheckpointedWorkload(Workload):
+    """A workload whose deployment has a checkpoint policy, and whose store starts from rows an
+    earlier deployment (or an accident, or an attacker) left: ``stored`` maps an instance id to
+    the checkpoint fields that replace the ones this code would write."""
+
+    policy: Policy = DEFAULT_POLICY
+    stored: Mapping[str, Mapping[str, Any]] = field(default_factory=lambda: MappingProxyType({}))
+
+    def checkpoints(self, hmac_key: bytes | None = None) -> list[dict[str, Any]]:
+        rows = super().checkpoints(hmac_key or self.policy.hmac_key)
+        return [{**row, **self.stored.get(row["id"], {})} for row in rows]
+
+
+def policy_of(workload: Workload) -> Policy:
+    """The checkpoint policy of the deployment a workload describes (plain hashes by default)."""
+    return workload.policy if isinstance(workload, CheckpointedWorkload) else DEFAULT_POLICY
 
 
 def order_steps(*, sku: str, qty: int, amount: int, card: str, email: str,
@@ -165,22 +175,22 @@ def default_workload(seed: int = 0) -> Workload:
     """
     from faker import Faker
 
-    from killpoint.harness.checkpoint import (CheckpointedWorkload, Migration, Migrations, Policy, checkpoint_row,
-                                    corrupt)
 
     fake = Faker()
     fake.seed_instance(seed)
     instances = []
     for n, kind in enumerate(("plain", "declined", "amended", "flaky", "tampered"), start=1):
         amount = fake.random_int(500, 50000)
-        data = {"customer": fake.name(), "email": fake.email(),
-                "sku": fake.bothify("SKU-????-###").upper(), "qty": fake.random_int(1, 5),
-                "amount": amount, "card": "declined" if kind == "declined" else f"tok_{fake.lexify('????')}",
-                "kind": kind}
+        customer, email = fake.name(), fake.email()
+        sku, qty = fake.bothify("SKU-????-###").upper(), fake.random_int(1, 5)
+        card = "declined" if kind == "declined" else f"tok_{fake.lexify('????')}"
+        data: dict[str, Any] = {"customer": customer, "email": email, "sku": sku, "qty": qty,
+                                "amount": amount, "card": card, "kind": kind}
+        amended_amount: int | None = None
         if kind == "amended":
-            data["amended_amount"] = amount + fake.random_int(100, 900)
-        steps = order_steps(sku=data["sku"], qty=data["qty"], amount=amount, card=data["card"],
-                            email=data["email"], amended_amount=data.get("amended_amount"))
+            amended_amount = data["amended_amount"] = amount + fake.random_int(100, 900)
+        steps = order_steps(sku=sku, qty=qty, amount=amount, card=card, email=email,
+                            amended_amount=amended_amount)
         instances.append(InstanceSpec(f"order-{n}", steps, data, "order", ORDER_VERSION))
     flaky, tampered = instances[3], instances[4]
     faults = ({"key": flaky.step("reserve").key(flaky.id), "action": "status:503", "times": 2},)

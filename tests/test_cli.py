@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
 
 import pytest
 
 from killpoint.chaos.points import DEFAULT_POINTS, POINTS
 from killpoint.harness.checkers import ALL
 from killpoint.harness.cli import main
+from killpoint.harness.commands.common import redact
 
 
 def run_cli(capsys, *argv):
@@ -56,13 +62,20 @@ def test_full_single_fault_matrix_is_valid_judges_every_invariant_and_fires_ever
     assert fired_points == set(DEFAULT_POINTS)  # the PostgreSQL store's own points only when asked
 
 
-def test_json_mode_prints_exactly_one_object_and_no_progress(capsys):
+def test_json_mode_prints_exactly_one_object_on_stdout_progress_on_stderr_and_quiet_silences_it(capsys):
     code, out, err = run_cli(capsys, "matrix", "--json", "--points", "after_call", "--steps", "charge")
     assert code == 0
     report = json.loads(out)  # the whole of stdout is one object
     assert [r["schedule"] for r in report["results"]] == ["A@charge.after_call:kill",
                                                           "A@charge.after_call:1*pause"]
-    assert err == ""
+    lines = err.splitlines()
+    assert lines[-2] == "killpoint matrix: 2/2 runs, " + lines[-2].split(", ", 1)[1]
+    assert lines[-1].startswith("killpoint matrix: 2 runs in ") and lines[-1].endswith("(2 valid)")
+    # statistics are always in the JSON: per run and in total
+    assert report["points"]["fired"] == {"after_call": {"A": {"kill": 1, "pause": 1}}}
+    assert [r["points"]["fired_total"] for r in report["results"]] == [1, 1]
+    code, out, err = run_cli(capsys, "matrix", "--json", "--quiet", "--points", "after_call", "--steps", "charge")
+    assert code == 0 and json.loads(out)["runs"] == 2 and err == ""
 
 
 def test_demo_tells_the_story_and_exits_0(capsys):
@@ -90,3 +103,155 @@ def test_the_same_seed_fires_the_same_probabilistic_faults_in_every_process():
         assert proc.returncode == 0, proc.stderr
         counts.append(json.loads(proc.stdout)["results"][0]["fired"]["A@before_claim:50%sleep(1)"])
     assert len(set(counts)) == 1 and 0 < counts[0], counts
+
+
+BIG = "x" * 10_000
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["matrix", "--points", ""], "--points ''"),
+    (["matrix", "--steps", ""], "--steps ''"),
+    (["matrix", "--points", " , "], "--points"),
+    (["explore", "--steps", ""], "--steps ''"),
+    (["replay", "A@nope.after_call:kill"], "'nope'"),
+    (["replay", "Z@charge.after_call:kill"], "'Z'"),
+    (["replay", "A@charge.after_call:kill", "--workers", "1", "--target", "mutant:" + BIG], "xxx"),
+    (["matrix", "--points", BIG], "xxx"),
+    (["matrix", "--steps", BIG], "xxx"),
+    (["matrix", "--store", BIG], "xxx"),
+    (["matrix", "--actions", BIG], "xxx"),
+    (["matrix", "--workload", BIG], "xxx"),
+    (["matrix", "--workers", BIG], "xxx"),
+    (["replay", BIG], "xxx"),
+    (["replay", "A@" + BIG + ".after_call:kill"], "xxx"),
+    (["replay", BIG + "@charge.after_call:kill"], "xxx"),
+])
+def test_bad_input_is_exit_2_with_one_line_naming_the_value_clipped_to_200_characters(capsys, argv, named):
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2 and out == "", (code, out[:300])
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and named in lines[0], lines
+    assert len(lines[0]) < 1000, len(lines[0])
+    assert "x" * 201 not in lines[0]  # the value is named, clipped, never echoed whole
+
+
+def test_a_schedule_may_name_a_replacement_a_run_can_start():
+    # With one worker, the first replacement is a fresh identity B: depth 2's workers form uses it.
+    from killpoint import chaos
+    from killpoint.harness.commands.common import BadInput, check_schedule
+
+    check_schedule(chaos.parse("A@charge.after_call:kill,B@charge.after_call:kill"),
+                   steps=("charge",), workers=1)
+    with pytest.raises(BadInput, match="'Z'"):
+        check_schedule(chaos.parse("Z@charge.after_call:kill"), steps=("charge",), workers=2)
+
+
+# -- around the result: progress, colour, version, settings, JUnit, statistics, narration ---------------
+def _killpoint(*argv: str, env: dict[str, str] | None = None, cwd: str | None = None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "killpoint.harness.cli", *argv], cwd=cwd,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})})
+
+
+def test_matrix_into_a_pipe_shows_progress_lines_on_stderr_while_it_runs_and_a_closing_line():
+    started = time.monotonic()
+    proc = _killpoint("matrix", "--steps", "charge", env={"NO_COLOR": "1"})
+    try:
+        first = proc.stderr.readline()
+        waited = time.monotonic() - started
+        assert proc.poll() is None, "the first progress line came only at the end"
+        assert first.startswith("killpoint matrix: 0/17 runs") and waited < 5, (first, waited)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0
+    lines = [first.rstrip("\n")] + err.splitlines()
+    assert any(line.startswith("killpoint matrix: 17/17 runs") for line in lines)
+    assert lines[-1].startswith("killpoint matrix: 17 runs in ") and lines[-1].endswith("(17 valid)")
+    assert "killpoint matrix:" not in out and "\x1b" not in out + err  # NO_COLOR: no escape codes
+    assert out.rstrip().endswith(": valid")
+
+
+def test_no_color_output_has_no_escape_codes_and_force_color_colours_a_pipe():
+    plain = _killpoint("replay", "A@charge.after_call:1*pause", "--target", "mutant:no-fence-check",
+                       env={"NO_COLOR": "1", "FORCE_COLOR": "1"})
+    out, err = plain.communicate(timeout=120)
+    assert plain.returncode == 1 and "VIOLATED stale_writes_rejected" in out and "\x1b" not in out + err
+    forced = _killpoint("replay", "A@charge.after_call:1*pause", "--target", "mutant:no-fence-check",
+                        env={"NO_COLOR": "", "FORCE_COLOR": "1"})
+    out, err = forced.communicate(timeout=120)
+    assert forced.returncode == 1 and "\x1b[1;31mVIOLATED\x1b[0m stale_writes_rejected" in out
+    assert "\x1b[1;31m1 violated\x1b[0m" in err
+
+
+def test_version_prints_the_installed_version(capsys):
+    from importlib.metadata import version
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"killpoint {version('killpoint')}"
+
+
+def _pyproject(tmp_path, text: str):
+    (tmp_path / "pyproject.toml").write_text(text, encoding="utf-8")
+    deeper = tmp_path / "src" / "pkg"
+    deeper.mkdir(parents=True)
+    return deeper
+
+
+def test_tool_killpoint_table_sets_seed_and_store_of_matrix_and_flags_win(capsys, tmp_path, monkeypatch, pg_dsn):
+    monkeypatch.chdir(_pyproject(tmp_path, f'[tool.killpoint]\nseed = 7\nstore = "{pg_dsn}"\n'
+                                           '[tool.killpoint.timing]\nlease-ttl-ms = 150\n'))
+    argv = ["matrix", "--json", "--quiet", "--points", "after_call", "--steps", "charge", "--actions", "kill"]
+    code, out, err = run_cli(capsys, *argv)
+    (run,) = json.loads(out)["results"]
+    assert code == 0 and (run["seed"], run["store"]) == (7, redact(pg_dsn))
+    code, out, err = run_cli(capsys, *argv, "--seed", "3", "--store", "sqlite")
+    (run,) = json.loads(out)["results"]
+    assert code == 0 and (run["seed"], run["store"]) == (3, "sqlite")
+
+
+@pytest.mark.parametrize("table, named", [("sed = 7", "'sed'"), ("workers = \"two\"", "workers = 'two'"),
+                                          ("[tool.killpoint.timing]\nlease = 5", "'lease'")])
+def test_tool_killpoint_table_with_an_unknown_key_or_bad_value_exits_2_naming_it(
+        capsys, tmp_path, monkeypatch, table, named):
+    monkeypatch.chdir(_pyproject(tmp_path, "[tool.killpoint]\n" + table + "\n"))
+    code, out, err = run_cli(capsys, "matrix")
+    assert code == 2 and out == "" and named in err and len(err.strip().splitlines()) == 1
+    assert str(tmp_path / "pyproject.toml") in err
+
+
+def test_junit_of_a_failing_matrix_parses_with_one_failure_per_violated_run(capsys, tmp_path):
+    path = tmp_path / "ci" / "killpoint.xml"
+    code, out, err = run_cli(capsys, "matrix", "--target", "mutant:no-fence-check", "--steps", "charge",
+                             "--points", "after_call,before_commit", "--json", "--junit-xml", str(path))
+    report = json.loads(out)
+    violated = [r for r in report["results"] if r["valid"] is False]
+    assert code == 1 and violated
+    suite = ET.parse(path).getroot().find("testsuite")
+    cases = suite.findall("testcase")
+    assert len(cases) == report["runs"] and int(suite.get("failures")) == len(violated)
+    failed = [c for c in cases if c.find("failure") is not None]
+    assert [c.find("properties/property[@name='schedule']").get("value") for c in failed] == \
+        [r["schedule"] for r in violated]
+    assert all("reproduce: killpoint replay " in c.find("failure").text for c in failed)
+
+
+def test_stats_show_the_points_that_fired_per_run_and_in_total(capsys):
+    code, out, err = run_cli(capsys, "matrix", "--points", "after_call", "--steps", "charge", "--stats")
+    assert code == 0
+    assert "A@charge.after_call:kill: after_call A kill x1" in out
+    assert "A@charge.after_call:1*pause: after_call A pause x1" in out
+    table = out.split("crash points over 2 run(s), 2 fired:")[1].splitlines()
+    rows = {tuple(line.split()[:3]) for line in table if line.strip().startswith("after_call")}
+    assert rows == {("after_call", "kill", "1"), ("after_call", "pause", "1")}
+
+
+def test_replay_narrates_the_run_and_a_failure_without_report_dir_says_how_to_get_the_report(capsys):
+    code, out, err = run_cli(capsys, "replay", "A@charge.after_call:1*pause", "--target",
+                             "mutant:no-fence-check", "--narrate")
+    assert code == 1
+    assert "SIGSTOP to A" in out and "B claimed order-1:charge with fence 2" in out
+    assert "accepted A's commit with fence 1" in out  # the stale write, told as it happened
+    assert "add --report-dir DIR" in out

@@ -8,6 +8,7 @@ workload or a few points) so the whole module runs in well under a minute on two
 from __future__ import annotations
 
 import ast
+import glob
 import json
 import os
 import re
@@ -138,19 +139,23 @@ def test_the_plugin_is_registered_as_the_pytest11_entry_point_killpoint():
     assert found.get("killpoint") == "killpoint.plugin"
 
 
-def test_the_plugin_module_imports_only_pytest_and_the_standard_library_at_load_time():
+def test_the_plugin_modules_import_only_pytest_and_the_standard_library_at_load_time():
     # pytest loads the plugin in every session; the harness must load only when a test uses it.
-    with open(os.path.join(ROOT, "killpoint", "plugin.py")) as fh:
-        tree = ast.parse(fh.read())
-    top: list[str] = []
-    for node in tree.body:
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.dump(node.test):
-            continue
-        if isinstance(node, ast.Import):
-            top += [a.name.split(".")[0] for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            top.append((node.module or "").split(".")[0])
-    assert top and all(m in sys.stdlib_module_names or m in ("__future__", "pytest") for m in top), top
+    paths = [os.path.join(ROOT, "killpoint", "plugin.py")] + sorted(
+        glob.glob(os.path.join(ROOT, "killpoint", "_plugin", "*.py")))
+    for path in paths:
+        with open(path) as fh:
+            tree = ast.parse(fh.read())
+        top: list[str] = []
+        for node in tree.body:
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.dump(node.test):
+                continue
+            if isinstance(node, ast.Import):
+                top += [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                top.append(node.module or "")
+        assert all(m.split(".")[0] in sys.stdlib_module_names or m.split(".")[0] in ("__future__", "pytest")
+                   or m.startswith("killpoint._plugin") for m in top), (path, top)
 
 
 def test_options_are_listed_in_a_killpoint_group_with_ini_equivalents(pytester):
@@ -384,7 +389,7 @@ def test_the_worked_user_worker_example_passes_at_every_crash_point(pytester):
 
 # -- the verdict and the shard arithmetic, without processes ---------------------------------------------
 def test_a_verdict_has_no_truth_value_so_assert_verdict_cannot_pass_by_mistake():
-    from killpoint.plugin import _verdict
+    from killpoint._plugin.verdict import _verdict
 
     verdict = _verdict([], (), "reference", 0)
     with pytest.raises(TypeError, match="assert_valid"):

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import os
 import re
 import shlex
 import sys
@@ -13,7 +15,11 @@ from typing import Any, Iterable, Sequence
 
 from killpoint.chaos.points import DB_POINTS, DEFAULT_POINTS, ORDERED_POINTS, POINTS
 from killpoint.errors import BadInput
+from killpoint.harness.colour import Colour
 from killpoint.harness.run import RunConfig, RunResult
+from killpoint.harness.stats import PointStats
+from killpoint.harness.stats import total as total_stats
+from killpoint.harness.worker import REAL_TIME_TIMING, Timing
 
 EXIT_VALID, EXIT_VIOLATED, EXIT_BAD_INPUT, EXIT_UNKNOWN = 0, 1, 2, 3
 
@@ -36,6 +42,74 @@ def add_common(p: argparse.ArgumentParser, *, target: bool = True) -> None:
                    help="turn the run clock off: leases and bounds wait in real time, with short "
                         "timings (lease 120 ms), instead of production-like ones (lease 30 s) that "
                         "the virtual clock skips past")
+    p.add_argument("--timing", type=_timing, default=None, metavar="NAME=MS,...",
+                   help="the worker's timings in milliseconds: lease-ttl-ms, heartbeat-ms, "
+                        "stuck-bound-ms, poll-ms (default: 30000, 10000, 60000, 1000 on the run clock; "
+                        "120, 30, 300, 2 with --real-time)")
+    add_output(p)
+
+
+def add_output(p: argparse.ArgumentParser) -> None:
+    """The options of what a command that runs writes besides its result."""
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="no progress and no closing line on stderr (the result is still printed)")
+    p.add_argument("--junit-xml", default=None, metavar="PATH",
+                   help="write JUnit XML: one test case per run, a violation as its failure")
+    p.add_argument("--stats", action="store_true",
+                   help="print which crash points fired, per run and in total, by worker and action "
+                        "(always in --json)")
+
+
+def _timing(text: str) -> dict[str, float]:
+    from killpoint.harness.settings import parse_timing
+
+    try:
+        return parse_timing(text)
+    except BadInput as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+SHOWN_LIMIT = 200  # characters of a bad value an error message repeats
+
+
+def shown(value: object) -> str:
+    """A value as an error message names it: quoted, and clipped to 200 characters (a 10 kB bad
+    value is named, not echoed back whole)."""
+    text = repr(value) if isinstance(value, str) else repr(str(value))
+    if len(text) <= SHOWN_LIMIT:
+        return text
+    return f"{text[:SHOWN_LIMIT]}... ({len(str(value))} characters)"
+
+
+def one_line(message: str, limit: int = 800) -> str:
+    """An error message as one line, no word of it longer than 200 characters and the whole no
+    longer than ``limit``: the last guard against a long value that a message quoted whole."""
+    words = [w if len(w) <= SHOWN_LIMIT else f"{w[:SHOWN_LIMIT]}...({len(w)} characters)"
+             for w in message.split()]
+    line = " ".join(words)
+    return line if len(line) <= limit else line[:limit] + "..."
+
+
+def _names(text: str, option: str) -> tuple[str, ...]:
+    """The comma-separated names of an option given explicitly: an empty list is bad input, never
+    a quiet "all" (leaving the option out is how to ask for all)."""
+    chosen = tuple(p.strip() for p in text.split(",") if p.strip())
+    if not chosen:
+        raise BadInput(f"{option} {shown(text)}: name at least one, or leave {option} out for all")
+    return chosen
+
+
+def parse_steps(text: str | None, known: Iterable[str]) -> tuple[str, ...]:
+    """The steps named by ``--steps`` (any of ``known``), or without it all of ``known``."""
+    known = tuple(known)
+    if text is None:
+        return known
+    chosen = _names(text, "--steps")
+    bad = [s for s in chosen if s not in known]
+    if bad:
+        raise BadInput(f"--steps: unknown step {', '.join(map(shown, bad))}; "
+                       f"the workload's steps are {', '.join(known)}")
+    return chosen
 
 
 def parse_points(text: str | None, known: Iterable[str] = POINTS,
@@ -43,12 +117,12 @@ def parse_points(text: str | None, known: Iterable[str] = POINTS,
     """The crash points named by ``--points`` (any of ``known``), or without it ``default`` (the
     points every store has: the PostgreSQL store's own are run only when asked for)."""
     known = tuple(p for p in ORDERED_POINTS if p in set(known)) + tuple(sorted(set(known) - set(ORDERED_POINTS)))
-    if not text:
+    if text is None:
         return tuple(p for p in known if p in set(default))
-    chosen = tuple(p.strip() for p in text.split(",") if p.strip())
+    chosen = _names(text, "--points")
     bad = [p for p in chosen if p not in known]
-    if bad or not chosen:
-        raise BadInput(f"--points: unknown crash point {', '.join(map(repr, bad)) or repr(text)}; "
+    if bad:
+        raise BadInput(f"--points: unknown crash point {', '.join(map(shown, bad))}; "
                        f"valid names are {', '.join(known)}")
     return chosen
 
@@ -90,12 +164,12 @@ def target_points(args: argparse.Namespace, text: str | None) -> tuple[str, ...]
     target = declared_target(args)
     if tuple(target.points) == tuple(DEFAULT_POINTS):
         return parse_points(text)  # a plain target: the built-in points, the store's own on request
-    if not text:
+    if text is None:
         return tuple(target.points)
-    chosen = tuple(p.strip() for p in text.split(",") if p.strip())
+    chosen = _names(text, "--points")
     bad = [p for p in chosen if p not in target.points]
-    if bad or not chosen:
-        raise BadInput(f"--points: unknown crash point {', '.join(map(repr, bad)) or repr(text)}; "
+    if bad:
+        raise BadInput(f"--points: unknown crash point {', '.join(map(shown, bad))}; "
                        f"the target declares {', '.join(target.points)}")
     return chosen
 
@@ -109,7 +183,7 @@ def parse_schedule(args: argparse.Namespace, text: str):
     try:
         return chaos.parse(text, points=points)
     except chaos.InvalidSchedule as exc:
-        raise BadInput(f"schedule {text[:200]!r}: {exc}") from None
+        raise BadInput(f"schedule {shown(text)}: {one_line(str(exc), 400)}") from None
 
 
 def run_config(args: argparse.Namespace, schedule, **overrides: Any) -> RunConfig:
@@ -118,19 +192,43 @@ def run_config(args: argparse.Namespace, schedule, **overrides: Any) -> RunConfi
     target = getattr(args, "target", "reference")
     declared = declared_target(args)
     workload = workload_name(args)
-    workload_of(args)  # checked before any run starts
+    steps = workload_of(args).step_names  # checked before any run starts
     if schedule is not None:
+        check_schedule(schedule, steps=steps, workers=args.workers)
         undeclared = [str(f) for f in schedule.faults
                       if f.point not in declared.points and f.point not in DB_POINTS]
         if undeclared:
-            raise BadInput(f"schedule {str(schedule)[:200]!r}: {', '.join(undeclared)} names a crash point "
+            raise BadInput(f"schedule {shown(str(schedule))}: {', '.join(map(shown, undeclared))} names a crash point "
                            f"the target does not declare; it declares {', '.join(declared.points)}")
     validate_store(args.store, schedule)
+    virtual = not getattr(args, "real_time", False)
+    timing = getattr(args, "timing", None) or {}
     values = dict(schedule=schedule, target=target, workload=workload, workers=args.workers,
-                  seed=args.seed, store=args.store,
-                  virtual_time=not getattr(args, "real_time", False))
+                  seed=args.seed, store=args.store, virtual_time=virtual,
+                  timing=dataclasses.replace(Timing() if virtual else REAL_TIME_TIMING, **timing)
+                  if timing else None)
     values.update(overrides)
     return RunConfig(**values)
+
+
+def check_schedule(schedule, *, steps: Iterable[str], workers: int) -> None:
+    """Refuse a schedule whose fault could never fire: a step the workload does not have, or a
+    worker no run with ``workers`` workers ever starts (the first ones, then fresh identities for
+    replacements up to the run's spawn cap)."""
+    from killpoint.harness.supervise import reachable_identities
+
+    steps = tuple(steps)
+    for fault in schedule.faults:
+        if fault.step is not None and fault.step not in steps:
+            raise BadInput(f"schedule {shown(str(schedule))}: unknown step {shown(fault.step)} in "
+                           f"{shown(str(fault))}; the workload's steps are {', '.join(steps)}")
+    reachable = reachable_identities(workers, len(schedule.faults))
+    for fault in schedule.faults:
+        if fault.worker not in reachable:
+            raise BadInput(f"schedule {shown(str(schedule))}: worker {shown(fault.worker)} in "
+                           f"{shown(str(fault))} is never started: with --workers {workers} a run "
+                           f"starts {', '.join(reachable[:workers])}, and replacements "
+                           f"{reachable[workers]}..{reachable[-1]}")
 
 
 def validate_store(spec: str, schedule=None) -> None:
@@ -219,38 +317,87 @@ class Summary:
             "results": [{"schedule": str(r.config.schedule), "target": r.config.target_name,
                          "valid": r.valid, "fired": r.fired, "unfired": list(r.unfired),
                          "workers_spawned": r.spawned, "duration_ms": round(r.duration_s * 1000, 1),
-                         "run_id": r.run_id} for r in self.results],
+                         "run_id": r.run_id, "seed": r.config.seed, "store": redact(r.config.store),
+                         "points": s.to_json()}
+                        for r, s in zip(self.results, self.point_stats())],
+            "points": total_stats(self.point_stats()).to_json(),
         }
+
+    def point_stats(self) -> list[PointStats]:
+        """The crash points each run reached and fired (see :mod:`harness.stats`)."""
+        return [PointStats.of(r.history) for r in self.results]
 
 
 class Progress:
-    """A one-line progress bar on a terminal; silent otherwise (and always with --json)."""
+    """The commands' progress (:class:`harness.progress.Progress`, on stderr), fed by ``step``:
+    called with a label as a run starts, and with its result when it ended."""
 
-    def __init__(self, total: int, enabled: bool):
-        self.total = total
-        self.enabled = enabled and sys.stderr.isatty()
-        self.done = 0
+    def __init__(self, total: int | None, enabled: bool = True, *, title: str = "killpoint") -> None:
+        from killpoint.harness.progress import Progress as Display
+
+        self.display = Display(total, title=title, quiet=not enabled)
 
     def step(self, label: str, result: RunResult | None = None) -> None:
-        if result is not None:
-            self.done += 1
-        if not self.enabled:
-            return
-        width = 30
-        filled = int(width * self.done / max(1, self.total))
-        mark = "" if result is None else {True: " ok", False: " VIOLATED", None: " unknown"}[result.valid]
-        sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} "
-                         f"{label[:50]:<50}{mark:<10}")
-        sys.stderr.flush()
+        if result is None:
+            self.display.started(label)
+        else:
+            self.display.finished(result, label)
 
     def close(self) -> None:
-        if self.enabled:
-            sys.stderr.write("\r" + " " * 100 + "\r")
-            sys.stderr.flush()
+        self.display.close()
+
+
+def progress_for(args: argparse.Namespace, total: int | None, title: str) -> Progress:
+    """Progress of a command's runs, on stderr whatever stdout is; off with ``--quiet``."""
+    return Progress(total, not getattr(args, "quiet", False), title=title)
 
 
 def write_reports(args: argparse.Namespace, summary: Summary, title: str) -> None:
-    """Write the HTML index and run reports when asked (reports are optional until built)."""
+    """Write the HTML index and run reports when asked, then the JUnit XML when asked."""
+    write_html(args, summary, title)
+    write_junit(args, summary, title)
+
+
+def write_junit(args: argparse.Namespace, summary: Summary, title: str) -> None:
+    """``--junit-xml PATH``: one test case per run, linking each run's report when one was written."""
+    path = getattr(args, "junit_xml", None)
+    if not path:
+        return
+    from killpoint.reports import junit, run_report_name
+
+    reports = None
+    if summary.report:
+        where = os.path.dirname(summary.report)
+        reports = [os.path.join(where, run_report_name(n)) for n in range(1, len(summary.results) + 1)]
+    try:
+        junit.write(path, summary.results, suite=title, reproduce=replay_command, reports=reports)
+    except OSError as exc:
+        raise BadInput(f"--junit-xml {str(path)[:200]!r}: cannot write it there ({exc.strerror or exc})") from None
+
+
+def print_stats(summary: Summary) -> None:
+    """``--stats``: the points that fired in each run, then the table over all of them."""
+    from killpoint.harness.stats import brief
+
+    stats = summary.point_stats()
+    print("\ncrash points fired, per run:")
+    for n, (r, s) in enumerate(zip(summary.results, stats), start=1):
+        print(f"  {n:>4}. {r.config.schedule or 'no faults'}: {brief(s)}")
+    both = total_stats(stats)
+    print(f"\ncrash points over {both.runs} run(s), {both.total_fired} fired:")
+    for line in both.lines():
+        print(f"  {line}")
+
+
+def report_hint(args: argparse.Namespace, summary: Summary) -> str | None:
+    """What to say when a run failed and no report was written: how to get one."""
+    if summary.valid is True or summary.report or getattr(args, "report", None) == "never":
+        return None
+    return "no HTML report written: add --report-dir DIR to get one for each failing run"
+
+
+def write_html(args: argparse.Namespace, summary: Summary, title: str) -> None:
+    """The HTML index and run reports, when ``--report-dir`` and ``--report`` ask for them."""
     if args.report == "never" or args.report_dir is None:
         return
     if args.report == "on-failure" and summary.valid is True:
@@ -260,12 +407,13 @@ def write_reports(args: argparse.Namespace, summary: Summary, title: str) -> Non
     try:
         summary.report = write(summary.results, args.report_dir, title=title)
     except OSError as exc:
-        raise BadInput(f"--report-dir {args.report_dir!r}: cannot write reports there "
+        raise BadInput(f"--report-dir {shown(args.report_dir)}: cannot write reports there "
                        f"({exc.strerror or exc})") from None
 
 
 def print_judgement(summary: Summary, results: Sequence[RunResult], *, reproduce: bool = True) -> None:
     """The invariants table, then each violation (with its replay line) and each unknown reason."""
+    paint = Colour.for_stream(sys.stdout)
     print()
     table = summary.invariants()
     na_column = any(c["not_applicable"] for c in table.values())
@@ -279,13 +427,13 @@ def print_judgement(summary: Summary, results: Sequence[RunResult], *, reproduce
     for r in results:
         where = r.config.schedule or "no faults"
         for v in r.verdict.violations:
-            print(f"\nVIOLATED {v.invariant} at {v.instance}:{v.step} under {where}")
+            print(f"\n{paint.verdict('VIOLATED')} {v.invariant} at {v.instance}:{v.step} under {where}")
             print(f"  {v.detail}")
             if reproduce:
                 print(f"  reproduce: {replay_command(r)}")
         if r.valid is None:
             for reason in r.verdict.unknown_reasons:
-                print(f"\nUNKNOWN {where}: {reason}")
+                print(f"\n{paint.verdict('UNKNOWN')} {where}: {reason}")
 
 
 def finish(args: argparse.Namespace, summary: Summary, title: str, lines: Sequence[str] = ()) -> int:
@@ -297,7 +445,13 @@ def finish(args: argparse.Namespace, summary: Summary, title: str, lines: Sequen
     for line in lines:
         print(line)
     print_judgement(summary, summary.results)
-    verdict = {True: "valid", False: "INVALID", None: "unknown"}[summary.valid]
+    if getattr(args, "stats", False):
+        print_stats(summary)
+    hint = report_hint(args, summary)
+    if hint:
+        print(f"\n{hint}")
+    paint = Colour.for_stream(sys.stdout)
+    verdict = paint.verdict({True: "valid", False: "INVALID", None: "unknown"}[summary.valid])
     fired = sum(1 for r in summary.results for n in r.fired.values() if n)
     scheduled = sum(len(r.fired) for r in summary.results)
     judged, total = summary.judged()

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from killpoint import chaos
-from killpoint.harness.commands.common import (EXIT_VALID, EXIT_VIOLATED, BadInput, Progress,
+from killpoint.harness.commands.common import (EXIT_VALID, EXIT_VIOLATED, BadInput, progress_for, shown,
                                      Summary, replay_command, run_config, validate_store)
 
 if TYPE_CHECKING:
@@ -71,7 +71,7 @@ def _chosen(text: str | None) -> list[Any]:
     names = [n.strip() for n in text.split(",") if n.strip()]
     bad = [n for n in names if n not in MUTANTS]
     if bad or not names:
-        raise BadInput(f"--mutants: unknown mutant {', '.join(map(repr, bad)) or repr(text)}; "
+        raise BadInput(f"--mutants: unknown mutant {', '.join(map(shown, bad)) or shown(text)}; "
                        f"known mutants are {', '.join(MUTANTS)}")
     return [MUTANTS[n] for n in names]
 
@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         steps = WORKLOADS[args.workload](args.seed).step_names
         reference_configs += [run_config(args, s)
                               for s in single_crash_schedules(steps, chaos.DEFAULT_POINTS)]
-    progress = Progress(len(mutant_configs) + len(reference_configs), enabled=not args.json)
+    progress = progress_for(args, len(mutant_configs) + len(reference_configs), "killpoint selftest")
     outcomes: list[MutantOutcome] = []
     reference = Summary()
     with Session() as session:

@@ -1,0 +1,158 @@
+"""A client of the downstream: one run, one keep-alive connection."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import select
+import socket
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+from urllib.parse import quote, urlsplit
+
+
+class LostResponse(Exception):
+    """The request may or may not have been applied: the answer never arrived (indeterminate)."""
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    body: dict[str, Any]
+    replay: bool
+
+
+class DownstreamClient:
+    """A client of one run on one downstream, over one persistent keep-alive connection.
+
+    Not thread-safe: give each thread (and each worker process) its own client.
+    """
+
+    def __init__(self, url: str, run: str, timeout: float = 10.0) -> None:
+        parts = urlsplit(url)
+        if parts.hostname is None or parts.port is None:
+            raise ValueError(f"downstream url needs a host and a port: {url!r}")
+        self.url = url
+        self.run = run
+        self.timeout = timeout
+        self._host, self._port = parts.hostname, parts.port
+        # The URL's path is the session's secret (the server answers nothing without it).
+        self._prefix = f"{parts.path.rstrip('/')}/runs/{quote(run, safe='')}"
+        self._conn: http.client.HTTPConnection | None = None
+
+    # -- connection --
+
+    def _connection(self) -> http.client.HTTPConnection:
+        conn = self._conn
+        if conn is not None and conn.sock is not None:
+            # An idle keep-alive connection that is readable was closed by the server (e.g. it
+            # was restarted): drop it now rather than lose the next request on it.
+            readable, _, _ = select.select([conn.sock], [], [], 0)
+            if readable:
+                conn.close()
+                conn = None
+        if conn is None or conn.sock is None:
+            conn = http.client.HTTPConnection(self._host, self._port, timeout=self.timeout)
+            conn.connect()
+            conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._conn = conn
+        return conn
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def __enter__(self) -> DownstreamClient:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _request(self, method: str, path: str, body: Any = None,
+                 headers: Mapping[str, str] | None = None,
+                 before_read: Callable[[], Any] | None = None) -> tuple[int, dict[str, Any], Any]:
+        data = None if body is None else json.dumps(body).encode()
+        hdrs = {"Connection": "keep-alive", "Content-Type": "application/json"}
+        if headers:
+            hdrs.update(headers)
+        try:
+            conn = self._connection()
+            conn.request(method, self._prefix + path, body=data, headers=hdrs)
+            if before_read is not None:
+                readable, _, _ = select.select([conn.sock], [], [], self.timeout)
+                if not readable:
+                    raise TimeoutError("no answer within the timeout")
+                before_read()
+            resp = conn.getresponse()
+            raw = resp.read()
+        except (OSError, http.client.HTTPException) as e:
+            self.close()
+            raise LostResponse(f"{method} {path}: {type(e).__name__}: {e}") from e
+        if resp.will_close:
+            self.close()
+        try:
+            parsed = json.loads(raw) if raw else {}
+        except ValueError:
+            parsed = {"raw": raw.decode("utf-8", "replace")}
+        return resp.status, parsed, resp.headers
+
+    def _idempotent(self, method: str, path: str, body: Any = None) -> tuple[int, dict[str, Any]]:
+        """A request that is safe to resend once, e.g. on a connection the server closed."""
+        try:
+            status, parsed, _ = self._request(method, path, body)
+        except LostResponse:
+            status, parsed, _ = self._request(method, path, body)
+        return status, parsed
+
+    # -- API --
+
+    def call(self, resource: str, *, key: str | None, params: Mapping[str, Any],
+             meta: Mapping[str, Any] | None, fence: int | None = None,
+             fence_scope: str | None = None,
+             before_read: Callable[[], Any] | None = None) -> Answer:
+        """Send one intent. Raises :class:`LostResponse` when the outcome is indeterminate.
+
+        ``before_read`` runs once the request is fully sent and the answer is readable on the
+        socket (so the downstream has finished with it), before the answer is read.
+        """
+        headers: dict[str, str] = {}
+        if key is not None:
+            headers["Idempotency-Key"] = key
+        if fence is not None:
+            headers["Fencing-Token"] = str(int(fence))
+        if fence_scope is not None:
+            headers["Fencing-Scope"] = fence_scope
+        status, body, hdrs = self._request(
+            "POST", f"/resources/{quote(resource, safe='')}",
+            {"params": dict(params), "meta": dict(meta or {})}, headers, before_read)
+        replay = body.get("replay") is True or hdrs.get("Idempotent-Replayed") == "true"
+        return Answer(status, body, replay)
+
+    def receipt(self, key: str, *, fence: int | None = None,
+                fence_scope: str | None = None) -> dict[str, Any] | None:
+        """The stored outcome for ``key``, or None. With a fence and its scope, the downstream also
+        raises the highest fence it has seen for that scope (a read that fences out older holders)."""
+        headers = {}
+        if fence is not None and fence_scope is not None:
+            headers = {"Fencing-Token": str(int(fence)), "Fencing-Scope": fence_scope}
+        try:
+            status, body, _ = self._request("GET", f"/receipts/{quote(key, safe='')}", headers=headers)
+        except LostResponse:
+            status, body, _ = self._request("GET", f"/receipts/{quote(key, safe='')}", headers=headers)
+        if status == 404:
+            return None
+        if status != 200:
+            raise RuntimeError(f"downstream receipt {key!r}: {status} {body}")
+        return body
+
+    def configure(self, config: Mapping[str, Any]) -> None:
+        status, body = self._idempotent("PUT", "/config", dict(config))
+        if status not in (200, 204):
+            raise RuntimeError(f"downstream configure: {status} {body}")
+
+    def ledger(self) -> list[dict[str, Any]]:
+        status, body = self._idempotent("GET", "/ledger")
+        if status != 200:
+            raise RuntimeError(f"downstream ledger: {status} {body}")
+        return body["rows"]

@@ -1,0 +1,202 @@
+"""The downstream's HTTP server: routes requests to the ledger; the body of the server process."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import hmac
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import unquote
+
+from killpoint.harness.downstream.ledger import BadRequest, Ledger, Reply
+from killpoint.harness.signals import unblock_sigint
+
+START_TIMEOUT = 10.0
+_PR_SET_PDEATHSIG = 1
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
+    server_version = "killpoint-downstream"
+    server: _Server
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet
+        pass
+
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_PUT(self) -> None:
+        self._dispatch("PUT")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def _body(self) -> Any:
+        n = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(n) if n else b""
+        if not raw:
+            return {}
+        try:
+            return json.loads(raw)
+        except ValueError:
+            raise BadRequest("body is not JSON") from None
+
+    def _dispatch(self, method: str) -> None:
+        try:
+            reply = self._route(method)
+        except BadRequest as e:
+            reply = Reply(400, {"error": "bad_request", "detail": str(e)})
+        except Exception as e:  # a bug: say so instead of hanging the client
+            reply = Reply(500, {"error": "internal", "detail": repr(e)})
+        if reply.drop:
+            self.close_connection = True  # the effect is applied; the answer is never sent
+            try:
+                self.connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            return
+        self._send(reply)
+
+    def _route(self, method: str) -> Reply:
+        ledger = self.server.ledger
+        parts = [unquote(p) for p in self.path.split("?", 1)[0].split("/")[1:]]
+        # Invariant: nothing below runs, and no ledger row is written, without the session's secret.
+        if not parts or not hmac.compare_digest(parts[0].encode(), self.server.secret.encode()):
+            self.close_connection = True  # its body (if any) is never read
+            return Reply(403, {"error": "forbidden",
+                               "detail": "the URL does not carry this session's secret"})
+        parts = parts[1:]
+        if method == "GET" and parts == ["health"]:
+            return Reply(200, {"ok": True, "pid": os.getpid()})
+        if len(parts) < 3 or parts[0] != "runs":
+            return Reply(404, {"error": "not_found"})
+        run, what, rest = parts[1], parts[2], parts[3:]
+        if method == "PUT" and what == "config" and not rest:
+            ledger.configure(run, self._body())
+            return Reply(204, None)
+        if method == "GET" and what == "ledger" and not rest:
+            return Reply(200, {"rows": ledger.rows(run)})
+        if method == "GET" and what == "receipts" and len(rest) == 1:
+            token, scope = self.headers.get("Fencing-Token"), self.headers.get("Fencing-Scope")
+            if token is not None and scope:
+                try:
+                    ledger.raise_fence(run, scope, int(token))
+                except ValueError:
+                    return Reply(400, {"error": "bad_request",
+                                        "detail": f"Fencing-Token is not an integer: {token!r}"})
+            found = ledger.receipt(run, rest[0])
+            return Reply(200, found) if found else Reply(404, {"error": "no_receipt"})
+        if method == "POST" and what == "resources" and len(rest) == 1:
+            return self._resource(run, rest[0])
+        return Reply(404, {"error": "not_found"})
+
+    def _resource(self, run: str, resource: str) -> Reply:
+        ledger = self.server.ledger
+        key = self.headers.get("Idempotency-Key") or None
+        scope = self.headers.get("Fencing-Scope") or None
+        token = self.headers.get("Fencing-Token")
+        params: Any = {}
+        meta: Any = {}
+        fence: int | None = None
+        try:
+            if token not in (None, ""):
+                try:
+                    fence = int(token)
+                except ValueError:
+                    raise BadRequest(f"Fencing-Token is not an integer: {token!r}") from None
+            body = self._body()
+            if not isinstance(body, dict):
+                raise BadRequest("body must be a JSON object")
+            params = body.get("params", {})
+            meta = body.get("meta") or {}
+            if not isinstance(params, dict) or not isinstance(meta, dict):
+                raise BadRequest("params and meta must be JSON objects")
+        except BadRequest as e:
+            return ledger.bad_request(run, resource, key, fence, params, meta, str(e))
+        return ledger.post(run, resource, key, fence, scope, params, meta)
+
+    def _send(self, reply: Reply) -> None:
+        data = b"" if reply.body is None else json.dumps(reply.body).encode()
+        try:
+            phrase = HTTPStatus(reply.status).phrase
+        except ValueError:
+            phrase = "Status"
+        lines = [f"HTTP/1.1 {reply.status} {phrase}", "Content-Type: application/json",
+                 f"Content-Length: {len(data)}"]
+        lines += [f"{k}: {v}" for k, v in reply.headers]
+        if self.close_connection:
+            lines.append("Connection: close")
+        self.wfile.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + data)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, ledger: Ledger, secret: str, port: int = 0) -> None:
+        self.ledger = ledger
+        self.secret = secret
+        super().__init__(("127.0.0.1", port), _Handler)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A worker killed mid-request resets its connection: that is the experiment, not an error.
+        exc = sys.exc_info()[1]
+        if isinstance(exc, (ConnectionError, TimeoutError)):
+            return
+        super().handle_error(request, client_address)
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Best effort: SIGKILL this process when the parent goes away, so nothing is orphaned."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def _bind(ledger: Ledger, secret: str, port: int) -> _Server:
+    """Listen on ``port`` (0: an ephemeral one).
+
+    A restart asks for the port its predecessor had, so clients that hold the URL reconnect.
+    ``allow_reuse_address`` (SO_REUSEADDR) lets the bind pass the old connections left in
+    TIME_WAIT; a port still held by a listener is waited for, up to a bound, then reported.
+    """
+    deadline = time.monotonic() + START_TIMEOUT / 2
+    while True:
+        try:
+            return _Server(ledger, secret, port)
+        except OSError as e:
+            if not port or e.errno != errno.EADDRINUSE or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
+def serve(ledger_path: str, conn: Any, parent_pid: int, secret: str, port: int = 0) -> None:
+    """The server process's body: report the port (or the failure) through ``conn``; serve
+    requests whose path starts with ``secret`` (any other gets 403 and writes nothing)."""
+    try:
+        _die_with_parent(parent_pid)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business
+        unblock_sigint()
+        server = _bind(Ledger(ledger_path), secret, port)
+    except BaseException as e:
+        conn.send(("error", f"{type(e).__name__}: {e}"))
+        conn.close()
+        os._exit(1)
+    conn.send(("ready", server.server_address[1]))
+    conn.close()
+    server.serve_forever(poll_interval=3600)

@@ -1,0 +1,78 @@
+"""Judging a run: gather its history from every source, check every invariant, account for faults.
+
+The harness is the oracle here, never the target: the history merges the workers' journals, the
+store's event table, the downstream's ledger and the harness's own process events; checkpoints are
+verified again by the harness; a scheduled fault that never fired makes the verdict unknown (at
+best), never valid.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from killpoint.chaos.schedule import Schedule
+from killpoint.harness import checkpoint
+from killpoint.harness import downstream as ds
+from killpoint.harness import history as hist
+from killpoint.harness.checkers import check_all
+from killpoint.harness.checkers.base import Verdict
+from killpoint.harness.store.base import Store
+from killpoint.harness.worker import Timing
+from killpoint.harness.workload import Workload, policy_of
+
+__all__ = ["Judgement", "checkpoint_verdicts", "gather_history", "judge"]
+
+
+def checkpoint_verdicts(workload: Workload, store: Store) -> tuple[dict[str, Any], ...]:
+    """What a correct worker concludes about each stored checkpoint: the same pure
+    ``checkpoint.verify`` on the stored row, this code's definition and the deployment's key
+    and migrations that ``ReferenceWorker.load_instance`` uses. The harness is the oracle, so a
+    target that skips or botches the verification cannot also change the answer it is judged by."""
+    policy = policy_of(workload)
+    verdicts = []
+    for inst in workload.instances:
+        loaded = checkpoint.verify(store.instance(inst.id), inst, policy)
+        verdicts.append({"instance": inst.id, "outcome": loaded.outcome, "reason": loaded.reason})
+    return tuple(verdicts)
+
+
+def gather_history(*, workload: Workload, store: Store, client: ds.DownstreamClient,
+                   workers: Iterable[Any], harness_events: Sequence[Mapping[str, Any]],
+                   schedule: Schedule, timing: Timing, quiescent: bool, bound_hit: bool,
+                   at: Callable[[int], int] | None = None) -> hist.History:
+    """One history from the journals of ``workers`` (label, journal path, exit code), the store,
+    the downstream's ledger and the harness's events; ``at`` puts each time on the run's clock."""
+    workers = list(workers)
+    journals = {w.label: hist.read_journal(w.journal) for w in workers if os.path.exists(w.journal)}
+    dead = {w.label for w in workers if w.exitcode != 0}
+    checkpoints = checkpoint_verdicts(workload, store)
+    steps = tuple(hist.StepConfig(inst.id, s.name, s.resource, s.key(inst.id), not s.retry_safe,
+                                  s.max_attempts, s.compensation_key(inst.id))
+                  for inst in workload.instances for s in inst.steps)
+    return hist.merge(journals, store.events(), client.ledger(), list(harness_events),
+                      dead=dead, steps=steps, final=tuple(store.steps()),
+                      checkpoints=checkpoints,
+                      schedule=str(schedule), quiescent=quiescent, bound_hit=bound_hit,
+                      stuck_bound_ms=timing.stuck_bound_ms, stuck_slack_ms=timing.stuck_slack_ms,
+                      at=at)
+
+
+@dataclass(frozen=True)
+class Judgement:
+    verdict: Verdict
+    fired: dict[str, int]  # fault text -> times an action fired
+    unfired: tuple[str, ...]
+
+
+def judge(history: hist.History, schedule: Schedule, fired: Mapping[int, int]) -> Judgement:
+    """Every invariant on ``history``; a scheduled fault that never fired makes it unknown at best."""
+    verdict = check_all(history, schedule=str(schedule))
+    unfired = tuple(str(f) for i, f in enumerate(schedule.faults) if i not in fired)
+    if unfired:
+        reasons = verdict.unknown_reasons + tuple(f"scheduled fault {u} never fired" for u in unfired)
+        valid = False if verdict.valid is False else None
+        verdict = Verdict(valid, verdict.results, reasons)
+    counts = {str(f): fired.get(i, 0) for i, f in enumerate(schedule.faults)}
+    return Judgement(verdict, counts, unfired)

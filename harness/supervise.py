@@ -1,0 +1,433 @@
+"""Supervision: the worker processes of one run, from fork to reaping.
+
+Workers are forked (the ``multiprocess`` package, fork start method), so a worker costs a fork, not
+an interpreter start, and a target may be any function, even one defined inside a test. Every
+process started here is ended here, by PID.
+
+Workers start in name order: B starts once every fault scheduled for A has fired (or A is gone), so
+a scheduled fault lands where it was asked to. A worker killed by a fault is replaced at once, by a
+fresh identity or, drawn from the seed, by one with the same identity; a fault that killed is spent
+and is not inherited. A paused worker (SIGSTOP) is resumed once another worker has moved its step on.
+A worker at a ``terminate`` waits while the harness ends its PostgreSQL sessions, then goes on.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import random
+import select
+import signal
+import string
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+import multiprocess
+
+from killpoint import chaos
+from killpoint.chaos.journal import Journal
+from killpoint.chaos import seeds
+from killpoint.chaos.points import Failpoints
+from killpoint.harness import clock as run_clock
+from killpoint.harness import downstream as ds
+from killpoint.harness import messages
+from killpoint.harness.messages import RESUME, FaultTally, Inbox
+from killpoint.harness.signals import sigint_deferred, unblock_sigint
+from killpoint.harness.store.base import Store
+from killpoint.harness.targets import Target
+from killpoint.harness.worker import DONE, Heartbeat, WorkerContext, plan
+from killpoint.harness.workload import Workload
+
+if TYPE_CHECKING:
+    from killpoint.harness.run import RunConfig
+
+_FORK = multiprocess.get_context("fork")
+_PR_SET_PDEATHSIG = 1
+
+Note = Callable[..., None]
+
+
+def worker_identity(n: int) -> str:
+    """The ``n``-th identity a run uses (from 0): A, B, ... Z, then A1, B1, ...; the first
+    ``workers`` start the run, the others are fresh identities for replacements, in order."""
+    return string.ascii_uppercase[n % 26] + ("" if n < 26 else str(n // 26))
+
+
+def spawn_cap(workers: int, faults: int) -> int:
+    """How many worker processes a run may start before it gives up (the target keeps failing)."""
+    return 4 * workers + 2 * faults + 4
+
+
+def reachable_identities(workers: int, faults: int) -> tuple[str, ...]:
+    """Every identity a run with ``workers`` workers and ``faults`` faults can ever start."""
+    return tuple(dict.fromkeys(worker_identity(n) for n in range(spawn_cap(workers, faults))))
+
+
+@dataclass
+class WorkerProcess:
+    """The harness's handle on one worker process."""
+
+    label: str  # the incarnation: A, A.2, C ...
+    worker_id: str  # the identity the store sees
+    proc: Any
+    inbox: Inbox  # read end: messages from the worker
+    control: int  # write end: resume byte
+    journal: str
+    state: str = "running"  # running | paused | hung | exited
+    paused: tuple[str, str, int] | None = None  # (instance, step, state_version) at pause
+    exitcode: int | None = None
+    clock: int | None = None  # its block on the run clock's page (None: untracked)
+
+    @property
+    def events(self) -> int:
+        return self.inbox.fd
+
+
+def _die_with_parent() -> None:
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
+def worker_main(target: Target, ctx_args: dict[str, Any], faults, hits, seed: int,
+                events_fd: int, control_fd: int) -> None:
+    """The body of a worker process (runs in the forked child)."""
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the harness decides when workers end
+    unblock_sigint()
+    clock = ctx_args["clock"]
+    run_clock.install(clock)
+    journal = Journal(ctx_args["journal"])
+    journal.write("start", pid=os.getpid(), worker=ctx_args["worker_id"])
+    store: Store = ctx_args["store"]
+    chaos.points.install(Failpoints(list(faults), journal, seed, events_fd, control_fd, dict(hits),
+                                    backends=store.backends, clock=clock))
+    client = ds.DownstreamClient(ctx_args["url"], ctx_args["run_id"])
+    ctx = WorkerContext(ctx_args["worker_id"], store, client, journal, ctx_args["workload"],
+                        ctx_args["timing"], clock=clock)
+    ctx.heartbeat = Heartbeat(store, journal, ctx.timing, clock)
+    target(ctx)
+    journal.write("finish")
+    os._exit(0)
+
+
+def kill(w: WorkerProcess) -> None:
+    """SIGKILL a worker by PID (resuming it first if stopped) and reap it."""
+    pid = w.proc.pid
+    if pid is None or w.state == "exited":
+        return
+    for sig in (signal.SIGKILL, signal.SIGCONT):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+    w.proc.join(5)
+    w.state = "exited"
+    for fd in (w.events, w.control):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+class Supervisor:
+    """Starts, replaces, pauses, resumes and ends the workers of one run, and answers their messages.
+
+    ``registry`` is the session's map of live workers by PID (so that closing the session ends any
+    worker a run left); ``note`` records a harness event in the run's history.
+    """
+
+    def __init__(self, config: "RunConfig", *, run_id: str, run_dir: str, target: Target,
+                 workload: Workload, store: Store, downstream: ds.DownstreamProcess,
+                 registry: dict[int, WorkerProcess], note: Note,
+                 clock: "run_clock.RunClock | None" = None) -> None:
+        self.config = config
+        self.schedule = config.schedule
+        self.run_id = run_id
+        self.run_dir = run_dir
+        self.target = target
+        self.workload = workload
+        self.store = store
+        self.downstream = downstream
+        self.registry = registry
+        self.note = note
+        self.rng = random.Random(config.seed)  # an int seed: stable in every process
+        self.tally = FaultTally()
+        self.workers: list[WorkerProcess] = []
+        pool = [string.ascii_uppercase[i] for i in range(config.workers)]
+        # Workers named by the schedule start first, in the order the schedule names them.
+        self.names = [n for n in config.schedule.workers if n in pool] + \
+            [n for n in pool if n not in config.schedule.workers]
+        self.deferred: list[str] = []  # replacements held back while a fault is still to fire
+        self.started_names: list[str] = []
+        self.incarnations: dict[str, int] = {}
+        self.next_fresh = config.workers
+        self.spawn_cap = spawn_cap(config.workers, len(self.schedule.faults))
+        self.clock = clock or run_clock.RunClock(virtual=False, capacity=self.spawn_cap + 2,
+                                                 set_store_offset=lambda s: self.store.set_clock(s))
+        self.moved = False  # a worker reported a step moved (or died): wake those waiting for it
+
+    @staticmethod
+    def spawn_cap_for(config: "RunConfig") -> int:
+        return spawn_cap(config.workers, len(config.schedule.faults))
+
+    # -- processes --------------------------------------------------------------------------------
+    def spawn(self, worker_id: str) -> WorkerProcess:
+        n = self.incarnations[worker_id] = self.incarnations.get(worker_id, 0) + 1
+        label = worker_id if n == 1 else f"{worker_id}.{n}"
+        faults = [(i, f) for i, f in self.schedule.for_worker(worker_id) if i not in self.tally.spent]
+        events_r, events_w = os.pipe()
+        control_r, control_w = os.pipe()
+        journal = os.path.join(self.run_dir, f"journal-{label}.jsonl")
+        slot = self.clock.add_worker()
+        ctx_args = {"worker_id": worker_id, "store": self.store, "url": self.downstream.url,
+                    "run_id": self.run_id, "workload": self.workload, "timing": self.config.timing,
+                    "journal": journal, "clock": self.clock.worker_clock(slot)}
+        seed = seeds.derive(self.config.seed, f"worker:{label}")
+        proc = _FORK.Process(target=worker_main, name=f"killpoint-worker-{label}",
+                             args=(self.target, ctx_args, faults, self.tally.hits, seed, events_w,
+                                   control_r))
+        with sigint_deferred():
+            proc.start()
+        os.close(events_w)
+        os.close(control_r)
+        self.clock.forked(slot)
+        w = WorkerProcess(label, worker_id, proc, Inbox(events_r), control_w, journal, clock=slot)
+        self.workers.append(w)
+        self.registry[proc.pid] = w
+        self.note("spawn", worker=label, identity=worker_id, pid=proc.pid)
+        return w
+
+    def live(self) -> list[WorkerProcess]:
+        return [w for w in self.workers if w.state != "exited"]
+
+    def pending_faults(self) -> bool:
+        """Whether a live, running worker still has a scheduled fault that has not fired."""
+        for i, fault in enumerate(self.schedule.faults):
+            if i in self.tally.fired:
+                continue
+            if any(w.worker_id == fault.worker and w.state == "running" for w in self.workers):
+                return True
+        return False
+
+    def start_gated(self) -> None:
+        """Start held-back workers once no live worker has a fault still to fire.
+
+        The named workers start first, one at a time, then the others and the replacements: while
+        a faulted worker has not reached its fault, nobody else can take its work away, so the
+        fault lands where the schedule put it.
+        """
+        for name in self.names:
+            if name in self.started_names:
+                continue
+            if self.pending_faults():
+                return
+            self.started_names.append(name)
+            self.spawn(name)
+        while self.deferred and not self.pending_faults():
+            self.spawn(self.deferred.pop(0))
+
+    def replace(self, dead: WorkerProcess) -> None:
+        if self.rng.random() < self.config.same_identity:
+            identity = dead.worker_id
+        else:
+            identity = worker_identity(self.next_fresh)
+            self.next_fresh += 1
+        faulted = any(f.worker == identity and i not in self.tally.spent
+                      for i, f in enumerate(self.schedule.faults))
+        if faulted or not self.pending_faults():
+            self.spawn(identity)
+        else:
+            self.deferred.append(identity)
+
+    def kill_worker(self, w: WorkerProcess, reason: str) -> None:
+        """SIGKILL a live worker on the harness's own account, and record it as its death."""
+        self.note("kill", worker=w.label, pid=w.proc.pid, signal="SIGKILL", reason=reason)
+        kill(w)
+        w.exitcode = -signal.SIGKILL
+        self.registry.pop(w.proc.pid, None)
+        self.note("exit", worker=w.label, pid=w.proc.pid, code=w.exitcode, signal="SIGKILL")
+
+    def end_workers(self) -> None:
+        for w in self.live():
+            kill(w)
+            self.registry.pop(w.proc.pid, None)
+
+    def on_exit(self, w: WorkerProcess) -> None:
+        w.proc.join()
+        code = w.proc.exitcode
+        self.read_messages(w)
+        w.state = "exited"
+        w.exitcode = code
+        self.registry.pop(w.proc.pid, None)
+        sig = -code if code is not None and code < 0 else None
+        self.note("exit", worker=w.label, pid=w.proc.pid, code=code,
+                  signal=signal.Signals(sig).name if sig else None)
+        for fd in (w.events, w.control):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.clock.exited(w.clock)
+        self.moved = True  # it may have moved a step on its way out: let the waiting look again
+        if code != 0 and len(self.workers) < self.spawn_cap:
+            self.replace(w)
+
+    # -- messages ---------------------------------------------------------------------------------
+    def read_messages(self, w: WorkerProcess) -> None:
+        for msg in w.inbox.read():
+            messages.dispatch(self, w, msg)
+
+    def on_hit(self, w: WorkerProcess, index: int) -> None:
+        self.tally.hit(index)
+
+    def on_fired(self, w: WorkerProcess, index: int, action: str) -> None:
+        self.tally.fire(index, action)
+        if action == "hang":
+            w.state = "hung"
+        self.restart_services(index)
+
+    def on_paused(self, w: WorkerProcess, index: int, instance: str | None, step: str | None) -> None:
+        if w.state == "exited":
+            return  # killed (by a store restart) before its pause was read
+        if str(self.schedule.faults[index]) in self.config.restarts:
+            os.write(w.control, RESUME)  # it only waited for the restart, which is done
+            self.note("cont", worker=w.label, pid=w.proc.pid, signal=None,
+                      reason="released once the restart it waited for was done")
+            return
+        row = self.step_row(instance, step)
+        os.kill(w.proc.pid, signal.SIGSTOP)
+        w.state = "paused"
+        w.paused = (instance, step, row["state_version"] if row else 0)  # type: ignore[assignment]
+        self.note("stop", worker=w.label, pid=w.proc.pid, signal="SIGSTOP", instance=instance,
+                  step=step, reason="pause")
+
+    def on_terminate(self, w: WorkerProcess, msg: dict[str, Any]) -> None:
+        """End the server sessions a worker reported at a ``terminate``, then let it go on.
+
+        The worker waits on its control pipe meanwhile (it is not stopped), so this happens
+        between two of its instructions: at a protocol point between transactions, at
+        ``before_db_commit`` with its transaction open, at ``in_db_commit`` once the server has
+        processed its COMMIT (the store waits for that). Done at once, in the loop, because it takes
+        milliseconds and the worker can do nothing until it is done.
+        """
+        if w.state == "exited":
+            return  # killed (by a store restart) before its message was read
+        ended = self.store.terminate_backends(msg.get("backend_pids") or (),
+                                              await_idle=msg.get("await_idle") or ())
+        self.note("terminate_backend", worker=w.label, pid=w.proc.pid, point=msg.get("point"),
+                  instance=msg.get("instance"), step=msg.get("step"), fault=msg.get("terminate"),
+                  **ended)
+        os.write(w.control, RESUME)
+
+    def restart_services(self, index: int) -> None:
+        """Restart what ``RunConfig.restarts`` names for fault ``index``, the moment it fired.
+
+        The store has no process of its own to restart (SQLite lives inside its clients), so a
+        store restart cuts every connection to it the only real way: every live worker is killed
+        (its connections, and any transaction it had open, die with it) and replaced, and the
+        harness closes and reopens its own handle (SQLite then replays the write-ahead log).
+        """
+        fault = str(self.schedule.faults[index])
+        for service in self.config.restarts.get(fault, ()):
+            if service == "downstream":
+                before = self.downstream.pid
+                self.downstream.restart()
+                self.note("downstream_restart", fault=fault, pid_before=before,
+                          pid=self.downstream.pid, url=self.downstream.url)
+                continue
+            killed = self.live()
+            for w in killed:
+                self.kill_worker(w, "store restart: every connection to the store is cut")
+            self.store.close()
+            self.store.snapshot()  # a new connection, on what the killed writers left
+            self.note("store_restart", fault=fault, killed=[w.label for w in killed])
+            for w in killed:
+                if len(self.workers) < self.spawn_cap:
+                    self.replace(w)
+
+    def step_row(self, instance: str | None, step: str | None) -> dict[str, Any] | None:
+        for row in self.store.steps():
+            if row["instance"] == instance and row["step"] == step:
+                return row
+        return None
+
+    def maybe_resume(self, w: WorkerProcess, others_active: bool) -> None:
+        instance, step, version = w.paused  # type: ignore[misc]
+        row = self.step_row(instance, step)
+        moved_on = row is None or row["state_version"] >= version + 2 or \
+            (row["state_version"] > version and row["owner_worker"] is None)
+        if moved_on or not others_active:
+            self.note("cont", worker=w.label, pid=w.proc.pid, signal="SIGCONT",
+                      reason="its step moved on" if moved_on else "no other worker can move")
+            os.kill(w.proc.pid, signal.SIGCONT)
+            os.write(w.control, RESUME)
+            w.state = "running"
+            w.paused = None
+
+    # -- the loop ---------------------------------------------------------------------------------
+    def supervise(self, deadline: float, run_deadline: float = float("inf")) -> tuple[bool, bool]:
+        """Run the workers until the run is done or the bound is hit: ``(bound_hit, quiescent)``.
+        ``deadline`` is CLOCK_MONOTONIC seconds, ``run_deadline`` the run's own time (database
+        time, which the virtual clock moves).
+
+        The caller ends the workers afterwards (:meth:`end_workers`), also when this raises.
+        """
+        self.start_gated()
+        while True:
+            live = self.live()
+            active = [w for w in live if w.state == "running"]
+            if not active:
+                paused = [w for w in live if w.state == "paused"]
+                if paused:
+                    for w in paused:
+                        self.maybe_resume(w, others_active=False)
+                    continue
+                now, rows = self.store.snapshot()
+                if plan(rows, now, self.workload) == DONE or len(self.workers) >= self.spawn_cap:
+                    for w in live:  # only hung workers are left: end them
+                        self.kill_worker(w, "quiescent: the run is done and this worker hangs")
+                    quiescent = plan(rows, now, self.workload) == DONE
+                    if not quiescent:  # the workers keep dying: the run could not finish
+                        self.note("bound_hit", reason=f"{len(self.workers)} worker processes spawned, "
+                                                      f"the cap; the target keeps failing")
+                    return not quiescent, quiescent
+                self.start_gated()
+                if not self.live() or all(w.state != "running" for w in self.live()):
+                    self.replace(live[-1] if live else self.workers[-1])
+                continue
+            if time.monotonic() > deadline or self.clock.now() > run_deadline:
+                if time.monotonic() > deadline:
+                    self.note("bound_hit", seconds=self.config.bound_s)
+                else:
+                    self.note("bound_hit", seconds=self.config.virtual_bound_s, clock="run")
+                for w in live:
+                    self.kill_worker(w, "bound")
+                return True, False
+            fds = {w.events: w for w in live}
+            sentinels = {w.proc.sentinel: w for w in live}
+            watched = list(fds) + list(sentinels) + [self.clock.notice_r]
+            # Wake the waits that are over; when every live, unfrozen thread waits on the clock,
+            # move the run's time to the first deadline (harness.clock). Not while a message is
+            # unread: what a worker said before it started waiting may change what happens next.
+            timeout = self.clock.service([w.clock for w in live if w.state != "paused"], self.moved,
+                                         quiet=lambda: not select.select(watched, [], [], 0)[0])
+            moved, self.moved = self.moved, False
+            ready, _, _ = select.select(watched, [], [], timeout)
+            if self.clock.notice_r in ready:
+                self.moved = self.clock.notices()
+            for fd in ready:
+                if fd in fds and fds[fd].state != "exited":
+                    self.read_messages(fds[fd])
+            for fd in ready:
+                if fd in sentinels and sentinels[fd].state != "exited":
+                    self.on_exit(sentinels[fd])
+            self.start_gated()
+            if not (moved or self.moved or not ready):
+                continue  # nothing moved and no time passed: a paused worker's step did not move on
+            for w in self.live():
+                if w.state == "paused":
+                    self.maybe_resume(w, others_active=any(o.state == "running" for o in self.live()
+                                                           if o is not w))

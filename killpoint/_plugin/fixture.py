@@ -1,0 +1,259 @@
+"""The ``killpoint`` fixture and the session's services behind it."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import os
+import pickle
+from typing import TYPE_CHECKING, Any, Callable, Generator, Sequence
+
+import pytest
+
+from killpoint._plugin.marker import _Case, _marker_kwargs
+from killpoint._plugin.settings import KillpointUnavailable, Settings, _points
+from killpoint._plugin.state import _HANDLE, _RUNS, _STATE, INDEX, _State
+from killpoint._plugin.verdict import CrashVerdict, _Run, _verdict
+
+if TYPE_CHECKING:
+    from killpoint.chaos.schedule import Schedule
+    from killpoint.harness.run import RunConfig, RunResult, Session
+
+class Killpoint:
+    """What the ``killpoint`` fixture gives a test: runs crashes, returns verdicts.
+
+    ``target`` is ``"reference"``, ``"mutant:NAME"``, ``"pkg.module:function"`` or a function taking a
+    :class:`killpoint.WorkerContext` (even one defined inside the test: workers are forked). Name it
+    as a string when you want the reproduce command to be runnable as is.
+    """
+
+    def __init__(self, item: pytest.Item, state: _State, session_getter: Callable[[], "Session"]):
+        self._item = item
+        self._state = state
+        self._session_getter = session_getter
+        self._verdict: CrashVerdict | None = None
+        self._marked_check = False
+
+    @property
+    def settings(self) -> Settings:
+        """This session's options (store, report dir, seed, points, budget, shard)."""
+        return self._state.settings
+
+    @property
+    def verdict(self) -> CrashVerdict:
+        """The verdict of this item's single crash (tests marked ``@pytest.mark.killpoint`` only)."""
+        if self._verdict is None:
+            raise AttributeError("killpoint.verdict is set only in tests marked @pytest.mark.killpoint; "
+                                 "elsewhere use the verdict returned by killpoint.run(...) or .matrix(...)")
+        return self._verdict
+
+    # -- running -----------------------------------------------------------------------------
+    def run(self, schedule: "str | Schedule" = "", *, target: "str | Callable[..., None]" = "reference",
+            workload: str = "orders", workers: int = 2, seed: int | None = None,
+            **config: Any) -> CrashVerdict:
+        """One run under ``schedule`` (text such as ``"A@charge.after_call:kill"``, or a Schedule).
+
+        ``config`` passes further :class:`killpoint.RunConfig` fields (``timing``, ``bound_s``,
+        ``same_identity``).
+        """
+        from killpoint import chaos
+
+        parsed = chaos.parse(schedule) if isinstance(schedule, str) else schedule
+        return self._judge([self._config(parsed, target, workload, workers, seed, config)])
+
+    def matrix(self, *, target: "str | Callable[..., None]" = "reference",
+               points: Sequence[str] | None = None, steps: Sequence[str] | None = None, depth: int = 1,
+               workload: str = "orders", workers: int = 2, seed: int | None = None,
+               **config: Any) -> CrashVerdict:
+        """Every single crash at each point of each step, as ``killpoint matrix`` runs them; with
+        ``depth=2`` every ordered pair of crashes on a step (``killpoint matrix --depth 2``).
+
+        Points default to all (narrowed by ``--killpoint-points``); under ``--killpoint-shard K/N``
+        this runs the K-th share of the list, which is the same in every job.
+        """
+        from killpoint.harness.workload import WORKLOADS
+
+        seed = self.settings.seed if seed is None else seed
+        if workload not in WORKLOADS:
+            raise ValueError(f"workload {workload!r}: known workloads are {', '.join(WORKLOADS)}")
+        known = WORKLOADS[workload](seed).step_names
+        points = [points] if isinstance(points, str) else points
+        steps = (steps,) if isinstance(steps, str) else tuple(steps) if steps is not None else known
+        bad = [s for s in steps if s not in known]
+        if bad:
+            raise ValueError(f"steps {bad!r}: the {workload} workload's steps are {', '.join(known)}")
+        schedules = _schedules(steps, _points(points, self.settings), depth)
+        mine = [s for i, s in enumerate(schedules) if self.settings.in_shard(i)]
+        if schedules and not mine:
+            k, n = self.settings.shard
+            pytest.skip(f"shard {k}/{n} has no share of this matrix of {len(schedules)} schedules")
+        return self._judge([self._config(s, target, workload, workers, seed, {**needs, **config})
+                            for s, needs in mine])
+
+    def explore(self, *, target: str = "reference", budget: int | None = None, seed: int | None = None,
+                workload: str = "orders", workers: int = 2) -> CrashVerdict:
+        """Schedules drawn with Hypothesis (``killpoint explore``), a failure shrunk to a minimal one.
+
+        ``budget`` defaults to ``--killpoint-budget``. Under ``--killpoint-shard K/N`` this job draws
+        its share of the budget from a seed of its own, so N jobs together draw the whole budget.
+        """
+        from killpoint._plugin.explore import explore
+
+        return explore(self, target=target, budget=budget, seed=seed, workload=workload, workers=workers)
+
+    # -- inside ------------------------------------------------------------------------------
+    def _config(self, schedule: Any, target: Any, workload: str, workers: int, seed: int | None,
+                extra: dict[str, Any]) -> "RunConfig":
+        from killpoint.harness.run import RunConfig
+        from killpoint.harness.targets import InvalidTarget, resolve
+
+        try:
+            resolve(target)
+            problem = None
+        except InvalidTarget as exc:
+            problem = str(exc)
+        if problem is not None:
+            pytest.fail(f"killpoint: {problem}", pytrace=False)
+        return RunConfig(schedule=schedule, target=target, workload=workload, workers=workers,
+                         seed=self.settings.seed if seed is None else seed, store=self.settings.store,
+                         **extra)
+
+    def _guard(self) -> None:
+        """Crashes must only ever hit children: refuse if this (pytest's) process has failpoints."""
+        from killpoint.chaos import points as chaos_points
+
+        if getattr(chaos_points, "_installed", None) is not None:
+            raise RuntimeError("killpoint: failpoints are installed in the pytest process itself, so a "
+                               "scheduled kill would kill pytest; only worker processes may install them")
+
+    def _judge(self, configs: Sequence["RunConfig"]) -> CrashVerdict:
+        from killpoint.harness.commands.common import replay_command
+
+        session = self._session_getter()
+        results, runs = [], []
+        for config in configs:
+            self._guard()
+            result = session.run(config)
+            _assert_children_only(result)
+            page = self._write_page(result)
+            note = "" if "<locals>" not in config.target_name else \
+                "a target defined inside a test cannot be named on the command line: name it " \
+                "as pkg.module:function to replay it"
+            run = _Run(str(config.schedule), result.valid, result.verdict.violations,
+                       tuple(result.verdict.unknown_reasons), replay_command(result), page, note)
+            results.append(result)
+            runs.append(run)
+            self._record(run, result, target=config.target_name, seed=config.seed, page=page)
+        target = configs[0].target_name if configs else "none"
+        seed = configs[0].seed if configs else self.settings.seed
+        return _verdict(runs, results, target, seed)
+
+    def _write_page(self, result: "RunResult") -> str | None:
+        """The run's HTML report, written by the process that holds its history (xdist-safe names)."""
+        report_dir = self.settings.report_dir
+        if report_dir is None:
+            return None
+        from killpoint.reports import write_run_report
+
+        self._state.pages += 1
+        prefix = f"{self._state.worker_id}-" if self._state.worker_id else ""
+        path = os.path.join(report_dir, f"{prefix}run-{self._state.pages:04d}.html")
+        os.makedirs(report_dir, exist_ok=True)
+        return write_run_report(result, path, back=INDEX)
+
+    def _record(self, run: _Run, result: "RunResult | None", *, target: str, seed: int,
+                page: str | None = None, count: int = 1) -> None:
+        """Keep a plain record of runs for the terminal summary and the index (xdist sends it on)."""
+        record = {"nodeid": self._item.nodeid, "schedule": run.schedule, "valid": run.valid,
+                  "target": target, "seed": seed, "count": count,
+                  "violated": sorted({v.invariant for v in run.violations}),
+                  "reproduce": run.reproduce, "page": page,
+                  "light": _light(result) if (result is not None and page) else None}
+        self._item.stash.setdefault(_RUNS, []).append(record)
+
+
+def _schedules(steps: Sequence[str], points: Sequence[str], depth: int) -> list[tuple[Any, dict[str, Any]]]:
+    """The matrix as ``killpoint matrix`` builds it: (schedule, RunConfig fields it needs) pairs."""
+    from killpoint.harness.commands import matrix
+
+    if depth == 1:
+        return [(s, {}) for s in matrix.single_crash_schedules(steps, points)]
+    pairs = getattr(matrix, "double_crash_schedules", None)
+    if depth == 2 and pairs is None:
+        raise KillpointUnavailable("killpoint.matrix(depth=2) needs the double-crash matrix "
+                                   "(`killpoint matrix --depth 2`), which this installation does not "
+                                   "have yet; use depth=1")
+    if depth == 2:
+        # Each pair comes with the restart rule its second fault needs.
+        return [(s, {"same_identity": same}) for s, same in pairs(steps, points)]
+    raise ValueError(f"killpoint.matrix(depth={depth!r}): depth is 1 (single crashes) or 2 (pairs)")
+
+
+def _assert_children_only(result: "RunResult") -> None:
+    """A run's workers are processes the harness forked, never pytest (or this xdist worker)."""
+    me = os.getpid()
+    for e in result.history.events:
+        if e.process == "harness" and e.get("pid") == me:
+            raise RuntimeError(f"killpoint: run {result.run_id} reports {e.kind} of a worker with the "
+                               f"PID of the pytest process ({me}); crashes must only hit child processes")
+
+
+def _light(result: "RunResult") -> str:
+    """The run without its history, pickled: what the controller needs to list it in the index.
+
+    Pickle is fine here: it travels only between this session's own processes (xdist workers and
+    their controller), which already trust each other with code.
+    """
+    from killpoint.harness.history import History
+
+    config = dataclasses.replace(result.config, target=result.config.target_name)
+    light = dataclasses.replace(result, config=config, history=History(()))
+    return base64.b64encode(pickle.dumps(light)).decode("ascii")
+
+
+@pytest.fixture(scope="session")
+def _killpoint_session(pytestconfig: pytest.Config,
+                       tmp_path_factory: pytest.TempPathFactory) -> Generator["Session", None, None]:
+    """The services of this session (per xdist worker): the downstream, and a folder for runs.
+
+    Its folder is under this process's pytest temporary directory, so xdist workers never share one;
+    the downstream listens on an ephemeral port; PostgreSQL runs each get a schema of their own.
+    """
+    from killpoint.harness.run import Session
+    from killpoint.harness.store import InvalidStore, check_store
+
+    settings = pytestconfig.stash[_STATE].settings
+    try:
+        check_store(settings.store)
+        problem = None
+    except InvalidStore as exc:
+        problem = str(exc)
+    if problem is not None:
+        pytest.fail(f"killpoint: {problem.replace('--store', '--killpoint-store', 1)}", pytrace=False)
+    with Session(str(tmp_path_factory.mktemp("killpoint"))) as session:
+        if session.downstream.pid == os.getpid():
+            raise RuntimeError("killpoint: the downstream must be a child process of pytest")
+        yield session
+
+
+@pytest.fixture
+def killpoint(request: pytest.FixtureRequest) -> Killpoint:
+    """Runs crashes and returns verdicts; in a test marked ``@pytest.mark.killpoint``, also
+    ``killpoint.verdict``, the verdict of that item's single crash (run before the test body)."""
+    state = request.config.stash[_STATE]
+    handle = Killpoint(request.node, state,
+                       lambda: request.getfixturevalue("_killpoint_session"))
+    request.node.stash[_HANDLE] = handle
+    case = getattr(request, "param", None)
+    if isinstance(case, _Case):
+        marker = request.node.get_closest_marker("killpoint")
+        kw = _marker_kwargs(request.node.name, marker.kwargs if marker else {})
+        from killpoint.chaos.actions import parse as parse_actions
+        from killpoint.chaos.schedule import Fault, Schedule
+
+        action = kw["action"] or ("hang" if case.point == "heartbeat" else "kill")
+        schedule = Schedule((Fault("A", case.point, parse_actions(action), case.step),))
+        handle._marked_check = bool(kw["check"])
+        handle._verdict = handle.run(schedule, target=kw["target"], workload=kw["workload"],
+                                     workers=kw["workers"], seed=kw["seed"])
+    return handle

@@ -1,0 +1,120 @@
+"""The plugin's options (command line over ini over defaults), read and checked once per session."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import pytest
+
+# Every option: its name after the --killpoint- prefix (the ini key is killpoint_NAME), metavar, help.
+_OPTIONS = (
+    ("store", "STORE", "where runs keep their state: sqlite (default, a file per run) or a "
+                       "postgresql:// URL (a schema per run)"),
+    ("report-dir", "DIR", "write an HTML report per crash run and an index over them into DIR"),
+    ("seed", "N", "seed for the workload data and every random draw of a run (default: 0)"),
+    ("points", "P1,P2", "only these crash points in marked tests, matrices and explorations "
+                        "(default: all)"),
+    ("budget", "N", "schedules killpoint.explore() draws when the test does not say (default: 100)"),
+    ("shard", "K/N", "run only the K-th of N deterministic shares of the crash points of marked "
+                     "tests, of each killpoint.matrix() and of each exploration's budget"),
+)
+DEFAULT_BUDGET = 100
+
+
+class KillpointUnavailable(RuntimeError):
+    """Asked for a part of killpoint this installation does not have (e.g. exploration)."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The resolved options of this session (command line over ini over defaults)."""
+
+    store: str = "sqlite"
+    report_dir: str | None = None  # absolute; None: no HTML reports
+    seed: int = 0
+    points: tuple[str, ...] | None = None  # None: every point
+    budget: int = DEFAULT_BUDGET
+    shard: tuple[int, int] = (1, 1)  # (K, N), 1 <= K <= N
+
+    def in_shard(self, position: int) -> bool:
+        """Whether the ``position``-th (0-based) member of a deterministic list is this shard's.
+
+        Round robin, so shares differ by at most one member and together cover the list.
+        """
+        k, n = self.shard
+        return position % n == k - 1
+
+
+def add_options(parser: pytest.Parser) -> None:
+    group = parser.getgroup("killpoint", "crash-injection testing (killpoint)")
+    for name, metavar, help_text in _OPTIONS:
+        ini = "killpoint_" + name.replace("-", "_")
+        group.addoption(f"--killpoint-{name}", dest=ini, metavar=metavar, default=None,
+                        help=f"{help_text}; ini: {ini}")
+        parser.addini(ini, help_text, default=None)
+
+
+def _raw(config: pytest.Config, name: str) -> tuple[str | None, str]:
+    """The value of one option and where it came from (for error messages and relative paths)."""
+    key = "killpoint_" + name.replace("-", "_")
+    value = config.getoption(key)
+    if value is not None:
+        return str(value), f"--killpoint-{name}"
+    value = config.getini(key)
+    return (str(value).strip() or None) if value is not None else None, f"ini {key}"
+
+
+def _settings(config: pytest.Config) -> Settings:
+    """Read and check every option once, at configure time: bad values stop the session early."""
+    values: dict[str, Any] = {}
+    store, where = _raw(config, "store")
+    if store is not None:
+        if store != "sqlite" and not store.startswith(("postgresql://", "postgres://")):
+            raise pytest.UsageError(f"{where} {store!r}: expected 'sqlite' or a postgresql:// URL")
+        values["store"] = store
+    report_dir, where = _raw(config, "report-dir")
+    if report_dir is not None:
+        base = config.invocation_params.dir if where.startswith("--") else \
+            (config.inipath.parent if config.inipath else config.rootpath)
+        values["report_dir"] = os.path.abspath(os.path.join(base, report_dir))
+    for name, low in (("seed", 0), ("budget", 1)):
+        text, where = _raw(config, name)
+        if text is None:
+            continue
+        try:
+            number = int(text)
+        except ValueError:
+            number = low - 1
+        if number < low:
+            raise pytest.UsageError(f"{where} {text!r}: expected a whole number of at least {low}")
+        values[name] = number
+    points, where = _raw(config, "points")
+    if points is not None:
+        from killpoint.chaos.points import ORDERED_POINTS
+
+        chosen = tuple(p.strip() for p in points.split(",") if p.strip())
+        bad = [p for p in chosen if p not in ORDERED_POINTS]
+        if bad or not chosen:
+            raise pytest.UsageError(f"{where}: unknown crash point {', '.join(map(repr, bad)) or repr(points)}; "
+                                    f"valid names are {', '.join(ORDERED_POINTS)}")
+        values["points"] = chosen
+    shard, where = _raw(config, "shard")
+    if shard is not None:
+        m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", shard)
+        if not m or not 1 <= int(m[1]) <= int(m[2]):
+            raise pytest.UsageError(f"{where} {shard!r}: expected K/N with 1 <= K <= N, as in 1/4")
+        values["shard"] = (int(m[1]), int(m[2]))
+    return Settings(**values)
+
+
+def _points(asked: Sequence[str] | None, settings: Settings) -> tuple[str, ...]:
+    """The points a marked test or a matrix runs: its own (or all), narrowed by --killpoint-points."""
+    from killpoint.chaos.points import DEFAULT_POINTS
+
+    points = tuple(asked) if asked else DEFAULT_POINTS
+    if settings.points is not None:
+        points = tuple(p for p in points if p in settings.points)
+    return points

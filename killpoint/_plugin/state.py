@@ -1,0 +1,100 @@
+"""Per-process plugin state, its session-end hooks, and the terminal summary."""
+
+from __future__ import annotations
+
+import base64
+import os
+import pickle
+from typing import Any
+
+import pytest
+
+from killpoint._plugin.settings import Settings
+
+INDEX = "index.html"
+
+
+class _State:
+    """Per-process plugin state and the session-end hooks, registered once per config.
+
+    A plugin object rather than module globals: pytester can run several sessions in one process.
+    """
+
+    def __init__(self, settings: Settings, worker_id: str | None) -> None:
+        self.settings = settings
+        self.worker_id = worker_id  # the xdist worker id (gw0, ...); None on the controller or without xdist
+        self.pages = 0  # run report pages this process wrote
+        self.records: list[dict[str, Any]] = []  # every run of the session, for the summary and index
+        self.index: str | None = None  # the HTML index, once written
+        self.index_error: str | None = None
+        self.failed: set[str] = set()  # node ids of tests that failed or errored
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """Collect run records (on the controller they arrive from xdist workers in reports)."""
+        self.records.extend(getattr(report, "killpoint_runs", None) or ())
+        if report.failed:
+            self.failed.add(report.nodeid)
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        """Write the HTML index over every run of the session: on the controller only, once."""
+        if self.worker_id is not None or self.settings.report_dir is None:
+            return
+        lights = sorted((r for r in self.records if r.get("light")), key=lambda r: (r["nodeid"], r["page"]))
+        if not lights:
+            return
+        from killpoint.reports.model import build_index
+        from killpoint.reports.render import render_index, write_text
+
+        results = [pickle.loads(base64.b64decode(r["light"])) for r in lights]
+        model = build_index(results, [os.path.basename(r["page"]) for r in lights],
+                            title="killpoint: pytest session", reproduce=[r["reproduce"] for r in lights])
+        self.index = write_text(os.path.join(self.settings.report_dir, INDEX), render_index(model))
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if self.worker_id is not None or not self.records:
+            return
+        _summary(terminalreporter, self)
+
+
+_STATE = pytest.StashKey[_State]()
+_HANDLE = pytest.StashKey["Killpoint"]()  # the fixture object of an item, for the after-body check
+_RUNS = pytest.StashKey[list]()  # records of the runs an item made
+
+
+def _summary(tr: Any, state: _State) -> None:
+    """The closing lines: runs, violations by invariant, the HTML index, the reproduce commands."""
+    records = sorted(state.records, key=lambda r: r["nodeid"])
+    runs = sum(r.get("count", 1) for r in records)
+    counts = {word: sum(r.get("count", 1) for r in records if r["valid"] is value)
+              for word, value in (("valid", True), ("violated", False), ("unknown", None))}
+    tests = len({r["nodeid"] for r in records})
+    shard = state.settings.shard
+    tr.write_sep("=", "killpoint")
+    tr.write_line(f"{runs} crash run{'s' if runs != 1 else ''} in {tests} test{'s' if tests != 1 else ''}: "
+                  f"{counts['valid']} valid, {counts['violated']} violated, {counts['unknown']} unknown"
+                  + (f" (shard {shard[0]}/{shard[1]})" if shard != (1, 1) else ""))
+    by_invariant: dict[str, int] = {}
+    for r in records:
+        for name in r["violated"]:
+            by_invariant[name] = by_invariant.get(name, 0) + 1
+    if by_invariant:
+        tr.write_line("violations by invariant (runs):")
+        for name, n in sorted(by_invariant.items(), key=lambda kv: (-kv[1], kv[0])):
+            tr.write_line(f"  {name:<24} {n}")
+    if state.index:
+        tr.write_line(f"HTML report: {state.index}")
+    elif state.index_error:
+        tr.write_line(state.index_error)
+    elif counts["valid"] != runs and state.settings.report_dir is None:
+        tr.write_line("HTML report: none (pass --killpoint-report-dir DIR to write one)")
+    bad = [r for r in records if r["valid"] is not True and r["nodeid"] in state.failed]
+    judged = sum(r.get("count", 1) for r in records if r["valid"] is not True and r["nodeid"] not in state.failed)
+    if judged:
+        tr.write_line(f"not valid, in tests that passed and so expected it: {judged} "
+                      f"run{'s' if judged != 1 else ''}")
+    if bad:
+        tr.write_line("reproduce:")
+        for r in bad[:20]:
+            tr.write_line(f"  {r['nodeid']} ({', '.join(r['violated']) or 'unknown'}): {r['reproduce']}")
+        if len(bad) > 20:
+            tr.write_line(f"  ... and {len(bad) - 20} more")
