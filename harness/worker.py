@@ -54,6 +54,9 @@ REAL_TIME_TIMING = Timing(lease_ttl_ms=120.0, heartbeat_ms=30.0, stuck_bound_ms=
 # Leases the clock reads (database time) need a moment past their expiry: SQLite's clock ticks in
 # milliseconds.
 _EXPIRY_MARGIN_S = 0.002
+# After a lost connection a worker opens another at once, after a breath (not a poll period: it has
+# work in hand, and the lease it may still hold is running out).
+_RECONNECT_S = 0.002
 
 
 @dataclass
@@ -250,7 +253,7 @@ class ReferenceWorker:
                 # step we were on is left to its lease and to recovery.
                 self.journal.write("store_unavailable", error=str(exc),
                                    outcome_unknown=isinstance(exc, OutcomeUnknown))
-                clock.sleep(self.timing.poll_ms / 1000.0)
+                clock.sleep(_RECONNECT_S)
 
     def wake_at(self, rows: list[dict[str, Any]], now: float, next_monitor: float) -> float:
         """When a waiting worker must look again by itself: the first lease to expire (just past
