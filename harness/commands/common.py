@@ -259,7 +259,15 @@ def replay_command(result: RunResult) -> str:
         parts += ["--store", redact(c.store)]
     if c.same_identity != 0.5:  # the restart rule decides who recovers: it is part of the run
         parts += ["--same-identity", f"{c.same_identity:g}"]
+    if not c.virtual_time:
+        parts += ["--real-time"]
+    default = Timing() if c.virtual_time else REAL_TIME_TIMING
+    if c.timing != default:
+        changed = [f"{f.name.replace('_', '-')}={getattr(c.timing, f.name):g}"
+                   for f in dataclasses.fields(Timing) if getattr(c.timing, f.name) != getattr(default, f.name)]
+        parts += ["--timing", ",".join(changed)]
     return " ".join(shlex.quote(p) for p in parts)
+
 
 
 @dataclass
