@@ -17,7 +17,7 @@ import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from killpoint.chaos.schedule import Schedule
 from killpoint.harness import clock as run_clock
@@ -126,13 +126,16 @@ class Session:
     Use it as a context manager: leaving it ends every process it started.
     """
 
-    def __init__(self, base_dir: str | None = None, *, keep: bool = False, real_time: bool = False):
+    def __init__(self, base_dir: str | None = None, *, keep: bool = False, real_time: bool = False,
+                 downstream: "ds.DownstreamProcess | None" = None):
         self.real_time = real_time  # every run with the clock off (--real-time), whatever its config
         self._own_dir = base_dir is None
         self.base_dir = base_dir or tempfile.mkdtemp(prefix="killpoint-")
         os.makedirs(self.base_dir, exist_ok=True)
         self.keep = keep
-        self.downstream = ds.start(os.path.join(self.base_dir, "downstream-ledger.sqlite"))
+        # A downstream given is borrowed (a --jobs runner shares its parent's): never stopped here.
+        self._own_downstream = downstream is None
+        self.downstream = downstream or ds.start(os.path.join(self.base_dir, "downstream-ledger.sqlite"))
         self._runs = 0
         self._live: dict[int, WorkerProcess] = {}
 
@@ -146,7 +149,8 @@ class Session:
         for w in list(self._live.values()):
             kill(w)
         self._live.clear()
-        self.downstream.stop()
+        if self._own_downstream:
+            self.downstream.stop()
         if self._own_dir and not self.keep:
             shutil.rmtree(self.base_dir, ignore_errors=True)
 
@@ -157,6 +161,13 @@ class Session:
         # Numbered for people, with a random tail so that no other process can guess a live run's id.
         run_id = f"run{self._runs:04d}-s{config.seed}-{secrets.token_hex(4)}"
         return _Run(self, config, run_id).execute()
+
+    def run_many(self, configs: "Sequence[RunConfig]", *, jobs: int = 1) -> "Iterator[RunResult]":
+        """Run independent configurations, ``jobs`` at a time (each job a process of its own);
+        yields their results in the order of ``configs``."""
+        from killpoint.harness.jobs import run_many
+
+        return run_many(self, configs, jobs)
 
 
 class _Run:

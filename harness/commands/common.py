@@ -38,6 +38,7 @@ def add_common(p: argparse.ArgumentParser, *, target: bool = True) -> None:
     p.add_argument("--report-dir", default=None, help="where to write HTML reports")
     p.add_argument("--report", choices=("always", "on-failure", "never"), default="on-failure",
                    help="when to write HTML reports (default: on-failure)")
+    add_jobs(p)
     p.add_argument("--real-time", action="store_true",
                    help="turn the run clock off: leases and bounds wait in real time, with short "
                         "timings (lease 120 ms), instead of production-like ones (lease 30 s) that "
@@ -47,6 +48,28 @@ def add_common(p: argparse.ArgumentParser, *, target: bool = True) -> None:
                         "stuck-bound-ms, poll-ms (default: 30000, 10000, 60000, 1000 on the run clock; "
                         "120, 30, 300, 2 with --real-time)")
     add_output(p)
+
+
+def add_jobs(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--jobs", type=_jobs, default=None, metavar="N",
+                   help="independent runs side by side, each job a process (default: the number of "
+                        "cores); verdicts and reports stay in schedule order")
+
+
+def _jobs(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"--jobs {shown(text)}: give a whole number of at least 1")
+    return n
+
+
+def jobs_of(args: argparse.Namespace) -> int:
+    from killpoint.harness.jobs import default_jobs
+
+    return getattr(args, "jobs", None) or default_jobs()
 
 
 def add_output(p: argparse.ArgumentParser) -> None:

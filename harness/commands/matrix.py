@@ -26,7 +26,7 @@ import sys
 from killpoint.chaos.points import DB_POINTS, ORDERED_POINTS
 from killpoint.chaos.schedule import Fault, Schedule
 from killpoint.chaos.actions import parse as parse_actions
-from killpoint.harness.commands.common import (Summary, add_common, finish, parse_points, parse_steps,
+from killpoint.harness.commands.common import (jobs_of, Summary, add_common, finish, parse_points, parse_steps,
                                                progress_for, run_config, target_points, workload_of)
 from killpoint.harness.run import Session
 
@@ -186,11 +186,10 @@ def run(args: argparse.Namespace) -> int:
                   f"{', '.join(forms)}); choose with --steps, --points or --forms", file=sys.stderr)
     summary = Summary()
     progress = progress_for(args, len(configs), f"killpoint matrix{' --depth 2' if args.depth == 2 else ''}")
-    with Session() as session:
-        for config in configs:
-            progress.step(str(config.schedule))
-            result = session.run(config)
+    with Session(real_time=args.real_time) as session:
+        for result in session.run_many(configs, jobs=jobs_of(args)):
+            progress.step(str(result.config.schedule))
             summary.results.append(result)
-            progress.step(str(config.schedule), result)
+            progress.step(str(result.config.schedule), result)
     progress.close()
     return finish(args, summary, f"killpoint matrix{' --depth 2' if args.depth == 2 else ''}")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from killpoint import chaos
-from killpoint.harness.commands.common import (EXIT_VALID, EXIT_VIOLATED, BadInput, progress_for, shown,
+from killpoint.harness.commands.common import (add_jobs, jobs_of, EXIT_VALID, EXIT_VIOLATED, BadInput, progress_for, shown,
                                      Summary, replay_command, run_config, validate_store)
 
 if TYPE_CHECKING:
@@ -33,6 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true",
                    help="run the reference only on the mutants' schedules, not the full matrix")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    add_jobs(p)
     p.add_argument("--real-time", action="store_true",
                    help="turn the run clock off: real waits and short timings (see matrix --help)")
     p.set_defaults(workers=2, workload="orders", target="reference")
@@ -99,16 +100,16 @@ def run(args: argparse.Namespace) -> int:
     outcomes: list[MutantOutcome] = []
     reference = Summary()
     with Session() as session:
-        for m, config in mutant_configs:
-            progress.step(config.target_name)
-            result = session.run(config)
+        results = session.run_many([c for _, c in mutant_configs] + reference_configs, jobs=jobs_of(args))
+        for m, _ in mutant_configs:
+            result = next(results)
+            progress.step(result.config.target_name)
             outcomes.append(MutantOutcome(m.name, m.caught_by, result))
-            progress.step(config.target_name, result)
-        for config in reference_configs:
-            progress.step(f"reference {config.schedule}")
-            result = session.run(config)
+            progress.step(result.config.target_name, result)
+        for result in results:
+            progress.step(f"reference {result.config.schedule}")
             reference.results.append(result)
-            progress.step(f"reference {config.schedule}", result)
+            progress.step(f"reference {result.config.schedule}", result)
     progress.close()
 
     caught = sum(o.caught for o in outcomes)
