@@ -250,5 +250,5 @@ def merge(journals: Mapping[str, list[dict[str, Any]]], store_events: Iterable[M
         data = {k: v for k, v in h.items() if k not in ("t", "kind")}
         raw.append((h["t"], "harness", h["kind"], "event", data))
     if at is not None:
-        raw = [(at(t), *rest) for t, *rest in raw]
+        raw = [(at(t), p, k, ty, d) for t, p, k, ty, d in raw]
     return build(raw, **meta)

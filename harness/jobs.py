@@ -9,6 +9,7 @@ error here, ends every runner, and each runner ends its own workers and run file
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import traceback
@@ -61,8 +62,9 @@ def _runner(session: "Session", configs: Sequence["RunConfig"], conn: Any) -> No
             except Exception as exc:
                 conn.send((index, None, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
                 continue
-            result.config = None  # the parent has it (a target may be a closure): not sent back
-            conn.send((index, result, None))
+            # Without its config: the parent has it (and a target may be a closure).
+            conn.send((index, {f.name: getattr(result, f.name) for f in dataclasses.fields(result)
+                               if f.name != "config"}, None))
     finally:
         own.close()
         conn.close()
@@ -70,6 +72,8 @@ def _runner(session: "Session", configs: Sequence["RunConfig"], conn: Any) -> No
 
 def run_many(session: "Session", configs: Sequence["RunConfig"], jobs: int) -> Iterator["RunResult"]:
     """Run ``configs`` on ``jobs`` runner processes; yield each result in the order of ``configs``."""
+    from killpoint.harness.run import RunResult
+
     configs = list(configs)
     jobs = max(1, min(jobs, len(configs)))
     if jobs == 1:
@@ -110,8 +114,7 @@ def run_many(session: "Session", configs: Sequence["RunConfig"], jobs: int) -> I
                 del busy[conn]
                 if error is not None:
                     raise JobFailed(f"run {index + 1} ({configs[index].schedule}) raised {error}")
-                result.config = configs[index]
-                done[index] = result
+                done[index] = RunResult(config=configs[index], **result)
                 nxt = next(pending, None)
                 if nxt is not None:
                     conn.send(nxt)

@@ -205,6 +205,9 @@ class Delegating:
                            timeout_s: float = 10.0) -> dict[str, Any]:
         return self.inner.terminate_backends(pids, await_idle=await_idle, timeout_s=timeout_s)
 
+    def set_clock(self, offset_s: float) -> None:
+        self.inner.set_clock(offset_s)
+
 
 class BlindCommits(Delegating):
     """A store whose every commit is a :func:`blind_commit`: the compare-and-set is gone."""

@@ -49,7 +49,7 @@ class RunConfig:
     store: str = "sqlite"
     # None: the default for the clock -- production-like (Timing()) on the virtual clock,
     # REAL_TIME_TIMING with it off. Always a Timing once the config is made.
-    timing: "Timing | None" = None
+    timing: Timing = None  # type: ignore[assignment]  # resolved in __post_init__
     bound_s: float = 30.0  # wall seconds; the run's own time is bounded too (virtual_bound_s)
     # The run clock (harness.clock): True moves the run's time past waits when every worker waits,
     # so leases and bounds cost no wall time; False (--real-time) is plain real time.
@@ -79,7 +79,7 @@ class RunConfig:
             return self
         timing = self.timing
         if timing == (Timing() if self.virtual_time else REAL_TIME_TIMING):
-            timing = None
+            timing = Timing() if virtual else REAL_TIME_TIMING
         return dataclasses.replace(self, virtual_time=virtual, timing=timing)
 
     @property
@@ -89,7 +89,6 @@ class RunConfig:
         the virtual clock ends after as many windows as it would in real time, in about as many
         jumps, and a hang nobody flags is still judged."""
         t, real = self.timing, REAL_TIME_TIMING
-        assert t is not None
         window = (t.stuck_bound_ms + t.stuck_slack_ms) / (real.stuck_bound_ms + real.stuck_slack_ms)
         return self.bound_s * max(1.0, window)
 

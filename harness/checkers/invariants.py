@@ -328,7 +328,7 @@ def version_chain(history: History) -> Result:
             before = prev
             if before is not None:
                 checked = True
-                expected = before.data.get("state_version") + 1
+                expected = before.data["state_version"] + 1  # set: checked when it was kept
                 if sv in seen:
                     twin = seen[sv]
                     violations.append(Violation(

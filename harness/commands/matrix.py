@@ -187,9 +187,12 @@ def run(args: argparse.Namespace) -> int:
     summary = Summary()
     progress = progress_for(args, len(configs), f"killpoint matrix{' --depth 2' if args.depth == 2 else ''}")
     with Session(real_time=args.real_time) as session:
-        for result in session.run_many(configs, jobs=jobs_of(args)):
-            progress.step(str(result.config.schedule))
+        if configs:
+            progress.step(str(configs[0].schedule))  # at once: the first result may take a while
+        for i, result in enumerate(session.run_many(configs, jobs=jobs_of(args))):
             summary.results.append(result)
             progress.step(str(result.config.schedule), result)
+            if i + 1 < len(configs):
+                progress.step(str(configs[i + 1].schedule))
     progress.close()
     return finish(args, summary, f"killpoint matrix{' --depth 2' if args.depth == 2 else ''}")

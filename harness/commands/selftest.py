@@ -100,16 +100,20 @@ def run(args: argparse.Namespace) -> int:
     outcomes: list[MutantOutcome] = []
     reference = Summary()
     with Session() as session:
-        results = session.run_many([c for _, c in mutant_configs] + reference_configs, jobs=jobs_of(args))
-        for m, _ in mutant_configs:
-            result = next(results)
-            progress.step(result.config.target_name)
-            outcomes.append(MutantOutcome(m.name, m.caught_by, result))
-            progress.step(result.config.target_name, result)
-        for result in results:
-            progress.step(f"reference {result.config.schedule}")
-            reference.results.append(result)
-            progress.step(f"reference {result.config.schedule}", result)
+        configs = [c for _, c in mutant_configs] + reference_configs
+        labels = [c.target_name for _, c in mutant_configs] + \
+            [f"reference {c.schedule}" for c in reference_configs]
+        if configs:
+            progress.step(labels[0])  # at once: the first result may take a while
+        for i, result in enumerate(session.run_many(configs, jobs=jobs_of(args))):
+            if i < len(mutant_configs):
+                m = mutant_configs[i][0]
+                outcomes.append(MutantOutcome(m.name, m.caught_by, result))
+            else:
+                reference.results.append(result)
+            progress.step(labels[i], result)
+            if i + 1 < len(configs):
+                progress.step(labels[i + 1])
     progress.close()
 
     caught = sum(o.caught for o in outcomes)

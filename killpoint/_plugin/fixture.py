@@ -129,11 +129,14 @@ class Killpoint:
     def _judge(self, configs: Sequence["RunConfig"]) -> CrashVerdict:
         from killpoint.harness.commands.common import replay_command
 
+        from killpoint.harness.jobs import default_jobs
+
         session = self._session_getter()
         results, runs = [], []
-        for config in configs:
+        self._guard()
+        jobs = self.settings.jobs or (1 if self._state.worker_id else default_jobs())
+        for config, result in zip(configs, session.run_many(configs, jobs=jobs)):
             self._guard()
-            result = session.run(config)
             _assert_children_only(result)
             page = self._write_page(result)
             note = "" if "<locals>" not in config.target_name else \
