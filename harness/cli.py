@@ -1,7 +1,9 @@
 """The ``killpoint`` command line.
 
 Exit codes: 0 every verdict valid, 1 an invariant was violated, 2 bad input (one line naming the
-bad value), 3 nothing violated but some verdict unknown.
+bad value), 3 nothing violated but some verdict unknown (the infrastructure breaking included: the
+JSON object is printed all the same, with the cause), 130 on SIGINT and 143 on SIGTERM, both after
+ending every process, run folder and schema the command started.
 """
 
 from __future__ import annotations
@@ -9,9 +11,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
 
-from killpoint.harness.commands.common import EXIT_BAD_INPUT, BadInput, one_line
+from killpoint.harness import signals
+from killpoint.harness.commands.common import (EXIT_BAD_INPUT, EXIT_UNKNOWN, BadInput, one_line,
+                                               prepare_report_dir)
 
 # name -> module under harness.commands; each has HELP, add_arguments(parser) and run(args) -> int.
 COMMANDS = {
@@ -85,8 +90,13 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "_run", None):
         parser.print_help()
         return EXIT_BAD_INPUT
+    debug = bool(getattr(args, "debug", False))
+    if debug:
+        os.environ["KILLPOINT_DEBUG"] = "1"  # a run's infrastructure failure prints its traceback
+    signals.install_handlers()
     try:
-        return args._run(args)
+        prepare_report_dir(args)  # before the first run, not after the last
+        code = args._run(args)
     except BadInput as exc:
         print(f"killpoint: error: {one_line(str(exc))}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -94,9 +104,34 @@ def main(argv: list[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 1
-    except KeyboardInterrupt:
-        print("killpoint: interrupted; every process it started has been ended", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        return _interrupted(signal.SIGTERM if isinstance(exc, signals.Terminated) else signal.SIGINT)
+    except Exception as exc:  # the infrastructure broke outside a run (e.g. the downstream)
+        if debug:
+            raise
+        return _broken(args, exc)
+    if signals.received() is not None:  # its KeyboardInterrupt was swallowed where it landed
+        return _interrupted(signals.received())
+    return code
+
+
+def _interrupted(signum: int) -> int:
+    name = "terminated (SIGTERM)" if signum == signal.SIGTERM else "interrupted"
+    print(f"killpoint: {name}; every process it started has been ended", file=sys.stderr)
+    return signals.EXIT_CODES[signum]
+
+
+def _broken(args: argparse.Namespace, exc: Exception) -> int:
+    """An infrastructure failure no run could absorb: exit 3, the cause in one line, and with
+    ``--json`` the JSON object all the same (unknown, no runs), never a bare traceback."""
+    import json
+
+    cause = f"infrastructure failure: {type(exc).__name__}: {one_line(str(exc), 400)}"
+    if getattr(args, "json", False):
+        print(json.dumps({"valid": None, "runs": 0, "violations": [], "invariants": {},
+                          "report": None, "unknown_reasons": [cause]}, indent=2))
+    print(f"killpoint: {cause} (run with --debug for the traceback)", file=sys.stderr)
+    return EXIT_UNKNOWN
 
 
 if __name__ == "__main__":

@@ -14,21 +14,28 @@ import functools
 import os
 import secrets
 import shutil
+import sys
 import tempfile
 import time
+import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
+from killpoint import vocab
 from killpoint.chaos.schedule import Schedule
 from killpoint.harness import clock as run_clock
 from killpoint.harness import downstream as ds
+from killpoint.harness import signals
 from killpoint.harness import history as hist
 from killpoint.harness.checkers.base import Verdict
 from killpoint.harness.judge import gather_history, judge
-from killpoint.harness.store import check_faults, open_store
+from killpoint.harness.declaration import TargetRun
+from killpoint.harness.hooks import Hooks
+from killpoint.harness.store import check_faults, open_store, schema_name
 from killpoint.harness.store.base import Store
-from killpoint.harness.supervise import Supervisor, WorkerProcess, kill
-from killpoint.harness.targets import Target, resolve
+from killpoint.errors import InfrastructureError
+from killpoint.harness.supervise import DISK_ERRORS, Supervisor, WorkerProcess, kill
+from killpoint.harness.targets import Target, declared
 from killpoint.harness.worker import REAL_TIME_TIMING, Timing
 from killpoint.harness.workload import Workload, resolve_workload
 
@@ -43,7 +50,9 @@ def _workload(name: str, seed: int) -> Workload:
 class RunConfig:
     schedule: Schedule = field(default_factory=Schedule)
     target: "str | Target" = "reference"
-    workload: str = "orders"
+    # A built-in name or pkg.module:function; None: the target's own (orders for the reference and
+    # the mutants, plain for a user's target unless it declares one).
+    workload: str | None = None
     workers: int = 2
     seed: int = 0
     store: str = "sqlite"
@@ -93,6 +102,21 @@ class RunConfig:
         return self.bound_s * max(1.0, window)
 
     @property
+    def workload_name(self) -> str:
+        """The workload the run uses: ``workload``, or the target's default."""
+        from killpoint.harness.workload import default_for
+
+        if self.workload_spec is not None:
+            return self.workload_spec.name
+        if self.workload:
+            return self.workload
+        try:
+            own = declared(self.target)
+        except Exception:  # noqa: BLE001 - an unresolvable target fails later, with its own message
+            own = None
+        return default_for(self.target, own)
+
+    @property
     def target_name(self) -> str:
         t = self.target
         return t if isinstance(t, str) else f"{getattr(t, '__module__', '?')}:{getattr(t, '__qualname__', '?')}"
@@ -134,7 +158,13 @@ class Session:
         self.keep = keep
         # A downstream given is borrowed (a --jobs runner shares its parent's): never stopped here.
         self._own_downstream = downstream is None
-        self.downstream = downstream or ds.start(os.path.join(self.base_dir, "downstream-ledger.sqlite"))
+        try:
+            self.downstream = downstream or ds.start(os.path.join(self.base_dir,
+                                                                  "downstream-ledger.sqlite"))
+        except BaseException:
+            if self._own_dir:
+                shutil.rmtree(self.base_dir, ignore_errors=True)
+            raise
         self._runs = 0
         self._live: dict[int, WorkerProcess] = {}
 
@@ -154,6 +184,7 @@ class Session:
             shutil.rmtree(self.base_dir, ignore_errors=True)
 
     def run(self, config: RunConfig) -> RunResult:
+        signals.check()  # a Ctrl-C swallowed where it landed ends the session before another run
         if self.real_time:
             config = config.with_clock(False)
         self._runs += 1
@@ -177,15 +208,18 @@ class _Run:
         self.config = config
         self.run_id = run_id
         self.run_dir = os.path.join(session.base_dir, run_id)
-        os.makedirs(self.run_dir, exist_ok=True)
-        self.workload: Workload = config.workload_spec or _workload(config.workload, config.seed)
+        self.declared = declared(config.target)
+        self.workload: Workload = config.workload_spec or _workload(config.workload_name, config.seed)
         known = {str(f) for f in config.schedule.faults}
         for fault, services in config.restarts.items():
             if fault not in known or not set(services) <= {"downstream", "store"}:
                 raise ValueError(f"restarts {fault!r}: {services!r}: name a fault of the schedule "
                                  f"and any of 'downstream', 'store'")
         check_faults(config.store, config.schedule)  # InvalidStore, a ValueError
-        self.target = resolve(config.target)
+        self.target = self.declared
+        self.target_run = TargetRun(run_id, self.run_dir, schema_name(f"{run_id}_target"), self.workload,
+                                    f"{session.downstream.url}/runs/{run_id}", config.store, config.seed)
+        self.hooks = Hooks(self.declared, self.target_run)
         self.harness_events: list[dict[str, Any]] = []
 
     def note(self, kind: str, **data: Any) -> None:
@@ -199,43 +233,136 @@ class _Run:
                 **self.config.downstream_overrides}
 
     def execute(self) -> RunResult:
+        """Run and judge. A failure of the infrastructure itself (the store lost or unreachable, the
+        downstream failing, a full disk, a worker that cannot be started) ends the run as *unknown*
+        with its cause, never as a violation and never as a bare traceback; a Ctrl-C or SIGTERM
+        ends it too, with every process and the run's schema gone."""
         started = time.monotonic()
-        store = open_store(self.config.store, self.run_dir, self.run_id)
+        self.phase = "creating the run's folder"
+        self.store: Store | None = None
+        self.client: ds.DownstreamClient | None = None
+        self.sup: Supervisor | None = None
+        self.clock: run_clock.RunClock | None = None
+        try:
+            result = self._execute(started)
+        except Exception as exc:
+            self.cleanup()
+            return self.broken(exc, started)
+        except BaseException:
+            self.cleanup()
+            raise
+        self.close_client()
+        if self.clock is not None:
+            self.clock.close()
+        return result
+
+    def _execute(self, started: float) -> RunResult:
+        os.makedirs(self.run_dir, exist_ok=True)
+        self.phase = "opening the store"
+        store = self.store = open_store(self.config.store, self.run_dir, self.run_id)
         store.setup(self.workload.checkpoints())
-        client = ds.DownstreamClient(self.s.downstream.url, self.run_id)
+        self.phase = "configuring the downstream"
+        client = self.client = ds.DownstreamClient(self.s.downstream.url, self.run_id)
         client.configure(self.downstream_config())
-        clock = run_clock.RunClock(virtual=self.config.virtual_time,
-                                   capacity=Supervisor.spawn_cap_for(self.config) + 2,
-                                   set_store_offset=lambda s: sup.store.set_clock(s))
-        sup = Supervisor(self.config, run_id=self.run_id, run_dir=self.run_dir, target=self.target,
-                         workload=self.workload, store=store, downstream=self.s.downstream,
-                         registry=self.s._live, note=self.note, clock=clock)
+        self.phase = "supervising the workers"
+        clock = self.clock = run_clock.RunClock(
+            virtual=self.config.virtual_time, capacity=Supervisor.spawn_cap_for(self.config) + 2,
+            set_store_offset=lambda s: sup.store.set_clock(s))
+        sup = self.sup = Supervisor(self.config, run_id=self.run_id, run_dir=self.run_dir,
+                                    target=self.target, workload=self.workload, store=store,
+                                    downstream=self.s.downstream, registry=self.s._live, note=self.note,
+                                    target_run=self.target_run,
+                                    finished=self.hooks.done if self.declared.owns_state else None,
+                                    clock=clock)
+        self.phase = "setting up the target's own state"
+        if not self.hooks.setup():
+            sup.halted = True  # the target could not set up its own state: no worker starts
+        self.phase = "supervising the workers"
         try:
             bound_hit, quiescent = sup.supervise(started + self.config.bound_s,
                                                  clock.now() + self.config.virtual_bound_s)
-        except BaseException:
-            sup.end_workers()
-            clock.close()
-            if not self.s.keep:  # an interrupted run leaves no file or schema behind either
-                store.drop()
-            client.close()
-            raise
         finally:
             sup.end_workers()
+        self.phase = "checking the disk"
+        self.check_disk()
+        if quiescent and self.config.after_quiescent is not None:
+            self.phase = "running the outside actor"
+            self.note(vocab.AFTER_QUIESCENT)
+            self.config.after_quiescent(store, client)
+        self.phase = "gathering the history"
+        history = gather_history(workload=self.workload, store=store, client=client,
+                                 workers=sup.workers, harness_events=self.harness_events,
+                                 schedule=self.config.schedule, timing=self.config.timing,
+                                 quiescent=quiescent, bound_hit=bound_hit, hooks=self.hooks,
+                                 at=clock.virtual_ns)
+        store.close()
+        if not self.s.keep:  # the history holds all a report needs; the run's tables can go
+            self.phase = "dropping the run's tables"
+            store.drop()
+        self.store = None
+        self.phase = "judging"
+        # A target that raised, or a hook that did, is a finding: the run cannot be valid.
+        judged = judge(history, self.config.schedule, sup.tally.fired,
+                       sup.raised.reasons() + tuple(self.hooks.errors))
+        if not self.s.keep:
+            self.hooks.teardown()
+        return RunResult(self.config, self.run_id, history, judged.verdict, judged.fired,
+                         judged.unfired, len(sup.workers), time.monotonic() - started, self.run_dir)
+
+    def check_disk(self) -> None:
+        """Write a page into the run's folder: a full or failing disk there (workers that could not
+        journal, a store that could not write) is the infrastructure's failure, named as such."""
+        probe = os.path.join(self.run_dir, ".disk-probe")
         try:
-            if quiescent and self.config.after_quiescent is not None:
-                self.note("after_quiescent")
-                self.config.after_quiescent(store, client)
-            history = gather_history(workload=self.workload, store=store, client=client,
-                                     workers=sup.workers, harness_events=self.harness_events,
-                                     schedule=self.config.schedule, timing=self.config.timing,
-                                     quiescent=quiescent, bound_hit=bound_hit, at=clock.virtual_ns)
-            clock.close()
-            store.close()
-            if not self.s.keep:  # the history holds all a report needs; the run's tables can go
-                store.drop()
-            judged = judge(history, self.config.schedule, sup.tally.fired)
-            return RunResult(self.config, self.run_id, history, judged.verdict, judged.fired,
-                             judged.unfired, len(sup.workers), time.monotonic() - started, self.run_dir)
-        finally:
-            client.close()
+            with open(probe, "wb") as fh:
+                fh.write(b"\0" * 4096)
+                fh.flush()
+            os.unlink(probe)
+        except OSError as exc:
+            if exc.errno not in DISK_ERRORS:
+                raise
+            raise InfrastructureError(f"the disk under {self.run_dir} failed: {exc.strerror}") from exc
+
+    def close_client(self) -> None:
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+
+    def cleanup(self) -> None:
+        """End every worker, close the client, drop the run's tables: each on its own, so that one
+        that fails (the store is gone) does not keep the others from happening."""
+        steps: list[Callable[[], None]] = []
+        if self.sup is not None:
+            steps.append(self.sup.end_workers)
+        steps.append(self.close_client)
+        if self.store is not None:
+            store = self.store
+            steps.append(store.close)
+            if not self.s.keep:  # an interrupted or broken run leaves no file or schema behind
+                steps.append(store.drop)
+        if not self.s.keep:
+            steps.append(self.hooks.teardown)
+        if self.clock is not None:
+            steps.append(self.clock.close)
+        for step in steps:
+            try:
+                step()
+            except Exception:
+                pass  # best effort: the cause that matters is the one being reported
+
+    def broken(self, exc: Exception, started: float) -> RunResult:
+        """The run's result when its infrastructure broke: unknown, with the cause."""
+        cause = f"infrastructure failure while {self.phase}: {type(exc).__name__}: " \
+                f"{' '.join(str(exc).split())[:300]}"
+        if os.environ.get("KILLPOINT_DEBUG"):
+            traceback.print_exception(exc, file=sys.stderr)
+        self.note(vocab.INFRASTRUCTURE_FAILURE, phase=self.phase, error=cause)
+        workers = self.sup.workers if self.sup is not None else []
+        fired_counts = self.sup.tally.fired if self.sup is not None else {}
+        history = hist.merge({}, [], [], self.harness_events, schedule=str(self.config.schedule),
+                             quiescent=False)
+        faults = self.config.schedule.faults
+        fired = {str(f): fired_counts.get(i, 0) for i, f in enumerate(faults)}
+        unfired = tuple(str(f) for i, f in enumerate(faults) if i not in fired_counts)
+        return RunResult(self.config, self.run_id, history, Verdict(None, (), (cause,)), fired,
+                         unfired, len(workers), time.monotonic() - started, self.run_dir)

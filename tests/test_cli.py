@@ -105,6 +105,82 @@ def test_the_same_seed_fires_the_same_probabilistic_faults_in_every_process():
     assert len(set(counts)) == 1 and 0 < counts[0], counts
 
 
+# -- your own target and workload ---------------------------------------------------------------
+DECLARED_TARGET = '''
+import killpoint
+from killpoint import InstanceSpec, StepSpec, Workload
+from killpoint.harness.worker import reference
+
+POINTS = ("before_call", "after_call", "after_commit")
+
+
+def two_charges(seed=0):
+    return Workload("two", tuple(InstanceSpec(f"order-{n}", (StepSpec("charge", resource="payment",
+                                                                        params={"amount": n}),))
+                                 for n in (1, 2)))
+
+
+@killpoint.target(points=POINTS, workload="mytarget:two_charges")
+def worker(ctx):
+    reference(ctx)
+
+
+def not_a_workload(seed=0):
+    return {"instances": []}
+'''
+
+
+@pytest.fixture
+def user_project(tmp_path, monkeypatch):
+    (tmp_path / "mytarget.py").write_text(DECLARED_TARGET)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield tmp_path
+
+
+def test_a_declared_target_runs_its_own_workload_and_only_its_declared_points(capsys, user_project):
+    code, out, err = run_cli(capsys, "matrix", "--target", "mytarget:worker", "--actions", "kill", "--json")
+    report = json.loads(out)
+    assert code == 0 and report["valid"] is True and report["runs"] == 3  # one step x three points
+    assert {r["schedule"] for r in report["results"]} == {
+        "A@charge.before_call:kill", "A@charge.after_call:kill", "A@charge.after_commit:kill"}
+    assert "judged" in report and report["judged"] >= 1
+
+
+def test_a_schedule_naming_a_point_the_target_does_not_declare_exits_2_listing_the_declared(capsys, user_project):
+    code, out, err = run_cli(capsys, "replay", "A@charge.before_claim:kill", "--target", "mytarget:worker")
+    assert code == 2 and "before_claim" in err and "after_commit" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("workload, named", [("mytarget:not_a_workload", "dict"),
+                                             ("mytarget:nothing_here", "nothing_here"),
+                                             ("no_such_pkg:jobs", "no_such_pkg")])
+def test_a_bad_user_workload_exits_2_naming_it(capsys, user_project, workload, named):
+    code, out, err = run_cli(capsys, "replay", "", "--workload", workload)
+    assert code == 2 and named in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_user_workload_by_pkg_module_function_on_the_reference(capsys, user_project):
+    code, out, err = run_cli(capsys, "replay", "A@charge.after_call:kill", "--workload", "mytarget:two_charges",
+                             "--json")
+    assert code == 0 and json.loads(out)["valid"] is True
+
+
+def test_a_target_that_raises_on_start_exits_3_within_seconds_naming_the_exception(capsys):
+    import time
+
+    started = time.monotonic()
+    code, out, err = run_cli(capsys, "replay", "", "--target", "os:getcwd", "--json")
+    elapsed = time.monotonic() - started
+    report = json.loads(out)
+    assert code == 3 and report["valid"] is None
+    reasons = " ".join(r for u in report["unknown"] for r in u["reasons"])
+    assert "TypeError" in reasons and "replacements stopped" in reasons and "bound" not in reasons
+    assert report["results"][0]["workers_spawned"] <= 3
+    assert elapsed < 20  # a few seconds; generous for a loaded machine
+
+
 BIG = "x" * 10_000
 
 
@@ -255,3 +331,59 @@ def test_replay_narrates_the_run_and_a_failure_without_report_dir_says_how_to_ge
     assert "SIGSTOP to A" in out and "B claimed order-1:charge with fence 2" in out
     assert "accepted A's commit with fence 1" in out  # the stale write, told as it happened
     assert "add --report-dir DIR" in out
+
+
+def test_an_unusable_report_dir_is_refused_before_the_first_run(capsys, tmp_path):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    foreign = tmp_path / "site"
+    foreign.mkdir()
+    (foreign / "index.html").write_text("<p>my own page</p>")
+    for where, why in ((a_file, "is a file"), (foreign, "did not write"),
+                       (a_file / "below", "cannot write")):
+        # --report on-failure and a run that would be valid: still refused, and before any run
+        code, out, err = run_cli(capsys, "replay", "", "--workload", "single", "--report-dir", str(where))
+        assert code == 2 and out == "" and why in err and len(err.strip().splitlines()) == 1, err
+    assert (foreign / "index.html").read_text() == "<p>my own page</p>"
+
+
+def test_a_report_that_cannot_be_written_never_hides_the_verdict(capsys, tmp_path):
+    import os
+
+    where = tmp_path / "rep"
+    code, out, err = run_cli(capsys, "replay", "A@charge.after_call:1*pause", "--target",
+                             "mutant:no-fence-check", "--report-dir", str(where), "--json")
+    assert code == 1 and json.loads(out)["report"]  # the first time, it is written
+    os.chmod(where, 0o500)  # then the directory goes read-only (as root, make it a file instead)
+    if os.access(where, os.W_OK):
+        os.chmod(where, 0o700)
+        for name in os.listdir(where):
+            os.unlink(where / name)
+        os.rmdir(where)
+        where.mkdir()
+        (where / "run-0001.html").mkdir()  # a page killpoint cannot write
+    try:
+        code, out, err = run_cli(capsys, "replay", "A@charge.after_call:1*pause", "--target",
+                                 "mutant:no-fence-check", "--report-dir", str(where), "--json")
+    finally:
+        os.chmod(where, 0o700)
+    report = json.loads(out)
+    assert code == 1 and report["valid"] is False  # the violation, not a bad-input exit
+    assert report["report"] is None and "cannot write reports" in report["report_error"]
+    assert "the verdict stands" in err
+
+
+def test_each_command_leaves_only_its_own_runs_in_the_report_dir(capsys, tmp_path):
+    import os
+
+    where = tmp_path / "rep"
+    code, out, _ = run_cli(capsys, "matrix", "--steps", "charge", "--points", "after_call,before_commit",
+                           "--target", "mutant:no-fence-check", "--report-dir", str(where), "--json")
+    assert code == 1 and len(json.loads(out)["results"]) == 4
+    assert sorted(p for p in os.listdir(where) if p.endswith(".html"))[-1] == "run-0004.html"
+    code, out, _ = run_cli(capsys, "replay", "A@charge.after_call:1*pause", "--target",
+                           "mutant:no-fence-check", "--report-dir", str(where), "--json")
+    assert code == 1
+    assert sorted(p for p in os.listdir(where) if p.endswith(".html")) == ["index.html", "run-0001.html"]
+    index = (where / "index.html").read_text(encoding="utf-8")
+    assert "run-0002.html" not in index

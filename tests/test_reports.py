@@ -171,14 +171,15 @@ def test_claims_are_labelled_with_their_fence_in_worker_and_store_lanes():
     assert claim.fence == 2 and "fence 2" in claim.label and claim.status == "ok" and claim.span
     store_claims = {i.fence: i for i in t.in_lane("store") if i.kind == "claimed"}
     assert set(store_claims) == {1, 2}
-    assert "by B" in store_claims[2].label and "fence 2" in store_claims[2].label
+    assert "B claimed" in store_claims[2].label and "fence 2" in store_claims[2].label
 
 
 def test_kill_is_shown_where_it_fired_and_where_the_harness_saw_the_process_die():
     t = build_timeline(takeover_history())
     (fired,) = [i for i in t.in_lane("A") if i.kind == "point"]
-    assert fired.label.startswith("kill at in_call") and fired.status == "fail"
-    (death,) = [i for i in t.in_lane("harness") if i.label == "A killed by SIGKILL"]
+    assert fired.label == "hit charge.in_call -> kill" and fired.status == "fail"
+    (death,) = [i for i in t.in_lane("harness") if i.kind == "exit" and i.label.startswith("worker A ")]
+    assert death.label.endswith("killed by SIGKILL")
     assert death.status == "fail" and not death.span
 
 
@@ -242,6 +243,10 @@ def test_timeline_fits_the_design_width_and_scales_down_when_there_are_many_lane
     many = build([ev(n, f"W{n}", "recover", instance="o", step="s", action="retry") for n in range(20)])
     wide = layout(build_timeline(many))
     assert wide.width > WIDTH and all(len(m.text) <= LABEL_CHARS for m in wide.marks)
+    # a narrow lane's heading drops what does not fit rather than running into the next lane
+    boxes = layout(build_timeline(takeover_history())).lanes
+    assert [b.head for b in boxes][:2] == ["A \u00b7 pid 101 \u00b7 SIGKILL", "B \u00b7 pid 102 \u00b7 exit 0"]
+    assert all(len(b.head) * 7.4 <= wide.lane_w for b in layout(build_timeline(many)).lanes)
 
 
 def test_every_timeline_item_and_proof_links_to_a_row_of_the_event_table():

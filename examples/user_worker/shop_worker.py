@@ -10,25 +10,36 @@ nothing did.
 ``run`` is the correct worker. ``run_without_fencing`` makes one classic mistake -- its commit
 trusts the lease it took earlier instead of comparing fence and version -- so the tests can show
 killpoint catching it.
+
+Both are declared with ``@killpoint.target``: the crash points they mark (so the matrix schedules
+exactly these, and a typo in ``ctx.point`` fails at once) and the workload they run, one order with
+one charge. They keep their state in killpoint's own store (``ctx.store``), so every invariant judges
+them; a worker with a store of its own says ``owns_state=True`` (see ``examples/pg_queue``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from killpoint import WorkerContext, at
+import killpoint
+from killpoint import WorkerContext
 from killpoint.harness.mutants import blind_commit
 
 # States a worker may pick a step up from: never started, or started by a worker that may be dead.
 CLAIMABLE = ("pending", "running")
 FINISHED = ("succeeded", "failed", "manual_intervention", "cancelled", "compensated")
+# Where this worker can be crashed, in the order it passes them on one step.
+POINTS = ("before_claim", "after_claim", "heartbeat", "before_call", "in_call", "after_call",
+          "before_receipt", "after_receipt", "before_commit", "after_commit")
 
 
+@killpoint.target(points=POINTS, workload="single")
 def run(ctx: WorkerContext) -> None:
     """The target: work until every step in the store is finished."""
     Shop(ctx, fenced=True).work()
 
 
+@killpoint.target(points=POINTS, workload="single")
 def run_without_fencing(ctx: WorkerContext) -> None:
     """The same worker with one bug: its commits are not compared against the current lease."""
     Shop(ctx, fenced=False).work()
@@ -54,7 +65,7 @@ class Shop:
                 ctx.clock.sleep(ctx.timing.poll_ms / 1000.0)  # the run's clock: time can jump past it
                 continue
             row = free[0]
-            with at(row["instance"], row["step"]):  # lets a schedule name the step: A@charge.after_call
+            with ctx.at(row["instance"], row["step"]):  # lets a schedule name the step: A@charge.after_call
                 self.step(row)
 
     def step(self, row: dict[str, Any]) -> None:
@@ -71,7 +82,7 @@ class Shop:
         ctx.heartbeat.hold(claim)  # renews the lease from a thread of its own while we work
         try:
             ctx.point("heartbeat")
-            outcome = self.earlier_outcome(key) if claim.attempt > 1 else None
+            outcome = self.earlier_outcome(claim, key) if claim.attempt > 1 else None
             if outcome is None:
                 ctx.point("before_call")
                 op = ctx.journal.invoke("call", instance=claim.instance, step=claim.step, key=key,
@@ -100,12 +111,16 @@ class Shop:
         finally:
             ctx.heartbeat.release()
 
-    def earlier_outcome(self, key: str) -> str | None:
-        """What an earlier, crashed attempt achieved: our own receipt, else the payment service's."""
+    def earlier_outcome(self, claim: Any, key: str) -> str | None:
+        """What an earlier, crashed attempt achieved: our own receipt, else the payment service's,
+        which we record as our receipt before anything is committed on its strength."""
         receipt = self.ctx.store.receipt(key)
         if receipt is not None:
             return receipt["status"]
         remote = self.ctx.downstream.receipt(key)
         if remote is not None and remote["status"] < 500:
-            return "succeeded" if remote["status"] < 300 else "failed_permanent"
+            outcome = "succeeded" if remote["status"] < 300 else "failed_permanent"
+            self.ctx.store.record_receipt(claim, key, remote.get("intent_hash"), outcome,
+                                          remote.get("response") or {})
+            return outcome
         return None  # nothing happened downstream: calling again with the same key is safe

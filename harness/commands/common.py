@@ -43,6 +43,8 @@ def add_common(p: argparse.ArgumentParser, *, target: bool = True) -> None:
                    help="turn the run clock off: leases and bounds wait in real time, with short "
                         "timings (lease 120 ms), instead of production-like ones (lease 30 s) that "
                         "the virtual clock skips past")
+    p.add_argument("--debug", action="store_true",
+                   help="print the traceback of an infrastructure failure (store, downstream, disk)")
     p.add_argument("--timing", type=_timing, default=None, metavar="NAME=MS,...",
                    help="the worker's timings in milliseconds: lease-ttl-ms, heartbeat-ms, "
                         "stuck-bound-ms, poll-ms (default: 30000, 10000, 60000, 1000 on the run clock; "
@@ -202,7 +204,7 @@ def parse_schedule(args: argparse.Namespace, text: str):
     the target did not declare is refused by :func:`run_config`, naming the ones it did)."""
     from killpoint import chaos
 
-    points = frozenset(POINTS) | frozenset(declared_target(args).points)
+    points = frozenset(declared_target(args).points) | frozenset(DB_POINTS)
     try:
         return chaos.parse(text, points=points)
     except chaos.InvalidSchedule as exc:
@@ -276,8 +278,8 @@ def replay_command(result: RunResult) -> str:
     parts = ["killpoint", "replay", str(c.schedule), "--target", c.target_name, "--seed", str(c.seed)]
     if c.workers != 2:
         parts += ["--workers", str(c.workers)]
-    if c.workload != "orders":
-        parts += ["--workload", c.workload]
+    if c.workload_name != RunConfig(target=c.target).workload_name:  # not the target's default
+        parts += ["--workload", c.workload_name]
     if c.store != "sqlite":
         parts += ["--store", redact(c.store)]
     if c.same_identity != 0.5:  # the restart rule decides who recovers: it is part of the run
@@ -297,6 +299,7 @@ def replay_command(result: RunResult) -> str:
 class Summary:
     results: list[RunResult] = field(default_factory=list)
     report: str | None = None
+    report_error: str | None = None  # why the reports asked for could not be written
 
     @property
     def valid(self) -> bool | None:
@@ -343,8 +346,11 @@ class Summary:
             "invariants": self.invariants(),
             "judged": self.judged()[0],
             "report": self.report,
+            **({"report_error": self.report_error} if self.report_error else {}),
             "unknown": [{"schedule": str(r.config.schedule), "reasons": list(r.verdict.unknown_reasons)}
                         for r in self.results if r.valid is None],
+            "unknown_reasons": list(dict.fromkeys(reason for r in self.results if r.valid is None
+                                                  for reason in r.verdict.unknown_reasons)),
             "results": [{"schedule": str(r.config.schedule), "target": r.config.target_name,
                          "valid": r.valid, "fired": r.fired, "unfired": list(r.unfired),
                          "workers_spawned": r.spawned, "duration_ms": round(r.duration_s * 1000, 1),
@@ -427,8 +433,44 @@ def report_hint(args: argparse.Namespace, summary: Summary) -> str | None:
     return "no HTML report written: add --report-dir DIR to get one for each failing run"
 
 
+REPORT_MARKER = ".killpoint-report"  # in a report directory: its pages are killpoint's to replace
+_OWN_PAGE = re.compile(r"^(index|run-\d{4,})\.html$")
+
+
+def prepare_report_dir(args: argparse.Namespace) -> None:
+    """Before the first run: make sure ``--report-dir`` can take this command's reports, and clear
+    the pages an earlier command left there, so the directory shows this command's runs only.
+
+    Refused (bad input) when it is a file, cannot be written, or holds an ``index.html`` that
+    killpoint did not write (a user's own page is never replaced).
+    """
+    where = getattr(args, "report_dir", None)
+    if where is None or getattr(args, "report", "on-failure") == "never":
+        return
+    if os.path.exists(where) and not os.path.isdir(where):
+        raise BadInput(f"--report-dir {shown(where)} is a file: name a directory to write into")
+    try:
+        os.makedirs(where, exist_ok=True)
+        names = os.listdir(where)
+        ours = REPORT_MARKER in names
+        if "index.html" in names and not ours:
+            raise BadInput(f"--report-dir {shown(where)} holds an index.html that killpoint did not "
+                           f"write: name an empty directory, or one killpoint writes to")
+        with open(os.path.join(where, REPORT_MARKER), "w", encoding="utf-8") as fh:
+            fh.write("killpoint replaces the index.html and run-NNNN.html pages of this directory\n")
+        for name in names:
+            if ours and _OWN_PAGE.match(name):
+                os.unlink(os.path.join(where, name))
+    except OSError as exc:
+        raise BadInput(f"--report-dir {shown(where)}: cannot write reports there "
+                       f"({exc.strerror or exc})") from None
+
+
 def write_html(args: argparse.Namespace, summary: Summary, title: str) -> None:
-    """The HTML index and run reports, when ``--report-dir`` and ``--report`` ask for them."""
+    """The HTML index and run reports, when ``--report-dir`` and ``--report`` ask for them.
+
+    A report that cannot be written never hides the verdict: the command says so on stderr and
+    goes on to print its verdict and exit with its code."""
     if args.report == "never" or args.report_dir is None:
         return
     if args.report == "on-failure" and summary.valid is True:
@@ -438,8 +480,9 @@ def write_html(args: argparse.Namespace, summary: Summary, title: str) -> None:
     try:
         summary.report = write(summary.results, args.report_dir, title=title)
     except OSError as exc:
-        raise BadInput(f"--report-dir {shown(args.report_dir)}: cannot write reports there "
-                       f"({exc.strerror or exc})") from None
+        summary.report_error = (f"cannot write reports to {shown(args.report_dir)} "
+                                f"({exc.strerror or exc})")
+        print(f"killpoint: warning: {summary.report_error}; the verdict stands", file=sys.stderr)
 
 
 def print_judgement(summary: Summary, results: Sequence[RunResult], *, reproduce: bool = True) -> None:

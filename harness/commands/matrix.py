@@ -168,7 +168,10 @@ def run(args: argparse.Namespace) -> int:
             raise BadInput(f"--actions terminate: ending a worker's database sessions needs a "
                            f"postgresql:// store, not --store {redact(args.store)}")
         # Unless --points narrows it, terminate also runs inside the PostgreSQL store's COMMIT.
-        terminate_points = points if args.points is not None else parse_points(None, default=ORDERED_POINTS)
+        # (for a target that declares its own points: those, and the store's own)
+        terminate_points = points if args.points is not None else \
+            parse_points(None, default=ORDERED_POINTS) if set(points) <= set(ORDERED_POINTS) \
+            else points + DB_POINTS
         configs = [run_config(args, s)
                    for s in single_fault_schedules(steps, points, actions, terminate_points)]
     else:

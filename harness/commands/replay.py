@@ -12,7 +12,7 @@ import json
 import sys
 
 from killpoint.harness.colour import Colour
-from killpoint.harness.commands.common import (EXIT_VIOLATED, BadInput, Summary, add_common, one_line,
+from killpoint.harness.commands.common import (EXIT_UNKNOWN, EXIT_VIOLATED, BadInput, Summary, add_common, one_line,
                                                print_stats, progress_for, replay_command, report_hint,
                                                run_config, shown, write_reports)
 from killpoint.harness.narrate import story
@@ -73,7 +73,11 @@ def run(args: argparse.Namespace) -> int:
                 for r in summary.results]
     agree = len(set(verdicts)) == 1
     reproduce = replay_command(summary.results[0])
-    code = summary.exit_code() if agree else EXIT_VIOLATED
+    broken = any(reason.startswith("infrastructure failure") for r in summary.results
+                 for reason in r.verdict.unknown_reasons)
+    # Verdicts that differ say the outcome depends on timing -- unless the infrastructure broke
+    # under one of the runs: that says nothing about the schedule (exit 3, the cause printed).
+    code = summary.exit_code() if agree else EXIT_UNKNOWN if broken else EXIT_VIOLATED
     if args.json:
         out = summary.to_json()
         for v in out["violations"]:

@@ -9,6 +9,8 @@ from typing import Any, Sequence
 
 import pytest
 
+from killpoint.errors import KillpointUnavailable as KillpointUnavailable
+
 # Every option: its name after the --killpoint- prefix (the ini key is killpoint_NAME), metavar, help.
 _OPTIONS = (
     ("store", "STORE", "where runs keep their state: sqlite (default, a file per run) or a "
@@ -24,10 +26,6 @@ _OPTIONS = (
                   "(default: the number of cores; 1 in an xdist worker, which is already one of many)"),
 )
 DEFAULT_BUDGET = 100
-
-
-class KillpointUnavailable(RuntimeError):
-    """Asked for a part of killpoint this installation does not have (e.g. exploration)."""
 
 
 @dataclass(frozen=True)
@@ -60,31 +58,53 @@ def add_options(parser: pytest.Parser) -> None:
         parser.addini(ini, help_text, default=None)
 
 
-def _raw(config: pytest.Config, name: str) -> tuple[str | None, str]:
-    """The value of one option and where it came from (for error messages and relative paths)."""
+# The options [tool.killpoint] of pyproject.toml sets too (the table's key, the same as the CLI's).
+_TABLE = {"store": "store", "report-dir": "report_dir", "seed": "seed"}
+
+
+def _raw(config: pytest.Config, name: str, table: Any = None) -> tuple[str | None, str]:
+    """The value of one option and where it came from (for error messages and relative paths):
+    the command line, else the ini key, else ``[tool.killpoint]`` (``table``), the one the CLI reads."""
     key = "killpoint_" + name.replace("-", "_")
     value = config.getoption(key)
     if value is not None:
         return str(value), f"--killpoint-{name}"
     value = config.getini(key)
-    return (str(value).strip() or None) if value is not None else None, f"ini {key}"
+    if value is not None and str(value).strip():
+        return str(value).strip(), f"ini {key}"
+    if table is not None and name in _TABLE and _TABLE[name] in table.values:
+        return str(table.values[_TABLE[name]]), f"[tool.killpoint] {name} in {table.path}"
+    return None, f"ini {key}"
+
+
+def _table(config: pytest.Config) -> Any:
+    """``[tool.killpoint]`` of the nearest pyproject.toml above where pytest was started."""
+    from killpoint.errors import BadInput
+    from killpoint.harness.settings import load
+
+    try:
+        return load(str(config.invocation_params.dir))
+    except BadInput as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 def _settings(config: pytest.Config) -> Settings:
     """Read and check every option once, at configure time: bad values stop the session early."""
     values: dict[str, Any] = {}
-    store, where = _raw(config, "store")
+    table = _table(config)
+    store, where = _raw(config, "store", table)
     if store is not None:
         if store != "sqlite" and not store.startswith(("postgresql://", "postgres://")):
             raise pytest.UsageError(f"{where} {store!r}: expected 'sqlite' or a postgresql:// URL")
         values["store"] = store
-    report_dir, where = _raw(config, "report-dir")
+    report_dir, where = _raw(config, "report-dir", table)
     if report_dir is not None:
         base = config.invocation_params.dir if where.startswith("--") else \
+            os.path.dirname(table.path) if where.startswith("[tool.killpoint]") else \
             (config.inipath.parent if config.inipath else config.rootpath)
         values["report_dir"] = os.path.abspath(os.path.join(base, report_dir))
     for name, low in (("seed", 0), ("budget", 1), ("jobs", 1)):
-        text, where = _raw(config, name)
+        text, where = _raw(config, name, table)
         if text is None:
             continue
         try:
@@ -98,11 +118,13 @@ def _settings(config: pytest.Config) -> Settings:
     if points is not None:
         from killpoint.chaos.points import ORDERED_POINTS
 
+        # Any name: a target may declare points of its own; each marked test or matrix then runs
+        # the points its target declares among these (and says so when there are none).
         chosen = tuple(p.strip() for p in points.split(",") if p.strip())
-        bad = [p for p in chosen if p not in ORDERED_POINTS]
+        bad = [p for p in chosen if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]*", p)]
         if bad or not chosen:
-            raise pytest.UsageError(f"{where}: unknown crash point {', '.join(map(repr, bad)) or repr(points)}; "
-                                    f"valid names are {', '.join(ORDERED_POINTS)}")
+            raise pytest.UsageError(f"{where}: bad crash point name {', '.join(map(repr, bad)) or repr(points)}; "
+                                    f"give names such as {', '.join(ORDERED_POINTS[:3])} or a target's own")
         values["points"] = chosen
     shard, where = _raw(config, "shard")
     if shard is not None:
@@ -113,11 +135,22 @@ def _settings(config: pytest.Config) -> Settings:
     return Settings(**values)
 
 
-def _points(asked: Sequence[str] | None, settings: Settings) -> tuple[str, ...]:
-    """The points a marked test or a matrix runs: its own (or all), narrowed by --killpoint-points."""
+def _points(asked: Sequence[str] | None, settings: Settings,
+            declared: Sequence[str] | None = None) -> tuple[str, ...]:
+    """The points a marked test or a matrix runs: its own (or all the target declares), narrowed by
+    --killpoint-points. A point the target does not declare is never scheduled (ValueError)."""
     from killpoint.chaos.points import DEFAULT_POINTS
 
-    points = tuple(asked) if asked else DEFAULT_POINTS
+    declared = tuple(declared) if declared else DEFAULT_POINTS
+    points = tuple(asked) if asked else declared
+    undeclared = [p for p in points if p not in declared]
+    if undeclared:
+        raise ValueError(f"points {undeclared!r}: the target does not declare them; it declares "
+                         f"{', '.join(declared)}")
     if settings.points is not None:
-        points = tuple(p for p in points if p in settings.points)
+        narrowed = tuple(p for p in points if p in settings.points)
+        if points and not narrowed:
+            raise ValueError(f"--killpoint-points {','.join(settings.points)} leaves none of the points "
+                             f"this target declares ({', '.join(points)})")
+        points = narrowed
     return points
