@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import os
 import secrets
+import shlex
 import shutil
 import sys
 import tempfile
@@ -31,6 +32,7 @@ from killpoint.harness.checkers.base import Verdict
 from killpoint.harness.judge import gather_history, judge
 from killpoint.harness.declaration import TargetRun
 from killpoint.harness.hooks import Hooks
+from killpoint.harness.redact import redact
 from killpoint.harness.store import check_faults, open_store, schema_name
 from killpoint.harness.store.base import Store
 from killpoint.errors import InfrastructureError
@@ -72,7 +74,8 @@ class RunConfig:
     # Called once the run is quiescent, before judging: an outside actor (an operator resolving a
     # step in manual review) acts on the store or the downstream, and the history records it.
     after_quiescent: "Callable[[Store, ds.DownstreamClient], None] | None" = None
-    # What the harness restarts when a fault fires, by the fault's text: ``downstream`` (same
+    # What the harness restarts when a fault fires, by the fault's text: ``target`` (the target's own
+    # server, through its restart() hook), ``downstream`` (same
     # ledger, same port) and/or ``store`` (every connection to it cut: the live workers are killed
     # and replaced, the harness reopens its handle). A worker paused by that fault is released at
     # once, without SIGSTOP: it only waited for the restart.
@@ -120,6 +123,28 @@ class RunConfig:
     def target_name(self) -> str:
         t = self.target
         return t if isinstance(t, str) else f"{getattr(t, '__module__', '?')}:{getattr(t, '__qualname__', '?')}"
+
+    def reproduce_command(self) -> str:
+        """The one ``killpoint replay`` line that runs this configuration again: shell-quoted, the
+        store's password hidden (:func:`killpoint.harness.redact.redact`)."""
+        parts = ["killpoint", "replay", str(self.schedule), "--target", self.target_name,
+                 "--seed", str(self.seed)]
+        if self.workers != 2:
+            parts += ["--workers", str(self.workers)]
+        if self.workload_name != RunConfig(target=self.target).workload_name:  # not the target's default
+            parts += ["--workload", self.workload_name]
+        if self.store != "sqlite":
+            parts += ["--store", redact(self.store)]  # before quoting: '***' must be quoted
+        if self.same_identity != 0.5:  # the restart rule decides who recovers: it is part of the run
+            parts += ["--same-identity", f"{self.same_identity:g}"]
+        if not self.virtual_time:  # the clock is part of the run too
+            parts += ["--real-time"]
+        default = Timing() if self.virtual_time else REAL_TIME_TIMING
+        if self.timing != default:
+            parts += ["--timing", ",".join(
+                f"{f.name.replace('_', '-')}={getattr(self.timing, f.name):g}"
+                for f in dataclasses.fields(Timing) if getattr(self.timing, f.name) != getattr(default, f.name))]
+        return redact(" ".join(shlex.quote(p) for p in parts))
 
 
 @dataclass
@@ -212,9 +237,9 @@ class _Run:
         self.workload: Workload = config.workload_spec or _workload(config.workload_name, config.seed)
         known = {str(f) for f in config.schedule.faults}
         for fault, services in config.restarts.items():
-            if fault not in known or not set(services) <= {"downstream", "store"}:
+            if fault not in known or not set(services) <= {"downstream", "store", "target"}:
                 raise ValueError(f"restarts {fault!r}: {services!r}: name a fault of the schedule "
-                                 f"and any of 'downstream', 'store'")
+                                 f"and any of 'downstream', 'store', 'target'")
         check_faults(config.store, config.schedule)  # InvalidStore, a ValueError
         self.target = self.declared
         self.target_run = TargetRun(run_id, self.run_dir, schema_name(f"{run_id}_target"), self.workload,
@@ -273,7 +298,7 @@ class _Run:
                                     downstream=self.s.downstream, registry=self.s._live, note=self.note,
                                     target_run=self.target_run,
                                     finished=self.hooks.done if self.declared.owns_state else None,
-                                    clock=clock)
+                                    restart_target=self.hooks.restart, clock=clock)
         self.phase = "setting up the target's own state"
         if not self.hooks.setup():
             sup.halted = True  # the target could not set up its own state: no worker starts
