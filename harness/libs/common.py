@@ -52,11 +52,16 @@ class Downstream:
         self._local = threading.local()
 
     def post(self, resource: str, params: Mapping[str, Any], *, key: str, instance: str, step: str,
-             attempt: int | None = None) -> tuple[int, dict[str, Any]]:
+             attempt: int | None = None, fence: int | None = None,
+             scope: str | None = None) -> tuple[int, dict[str, Any]]:
         headers = {"Content-Type": "application/json", "Idempotency-Key": key,
                    "Killpoint-Instance": instance, "Killpoint-Step": step, "Killpoint-Worker": self._worker}
         if attempt is not None:
             headers["Killpoint-Attempt"] = str(attempt)
+        if fence is not None:
+            headers["Fencing-Token"] = str(fence)
+            if scope is not None:
+                headers["Fencing-Scope"] = scope
         body = json.dumps({"params": dict(params),
                            "meta": {"instance": instance, "step": step, "worker": self._worker}})
         conn = getattr(self._local, "conn", None)
