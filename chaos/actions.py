@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from killpoint.errors import InvalidAction
+from killpoint.errors import InvalidAction as InvalidAction
 
 ACTIONS = ("kill", "pause", "terminate", "hang", "off", "sleep")
 _ONE_OF = "kill, pause, terminate, hang, off, sleep(MS)"

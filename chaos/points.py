@@ -55,7 +55,7 @@ class Failpoints:
     # Locks a pause takes before the harness freezes the process, so that no other thread of the
     # worker (the heartbeat) is frozen inside a database transaction, holding a lock every other
     # worker needs. The freeze is meant to model a stale worker, not a wedged database.
-    pause_locks: list = field(default_factory=list)
+    pause_locks: list[threading.Lock] = field(default_factory=list)
     # What the harness needs to end this process's database sessions at a ``terminate`` (the store
     # describes them: their backend PIDs, and which of them has a COMMIT in flight); sent as is.
     backends: Callable[[], Mapping[str, Any]] | None = None

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from killpoint.chaos.actions import Chain, parse as parse_chain
 from killpoint.chaos.points import POINTS
-from killpoint.errors import InvalidAction, InvalidSchedule
+from killpoint.errors import InvalidAction as InvalidAction, InvalidSchedule as InvalidSchedule
 
 
 @dataclass(frozen=True)

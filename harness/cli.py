@@ -11,7 +11,7 @@ import importlib
 import os
 import sys
 
-from killpoint.harness.commands.common import EXIT_BAD_INPUT, BadInput
+from killpoint.harness.commands.common import EXIT_BAD_INPUT, BadInput, one_line
 
 # name -> module under harness.commands; each has HELP, add_arguments(parser) and run(args) -> int.
 COMMANDS = {
@@ -39,7 +39,7 @@ def _available() -> dict[str, object]:
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, exit 2, as for every bad input
-        self.exit(EXIT_BAD_INPUT, f"killpoint: error: {message}\n")
+        self.exit(EXIT_BAD_INPUT, f"killpoint: error: {one_line(message)}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args._run(args)
     except BadInput as exc:
-        print(f"killpoint: error: {exc}", file=sys.stderr)
+        print(f"killpoint: error: {one_line(str(exc))}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except BrokenPipeError:  # e.g. `killpoint demo | head`: the reader left; end quietly
         devnull = os.open(os.devnull, os.O_WRONLY)

@@ -100,7 +100,7 @@ class Target:
         for k, v in self.hooks.items():
             if not callable(v):
                 raise InvalidTarget(f"hook {k}={v!r} is not callable")
-        functools.update_wrapper(self, fn)  # type: ignore[arg-type]
+        functools.update_wrapper(self, fn)
 
     def __call__(self, ctx: "WorkerContext") -> None:
         self.fn(ctx)

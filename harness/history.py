@@ -132,7 +132,7 @@ class History:
 
     def final_state(self, instance: str, step: str) -> str | None:
         row = self._final_rows.get((instance, step))
-        return None if row is None else row["state"]
+        return None if row is None else str(row["state"])
 
     # Indexes built on first use, so that every lookup above is O(1) and a checker stays linear in
     # the history (a frozen dataclass still lets cached_property fill its instance dictionary).

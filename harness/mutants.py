@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from killpoint.errors import StoreError
 from killpoint.harness import checkpoint, recovery, states
+from killpoint.harness.downstream import Answer
 from killpoint.harness.store.base import Claim, Store, StoreUnavailable
 from killpoint.harness.store.sql import SqlStore
 from killpoint.harness.worker import Heartbeat, ReferenceWorker, WorkerContext, reference
@@ -281,7 +282,7 @@ class RandomRequestId(ReferenceWorker):
     """Sends a fresh request id per attempt instead of the step's stable idempotency key."""
 
     def call(self, inst: InstanceSpec, spec: StepSpec, claim: Claim, resource: str, key: str | None,
-             params: dict[str, Any], ihash: str, compensation: bool):
+             params: dict[str, Any], ihash: str, compensation: bool) -> Answer | None:
         if key is not None:
             # What a random request id does, made reproducible: unique per attempt.
             key = f"req-{inst.id}-{spec.name}-{self.ctx.worker_id}-{claim.fence}"

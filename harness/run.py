@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
+import secrets
 import shutil
 import tempfile
 import time
@@ -119,7 +120,8 @@ class Session:
 
     def run(self, config: RunConfig) -> RunResult:
         self._runs += 1
-        run_id = f"run{self._runs:04d}-s{config.seed}"
+        # Numbered for people, with a random tail so that no other process can guess a live run's id.
+        run_id = f"run{self._runs:04d}-s{config.seed}-{secrets.token_hex(4)}"
         return _Run(self, config, run_id).execute()
 
 

@@ -47,6 +47,22 @@ _PR_SET_PDEATHSIG = 1
 Note = Callable[..., None]
 
 
+def worker_identity(n: int) -> str:
+    """The ``n``-th identity a run uses (from 0): A, B, ... Z, then A1, B1, ...; the first
+    ``workers`` start the run, the others are fresh identities for replacements, in order."""
+    return string.ascii_uppercase[n % 26] + ("" if n < 26 else str(n // 26))
+
+
+def spawn_cap(workers: int, faults: int) -> int:
+    """How many worker processes a run may start before it gives up (the target keeps failing)."""
+    return 4 * workers + 2 * faults + 4
+
+
+def reachable_identities(workers: int, faults: int) -> tuple[str, ...]:
+    """Every identity a run with ``workers`` workers and ``faults`` faults can ever start."""
+    return tuple(dict.fromkeys(worker_identity(n) for n in range(spawn_cap(workers, faults))))
+
+
 @dataclass
 class WorkerProcess:
     """The harness's handle on one worker process."""
@@ -143,7 +159,7 @@ class Supervisor:
         self.started_names: list[str] = []
         self.incarnations: dict[str, int] = {}
         self.next_fresh = config.workers
-        self.spawn_cap = 4 * config.workers + 2 * len(self.schedule.faults) + 4
+        self.spawn_cap = spawn_cap(config.workers, len(self.schedule.faults))
 
     # -- processes --------------------------------------------------------------------------------
     def spawn(self, worker_id: str) -> WorkerProcess:
@@ -203,8 +219,7 @@ class Supervisor:
         if self.rng.random() < self.config.same_identity:
             identity = dead.worker_id
         else:
-            identity = string.ascii_uppercase[self.next_fresh % 26] + ("" if self.next_fresh < 26
-                                                                        else str(self.next_fresh // 26))
+            identity = worker_identity(self.next_fresh)
             self.next_fresh += 1
         faulted = any(f.worker == identity and i not in self.tally.spent
                       for i, f in enumerate(self.schedule.faults))

@@ -5,11 +5,14 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, Mapping
 
 from killpoint.harness import declaration
 from killpoint.harness.declaration import InvalidTarget
 from killpoint.harness.worker import WorkerContext, reference
+
+if TYPE_CHECKING:
+    from killpoint.harness.mutants import Mutant
 
 # What a run accepts as a target: a function taking a WorkerContext (a declared
 # :class:`killpoint.harness.declaration.Target` is one too).
@@ -17,7 +20,7 @@ Target = Callable[[WorkerContext], None]
 __all__ = ["InvalidTarget", "Target", "declared", "resolve"]
 
 
-def mutants() -> dict[str, object]:
+def mutants() -> Mapping[str, Mutant]:
     from killpoint.harness.mutants import MUTANTS
 
     return MUTANTS
@@ -31,6 +34,27 @@ def declared(target: "str | Target") -> declaration.Target:
     return declaration.Target(fn, name=target if isinstance(target, str) else None)
 
 
+# Built-in targets of the durable-execution servers (killpoint.harness.servers), by name prefix;
+# each imports its SDK only when named.
+SERVER_TARGETS = ("temporal-activity", "temporal", "restate")
+
+
+def _server_target(name: str) -> Target | None:
+    kind, sep, policy = name.partition(":")
+    if not sep or kind not in SERVER_TARGETS:
+        return None
+    from killpoint.harness import servers
+
+    try:
+        if kind == "temporal-activity":
+            from killpoint.harness.servers.temporal import activity_target
+
+            return activity_target(policy)
+    except (ValueError, servers.SdkMissing) as exc:
+        raise InvalidTarget(f"target {name[:200]!r}: {exc}") from None
+    raise InvalidTarget(f"target {name[:200]!r}: {kind} targets are not built yet")
+
+
 def resolve(target: "str | Target") -> Target:
     """``reference``, ``mutant:NAME``, a library target (``dbos:naive``, ``langgraph:keyed``, ...),
     ``pkg.module:function``, or a callable taking a WorkerContext."""
@@ -38,13 +62,16 @@ def resolve(target: "str | Target") -> Target:
         return target
     if target == "reference":
         return reference
+    server = _server_target(target)
+    if server is not None:
+        return server
     if target.startswith("mutant:"):
         name = target.split(":", 1)[1]
         zoo = mutants()
         if name not in zoo:
             known = ", ".join(sorted(zoo)) or "none yet"
             raise InvalidTarget(f"unknown mutant {name!r}: known mutants are {known}")
-        return zoo[name].target  # type: ignore[attr-defined]
+        return zoo[name].target
     from killpoint.harness import libs
 
     if libs.is_library_target(target):  # dbos:naive, langgraph:keyed, ... (the library is an extra)

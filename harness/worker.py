@@ -23,7 +23,7 @@ from killpoint import chaos
 from killpoint.chaos.journal import Journal
 from killpoint.harness import checkpoint, recovery, states
 from killpoint.harness.declaration import InvalidPoint, TargetRun
-from killpoint.harness.downstream import DownstreamClient, LostResponse
+from killpoint.harness.downstream import Answer, DownstreamClient, LostResponse
 from killpoint.harness.intent import idempotency_key, intent_hash
 from killpoint.harness.store.base import Claim, OutcomeUnknown, Store, StoreUnavailable
 from killpoint.harness.workload import InstanceSpec, StepSpec, Workload, policy_of
@@ -205,7 +205,7 @@ class ReferenceWorker:
                 if task == WAIT or time.monotonic() >= next_monitor:
                     self.monitor()
                     next_monitor = time.monotonic() + self.timing.stuck_bound_ms / 4000.0
-                if task == WAIT:
+                if not isinstance(task, Task):  # WAIT
                     time.sleep(self.timing.poll_ms / 1000.0)
                     continue
                 self.execute(task)
@@ -342,13 +342,13 @@ class ReferenceWorker:
                                                  fence_scope=f"{inst.id}:{spec.name}")
             if remote is not None:
                 source = "downstream"
-                status = self.classify_status(remote["status"])
-                receipt = {"intent_hash": remote["intent_hash"], "status": status,
+                found = self.classify_status(remote["status"])
+                receipt = {"intent_hash": remote["intent_hash"], "status": found,
                            "response": remote.get("response") or {}}
-                if status != "transient":
-                    self.record_receipt(claim, receipt_key, remote["intent_hash"], status,
+                if found != "transient":
+                    self.record_receipt(claim, receipt_key, remote["intent_hash"], found,
                                         receipt["response"])
-        status = None
+        status: str | None = None
         if receipt is not None:
             status = receipt["status"]
             if receipt.get("intent_hash") not in (None, ihash):
@@ -367,7 +367,7 @@ class ReferenceWorker:
 
     # -- call -------------------------------------------------------------------------------------
     def call(self, inst: InstanceSpec, spec: StepSpec, claim: Claim, resource: str, key: str | None,
-             params: dict[str, Any], ihash: str, compensation: bool):
+             params: dict[str, Any], ihash: str, compensation: bool) -> Answer | None:
         meta = {"instance": inst.id, "step": spec.name, "worker": self.ctx.worker_id,
                 "attempt": claim.attempt, "direction": "compensation" if compensation else "forward"}
         op = self.journal.invoke("call", instance=inst.id, step=spec.name, resource=resource, key=key,
@@ -395,7 +395,7 @@ class ReferenceWorker:
             return "transient"
         return "failed_permanent"  # 402 declined, 422 conflicting intent, 400 bad request
 
-    def classify(self, answer) -> str:
+    def classify(self, answer: Answer) -> str:
         return self.classify_status(answer.status)
 
     # -- receipt and commit -----------------------------------------------------------------------

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from killpoint.errors import InvalidWorkload
+from killpoint.errors import InvalidWorkload as InvalidWorkload
 from killpoint.harness.checkpoint import (DEFAULT_POLICY, FORMAT_VERSION, Migration, Migrations, Policy, checkpoint_row,
                                           corrupt, integrity)
 from killpoint.harness.intent import idempotency_key
@@ -181,14 +181,16 @@ def default_workload(seed: int = 0) -> Workload:
     instances = []
     for n, kind in enumerate(("plain", "declined", "amended", "flaky", "tampered"), start=1):
         amount = fake.random_int(500, 50000)
-        data = {"customer": fake.name(), "email": fake.email(),
-                "sku": fake.bothify("SKU-????-###").upper(), "qty": fake.random_int(1, 5),
-                "amount": amount, "card": "declined" if kind == "declined" else f"tok_{fake.lexify('????')}",
-                "kind": kind}
+        customer, email = fake.name(), fake.email()
+        sku, qty = fake.bothify("SKU-????-###").upper(), fake.random_int(1, 5)
+        card = "declined" if kind == "declined" else f"tok_{fake.lexify('????')}"
+        data: dict[str, Any] = {"customer": customer, "email": email, "sku": sku, "qty": qty,
+                                "amount": amount, "card": card, "kind": kind}
+        amended_amount: int | None = None
         if kind == "amended":
-            data["amended_amount"] = amount + fake.random_int(100, 900)
-        steps = order_steps(sku=data["sku"], qty=data["qty"], amount=amount, card=data["card"],
-                            email=data["email"], amended_amount=data.get("amended_amount"))
+            amended_amount = data["amended_amount"] = amount + fake.random_int(100, 900)
+        steps = order_steps(sku=sku, qty=qty, amount=amount, card=card, email=email,
+                            amended_amount=amended_amount)
         instances.append(InstanceSpec(f"order-{n}", steps, data, "order", ORDER_VERSION))
     flaky, tampered = instances[3], instances[4]
     faults = ({"key": flaky.step("reserve").key(flaky.id), "action": "status:503", "times": 2},)

@@ -15,19 +15,17 @@ session that never runs a crash must not pay for the harness (multiprocess, HTTP
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from killpoint.chaos import at, point
-from killpoint.chaos.schedule import Fault, Schedule
-from killpoint.chaos.schedule import parse as parse_schedule
-from killpoint.errors import (InvalidAction, InvalidPoint, InvalidSchedule, InvalidStore, InvalidTarget,
-                              InvalidWorkload, KillpointError, OutcomeUnknown, StoreError, StoreUnavailable,
-                              UnknownScenario)
-
+from killpoint.chaos import at as at, point as point
+from killpoint.chaos.schedule import Fault as Fault, Schedule as Schedule, parse as parse_schedule
 # The errors a library caller can meet; the CLI's BadInput stays in killpoint.errors.
-_ERRORS = ["InvalidAction", "InvalidPoint", "InvalidSchedule", "InvalidStore", "InvalidTarget",
-           "InvalidWorkload", "KillpointError",
-           "OutcomeUnknown", "StoreError", "StoreUnavailable", "UnknownScenario"]
+from killpoint.errors import (InvalidAction as InvalidAction, InvalidPoint as InvalidPoint,
+                              InvalidSchedule as InvalidSchedule, InvalidStore as InvalidStore,
+                              InvalidTarget as InvalidTarget, InvalidWorkload as InvalidWorkload,
+                              KillpointError as KillpointError, OutcomeUnknown as OutcomeUnknown,
+                              StoreError as StoreError, StoreUnavailable as StoreUnavailable,
+                              UnknownScenario as UnknownScenario)
 
 __version__ = "0.1.0"
 
@@ -59,6 +57,21 @@ _LAZY = {
     "DownstreamClient": ("killpoint.harness.downstream", "DownstreamClient"),
 }
 
+if TYPE_CHECKING:  # what a type checker and an editor see: the same names, imported eagerly
+    from killpoint.harness.checkers import ALL as INVARIANTS, check_all as check_all
+    from killpoint.harness.checkers.base import Result as Result, Verdict as Verdict, Violation as Violation
+    from killpoint.harness.declaration import Target as Target, TargetRun as TargetRun, target as target
+    from killpoint.harness.downstream import DownstreamClient as DownstreamClient, LostResponse as LostResponse
+    from killpoint.harness.history import Event as Event, History as History
+    from killpoint.harness.recovery import Evidence as Evidence, recover as recover
+    from killpoint.harness.run import RunConfig as RunConfig, RunResult as RunResult, Session as Session
+    from killpoint.harness.store.base import Claim as Claim
+    from killpoint.harness.worker import (ReferenceWorker as ReferenceWorker, Timing as Timing,
+                                          WorkerContext as WorkerContext)
+    from killpoint.harness.workload import (InstanceSpec as InstanceSpec, StepSpec as StepSpec,
+                                            Workload as Workload)
+    from killpoint.plugin import CrashVerdict as CrashVerdict
+
 
 def __getattr__(name: str) -> Any:
     try:
@@ -74,4 +87,11 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
 
 
-__all__ = sorted(["Fault", "Schedule", "at", "parse_schedule", "point", *_ERRORS, *_LAZY])
+# A literal list, so that type checkers know what is exported (tests/test_api.py keeps it whole).
+__all__ = ["Claim", "CrashVerdict", "DownstreamClient", "Event", "Evidence", "Fault", "History",
+           "INVARIANTS", "InstanceSpec", "InvalidAction", "InvalidPoint", "InvalidSchedule",
+           "InvalidStore", "InvalidTarget", "InvalidWorkload", "KillpointError", "LostResponse",
+           "OutcomeUnknown", "ReferenceWorker", "Result", "RunConfig", "RunResult", "Schedule",
+           "Session", "StepSpec", "StoreError", "StoreUnavailable", "Target", "TargetRun",
+           "Timing", "UnknownScenario", "Verdict", "Violation", "WorkerContext", "Workload", "at",
+           "check_all", "parse_schedule", "point", "recover", "target"]

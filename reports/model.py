@@ -492,7 +492,8 @@ def _leases(history: History, t0: int, run_end: int, ttl: int | None) -> list[Le
         label = f"lease {inst}/{step} fence {fence} held by {who}, {how}"
         if expiry is not None:
             label += (f" at most {ttl / 1e6:g} ms after its holder stopped renewing it, by "
-                      f"+{expiry / 1e6:.3f} ms" if estimated else f" by +{expiry / 1e6:.3f} ms")
+                      f"+{expiry / 1e6:.3f} ms" if estimated and ttl is not None
+                      else f" by +{expiry / 1e6:.3f} ms")
         out.append(Lease(link(c.index), c.index, lane, str(inst), str(step), fence, start,
                          min(held, ends), max(ends, start), how, expiry, estimated, label))
     return out
@@ -686,7 +687,7 @@ def _fields(e: Event) -> str:
 
 def _ledger_row(e: Event) -> LedgerRow:
     d = e.data
-    meta = d.get("meta") if isinstance(d.get("meta"), Mapping) else {}
+    meta: Mapping[str, Any] = d["meta"] if isinstance(d.get("meta"), Mapping) else {}
     outcome = str(d.get("outcome"))
     status = "ok" if outcome in _OK_OUTCOMES else "info" if outcome == "dropped" else "fail"
     return LedgerRow(e.index, link(e.index), d.get("seq"), str(d.get("resource")),

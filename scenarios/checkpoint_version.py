@@ -127,7 +127,7 @@ def run(session: Session, *, target: str | Target = "reference", seed: int = 0, 
     _, damaged = definitions(seed, 3)
     _, forged = definitions(seed, 4)
     v1_row = checkpoint.checkpoint_row(old)
-    one = dict(workers=1, same_identity=0.0)  # one worker: the same narration on every run
+    one: dict[str, Any] = {"workers": 1, "same_identity": 0.0}  # one worker: the same narration on every run
 
     # 1. v2 code with the migration registered; plain hashes.
     wl = _workload("checkpoint-v2", [current, migrated, damaged], Policy(migrations=migrations(seed)),

@@ -37,6 +37,7 @@ from typing import Any
 from killpoint import chaos
 from killpoint.harness import states
 from killpoint.harness.downstream import Answer, DownstreamClient, LostResponse
+from killpoint.harness.history import History
 from killpoint.harness.run import Session
 from killpoint.harness.targets import Target
 from killpoint.harness.store.base import Claim, Store
@@ -186,7 +187,7 @@ def run(session: Session, *, target: str | Target = "reference", seed: int = 0, 
     return story
 
 
-def _answers(story: Story, h, key: str, amount: int, other: int, q3: Answer | None, seed: int) -> None:
+def _answers(story: Story, h: History, key: str | None, amount: int, other: int, q3: Answer | None, seed: int) -> None:
     """The exercise's four questions, answered from what this run did."""
     refused = store_events(h, INSTANCE, STEP, "commit_rejected")
     state_version = refused[0].get("state_version") if refused else "?"
@@ -210,7 +211,7 @@ def _answers(story: Story, h, key: str, amount: int, other: int, q3: Answer | No
         story.say(f"   {line}")
 
 
-def _first_two(story: Story, key: str, expected: object, state_version: object) -> None:
+def _first_two(story: Story, key: str | None, expected: object, state_version: object) -> None:
     """Questions 1 and 2, told with this run's own numbers (only when the story held)."""
     story.say("1. Which commit succeeds? B's, with fence 2. Every commit is one compare-and-set on "
               "(expected state version, expected lease version, owner). B's claim raised the lease "

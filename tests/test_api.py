@@ -81,3 +81,24 @@ def test_unknown_scenario_reads_as_a_sentence_not_a_quoted_key():
     with pytest.raises(KeyError) as info:
         get("nope")
     assert str(info.value).startswith("unknown scenario 'nope'")
+
+
+def test_every_exported_name_resolves_and_every_lazy_name_is_exported():
+    for name in killpoint.__all__:
+        assert getattr(killpoint, name) is not None, name
+    assert set(killpoint._LAZY) <= set(killpoint.__all__)
+    errors_exported = {n for n in killpoint.__all__ if n in errors.__all__}
+    assert errors_exported == set(errors.__all__) - {"BadInput"}  # the CLI's own error stays inside
+
+
+def test_type_checkers_see_every_lazy_name_imported_from_where_it_lives():
+    """killpoint imports the heavy names on first use, which a type checker cannot follow; an
+    ``if TYPE_CHECKING:`` block imports them for it. Both must name the same objects."""
+    import ast
+
+    tree = ast.parse(inspect.getsource(killpoint))
+    (block,) = [node for node in tree.body if isinstance(node, ast.If)
+                and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"]
+    seen = {(alias.asname or alias.name): (node.module, alias.name)
+            for node in block.body if isinstance(node, ast.ImportFrom) for alias in node.names}
+    assert seen == dict(killpoint._LAZY)

@@ -90,3 +90,44 @@ def test_the_same_seed_fires_the_same_probabilistic_faults_in_every_process():
         assert proc.returncode == 0, proc.stderr
         counts.append(json.loads(proc.stdout)["results"][0]["fired"]["A@before_claim:50%sleep(1)"])
     assert len(set(counts)) == 1 and 0 < counts[0], counts
+
+
+BIG = "x" * 10_000
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["matrix", "--points", ""], "--points ''"),
+    (["matrix", "--steps", ""], "--steps ''"),
+    (["matrix", "--points", " , "], "--points"),
+    (["explore", "--steps", ""], "--steps ''"),
+    (["replay", "A@nope.after_call:kill"], "'nope'"),
+    (["replay", "Z@charge.after_call:kill"], "'Z'"),
+    (["replay", "A@charge.after_call:kill", "--workers", "1", "--target", "mutant:" + BIG], "xxx"),
+    (["matrix", "--points", BIG], "xxx"),
+    (["matrix", "--steps", BIG], "xxx"),
+    (["matrix", "--store", BIG], "xxx"),
+    (["matrix", "--actions", BIG], "xxx"),
+    (["matrix", "--workload", BIG], "xxx"),
+    (["matrix", "--workers", BIG], "xxx"),
+    (["replay", BIG], "xxx"),
+    (["replay", "A@" + BIG + ".after_call:kill"], "xxx"),
+    (["replay", BIG + "@charge.after_call:kill"], "xxx"),
+])
+def test_bad_input_is_exit_2_with_one_line_naming_the_value_clipped_to_200_characters(capsys, argv, named):
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2 and out == "", (code, out[:300])
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and named in lines[0], lines
+    assert len(lines[0]) < 1000, len(lines[0])
+    assert "x" * 201 not in lines[0]  # the value is named, clipped, never echoed whole
+
+
+def test_a_schedule_may_name_a_replacement_a_run_can_start():
+    # With one worker, the first replacement is a fresh identity B: depth 2's workers form uses it.
+    from killpoint import chaos
+    from killpoint.harness.commands.common import BadInput, check_schedule
+
+    check_schedule(chaos.parse("A@charge.after_call:kill,B@charge.after_call:kill"),
+                   steps=("charge",), workers=1)
+    with pytest.raises(BadInput, match="'Z'"):
+        check_schedule(chaos.parse("Z@charge.after_call:kill"), steps=("charge",), workers=2)

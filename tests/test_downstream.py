@@ -309,3 +309,44 @@ def test_stop_kills_and_reaps_the_server_process(tmp_path):
     ds.stop()  # idempotent
     with pytest.raises(LostResponse):  # a clear error, not a hang
         _pay(c)
+
+
+def test_a_request_without_the_sessions_secret_gets_403_and_writes_no_ledger_row(downstream, client):
+    # Any local process can reach the port; only the harness and the workers it handed the URL to
+    # know the secret that is its first path segment. Without it: 403, nothing applied, no row.
+    import http.client
+    import json
+    from urllib.parse import urlsplit
+
+    _pay(client)  # the run exists and has one row
+    parts = urlsplit(downstream.url)
+    secret = parts.path.strip("/")
+    assert len(secret) >= 24 and secret not in ("runs", "health")
+    body = json.dumps({"params": {"amount": 1}, "meta": META}).encode()
+    attempts = [("POST", f"/runs/{client.run}/resources/payment", body),
+                ("POST", f"/wrong-{secret}/runs/{client.run}/resources/payment", body),
+                ("POST", f"/{secret[:-1]}/runs/{client.run}/resources/payment", body),
+                ("GET", f"/runs/{client.run}/ledger", None),
+                ("PUT", f"/runs/{client.run}/config", b"{}"),
+                ("GET", "/health", None)]
+    for method, path, data in attempts:
+        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
+        conn.request(method, path, body=data, headers={"Idempotency-Key": "intruder-1",
+                                                        "Content-Type": "application/json"})
+        resp = conn.getresponse()
+        assert resp.status == 403, (method, path, resp.status)
+        assert json.loads(resp.read())["error"] == "forbidden"
+        conn.close()
+    rows = client.ledger()
+    assert len(rows) == 1 and all(r["key"] == KEY for r in rows)
+
+
+def test_run_ids_carry_a_random_tail_so_no_other_process_can_guess_them():
+    from killpoint.harness.run import RunConfig, Session
+
+    with Session() as session:
+        url = session.downstream.url
+        a, b = (session.run(RunConfig(workload="single", workers=1)) for _ in range(2))
+    assert a.run_id.startswith("run0001-s0-") and b.run_id.startswith("run0002-s0-")
+    assert len(a.run_id.rsplit("-", 1)[1]) == 8 and a.run_id.rsplit("-", 1)[1] != b.run_id.rsplit("-", 1)[1]
+    assert a.valid is True and url.rsplit("/", 1)[1] not in a.run_id

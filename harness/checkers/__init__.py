@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 from types import MappingProxyType
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 from killpoint.harness.checkers.base import Checker, Result, Verdict, Violation, rank
 from killpoint.harness.checkers.invariants import (CHECKERS, checkpoints_honoured, effects_accounted,
@@ -17,17 +17,26 @@ from killpoint.harness.checkers.invariants import (CHECKERS, checkpoints_honoure
                                          no_duplicate_effects, retry_budget, stale_writes_rejected,
                                          stuck_detected, terminates, version_chain, lease_fenced,
                                          fence_rises, receipt_first)
+from killpoint.harness.checkers.replay import replay_compatible
 from killpoint.harness.history import History
 
 # name -> checker, in the order of DESIGN section 7, then checkpoints_honoured (section 3), then
 # lease_fenced, fence_rises and receipt_first (section 7's bug classes);
 # read-only so no caller can change it for others.
 ALL: Mapping[str, Checker] = MappingProxyType({c.__name__: c for c in CHECKERS})
+# Invariants of what only some targets have, each judged (and reported, in the same table and JSON
+# as the others) in a run whose history has its evidence: ``replay_compatible`` where the target
+# replayed a workflow's recorded histories (the Temporal targets), and nowhere else.
+OPTIONAL: Mapping[str, tuple[Checker, Callable[[History], bool]]] = MappingProxyType({
+    "replay_compatible": (replay_compatible, lambda h: any(e.kind == "replay" for e in h.events)),
+})
 
 
-def _named(checkers: Mapping[str, Checker] | Iterable[Checker] | None) -> list[tuple[str, Checker]]:
+def _named(checkers: Mapping[str, Checker] | Iterable[Checker] | None,
+           history: History) -> list[tuple[str, Checker]]:
     if checkers is None:
-        return list(ALL.items())
+        return list(ALL.items()) + [(name, checker) for name, (checker, applies) in OPTIONAL.items()
+                                    if applies(history)]
     if isinstance(checkers, Mapping):
         return list(checkers.items())
     return [(getattr(c, "__name__", repr(c)), c) for c in checkers]
@@ -48,7 +57,7 @@ def check_all(history: History, checkers: Mapping[str, Checker] | Iterable[Check
     collecting = gc.isenabled()
     gc.disable()
     try:
-        for name, checker in _named(checkers):
+        for name, checker in _named(checkers, history):
             why_not = not_applicable(name, history)
             if why_not is not None:
                 results.append(Result(name, True, False, (), f"not applicable: {why_not}",
@@ -102,8 +111,9 @@ def not_applicable(name: str, history: History) -> str | None:
     return None
 
 
-__all__ = ["ALL", "NEEDS_CHECKPOINTS", "NEEDS_FINAL_STATES", "NEEDS_STORE_EVENTS", "not_applicable",
+__all__ = ["ALL", "OPTIONAL", "NEEDS_CHECKPOINTS", "NEEDS_FINAL_STATES", "NEEDS_STORE_EVENTS", "not_applicable",
            "Checker", "Result", "Verdict", "Violation", "check_all", "rank",
            "no_duplicate_effects", "effects_accounted", "stale_writes_rejected", "version_chain",
            "legal_transitions", "manual_stable", "intent_conflict", "retry_budget", "terminates",
-           "stuck_detected", "checkpoints_honoured", "lease_fenced", "fence_rises", "receipt_first"]
+           "stuck_detected", "checkpoints_honoured", "lease_fenced", "fence_rises", "receipt_first",
+           "replay_compatible"]

@@ -8,7 +8,7 @@ gives None, never True.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable, Iterable
 
 from killpoint.harness.history import History
 
@@ -22,7 +22,7 @@ class Violation:
     events: tuple[int, ...] = ()  # indexes into History.events that prove it
     schedule: str = ""
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"invariant": self.invariant, "schedule": self.schedule, "instance": self.instance,
                 "step": self.step, "detail": self.detail, "events": list(self.events)}
 
@@ -46,7 +46,7 @@ class Result:
 Checker = Callable[[History], Result]
 
 
-def rank(values) -> bool | None:
+def rank(values: Iterable[bool | None]) -> bool | None:
     """Combine validities: any False wins, then any None, else True."""
     values = list(values)
     if any(v is False for v in values):

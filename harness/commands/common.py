@@ -35,17 +35,60 @@ def add_common(p: argparse.ArgumentParser, *, target: bool = True) -> None:
                    help="when to write HTML reports (default: on-failure)")
 
 
+SHOWN_LIMIT = 200  # characters of a bad value an error message repeats
+
+
+def shown(value: object) -> str:
+    """A value as an error message names it: quoted, and clipped to 200 characters (a 10 kB bad
+    value is named, not echoed back whole)."""
+    text = repr(value) if isinstance(value, str) else repr(str(value))
+    if len(text) <= SHOWN_LIMIT:
+        return text
+    return f"{text[:SHOWN_LIMIT]}... ({len(str(value))} characters)"
+
+
+def one_line(message: str, limit: int = 800) -> str:
+    """An error message as one line, no word of it longer than 200 characters and the whole no
+    longer than ``limit``: the last guard against a long value that a message quoted whole."""
+    words = [w if len(w) <= SHOWN_LIMIT else f"{w[:SHOWN_LIMIT]}...({len(w)} characters)"
+             for w in message.split()]
+    line = " ".join(words)
+    return line if len(line) <= limit else line[:limit] + "..."
+
+
+def _names(text: str, option: str) -> tuple[str, ...]:
+    """The comma-separated names of an option given explicitly: an empty list is bad input, never
+    a quiet "all" (leaving the option out is how to ask for all)."""
+    chosen = tuple(p.strip() for p in text.split(",") if p.strip())
+    if not chosen:
+        raise BadInput(f"{option} {shown(text)}: name at least one, or leave {option} out for all")
+    return chosen
+
+
+def parse_steps(text: str | None, known: Iterable[str]) -> tuple[str, ...]:
+    """The steps named by ``--steps`` (any of ``known``), or without it all of ``known``."""
+    known = tuple(known)
+    if text is None:
+        return known
+    chosen = _names(text, "--steps")
+    bad = [s for s in chosen if s not in known]
+    if bad:
+        raise BadInput(f"--steps: unknown step {', '.join(map(shown, bad))}; "
+                       f"the workload's steps are {', '.join(known)}")
+    return chosen
+
+
 def parse_points(text: str | None, known: Iterable[str] = POINTS,
                  default: Iterable[str] = DEFAULT_POINTS) -> tuple[str, ...]:
     """The crash points named by ``--points`` (any of ``known``), or without it ``default`` (the
     points every store has: the PostgreSQL store's own are run only when asked for)."""
     known = tuple(p for p in ORDERED_POINTS if p in set(known)) + tuple(sorted(set(known) - set(ORDERED_POINTS)))
-    if not text:
+    if text is None:
         return tuple(p for p in known if p in set(default))
-    chosen = tuple(p.strip() for p in text.split(",") if p.strip())
+    chosen = _names(text, "--points")
     bad = [p for p in chosen if p not in known]
-    if bad or not chosen:
-        raise BadInput(f"--points: unknown crash point {', '.join(map(repr, bad)) or repr(text)}; "
+    if bad:
+        raise BadInput(f"--points: unknown crash point {', '.join(map(shown, bad))}; "
                        f"valid names are {', '.join(known)}")
     return chosen
 
@@ -87,12 +130,12 @@ def target_points(args: argparse.Namespace, text: str | None) -> tuple[str, ...]
     target = declared_target(args)
     if tuple(target.points) == tuple(DEFAULT_POINTS):
         return parse_points(text)  # a plain target: the built-in points, the store's own on request
-    if not text:
+    if text is None:
         return tuple(target.points)
-    chosen = tuple(p.strip() for p in text.split(",") if p.strip())
+    chosen = _names(text, "--points")
     bad = [p for p in chosen if p not in target.points]
-    if bad or not chosen:
-        raise BadInput(f"--points: unknown crash point {', '.join(map(repr, bad)) or repr(text)}; "
+    if bad:
+        raise BadInput(f"--points: unknown crash point {', '.join(map(shown, bad))}; "
                        f"the target declares {', '.join(target.points)}")
     return chosen
 
@@ -106,7 +149,7 @@ def parse_schedule(args: argparse.Namespace, text: str):
     try:
         return chaos.parse(text, points=points)
     except chaos.InvalidSchedule as exc:
-        raise BadInput(f"schedule {text[:200]!r}: {exc}") from None
+        raise BadInput(f"schedule {shown(text)}: {one_line(str(exc), 400)}") from None
 
 
 def run_config(args: argparse.Namespace, schedule, **overrides: Any) -> RunConfig:
@@ -115,18 +158,39 @@ def run_config(args: argparse.Namespace, schedule, **overrides: Any) -> RunConfi
     target = getattr(args, "target", "reference")
     declared = declared_target(args)
     workload = workload_name(args)
-    workload_of(args)  # checked before any run starts
+    steps = workload_of(args).step_names  # checked before any run starts
     if schedule is not None:
+        check_schedule(schedule, steps=steps, workers=args.workers)
         undeclared = [str(f) for f in schedule.faults
                       if f.point not in declared.points and f.point not in DB_POINTS]
         if undeclared:
-            raise BadInput(f"schedule {str(schedule)[:200]!r}: {', '.join(undeclared)} names a crash point "
+            raise BadInput(f"schedule {shown(str(schedule))}: {', '.join(map(shown, undeclared))} names a crash point "
                            f"the target does not declare; it declares {', '.join(declared.points)}")
     validate_store(args.store, schedule)
     values = dict(schedule=schedule, target=target, workload=workload, workers=args.workers,
                   seed=args.seed, store=args.store, timing=Timing())
     values.update(overrides)
     return RunConfig(**values)
+
+
+def check_schedule(schedule, *, steps: Iterable[str], workers: int) -> None:
+    """Refuse a schedule whose fault could never fire: a step the workload does not have, or a
+    worker no run with ``workers`` workers ever starts (the first ones, then fresh identities for
+    replacements up to the run's spawn cap)."""
+    from killpoint.harness.supervise import reachable_identities
+
+    steps = tuple(steps)
+    for fault in schedule.faults:
+        if fault.step is not None and fault.step not in steps:
+            raise BadInput(f"schedule {shown(str(schedule))}: unknown step {shown(fault.step)} in "
+                           f"{shown(str(fault))}; the workload's steps are {', '.join(steps)}")
+    reachable = reachable_identities(workers, len(schedule.faults))
+    for fault in schedule.faults:
+        if fault.worker not in reachable:
+            raise BadInput(f"schedule {shown(str(schedule))}: worker {shown(fault.worker)} in "
+                           f"{shown(str(fault))} is never started: with --workers {workers} a run "
+                           f"starts {', '.join(reachable[:workers])}, and replacements "
+                           f"{reachable[workers]}..{reachable[-1]}")
 
 
 def validate_store(spec: str, schedule=None) -> None:
@@ -256,7 +320,7 @@ def write_reports(args: argparse.Namespace, summary: Summary, title: str) -> Non
     try:
         summary.report = write(summary.results, args.report_dir, title=title)
     except OSError as exc:
-        raise BadInput(f"--report-dir {args.report_dir!r}: cannot write reports there "
+        raise BadInput(f"--report-dir {shown(args.report_dir)}: cannot write reports there "
                        f"({exc.strerror or exc})") from None
 
 

@@ -102,17 +102,9 @@ class _Found(Exception):
 
 
 def _steps(args: argparse.Namespace) -> tuple[str, ...]:
-    from killpoint.harness.commands.common import workload_of
+    from killpoint.harness.commands.common import parse_steps, workload_of
 
-    steps = workload_of(args).step_names
-    if not args.steps:
-        return steps
-    chosen = tuple(s.strip() for s in args.steps.split(",") if s.strip())
-    bad = [s for s in chosen if s not in steps]
-    if bad or not chosen:
-        raise BadInput(f"--steps: unknown step {', '.join(map(repr, bad)) or repr(args.steps)}; "
-                       f"the workload's steps are {', '.join(steps)}")
-    return chosen
+    return parse_steps(args.steps, workload_of(args).step_names)
 
 
 def database_key(args: argparse.Namespace, steps: tuple[str, ...], points: tuple[str, ...]) -> bytes:

@@ -26,8 +26,8 @@ import sys
 from killpoint.chaos.points import DB_POINTS, ORDERED_POINTS
 from killpoint.chaos.schedule import Fault, Schedule
 from killpoint.chaos.actions import parse as parse_actions
-from killpoint.harness.commands.common import (Progress, Summary, add_common, finish, parse_points, run_config,
-                                               target_points, workload_of)
+from killpoint.harness.commands.common import (Progress, Summary, add_common, finish, parse_points, parse_steps,
+                                               run_config, target_points, workload_of)
 from killpoint.harness.run import Session
 
 HELP = ("run every single-fault schedule (each point x each step, killed or paused past its lease), "
@@ -117,6 +117,8 @@ def double_crash_schedules(step_names, points, *, forms=FORMS,
     so the restarted A takes the second crash; when A passes ``p2`` before (or at) ``p1`` in an
     attempt, the second fault waits for hit #2 so that it lands after the first. A pair whose
     second fault is never reached (the other worker did that work) is unknown, never valid.
+    The ``hits`` form has no pair after a hang at the heartbeat: a hung worker is never killed
+    and restarted (the harness ends it only once the run is done), so A could never crash again.
     """
     out: list[tuple[Schedule, float]] = []
     for s1 in step_names:
@@ -126,7 +128,7 @@ def double_crash_schedules(step_names, points, *, forms=FORMS,
                 for s2 in (step_names if cross_steps else (s1,)):
                     for p2 in points:
                         out.append((Schedule((first, _fault("B", s2, p2))), 0.5))
-            if "hits" in forms:
+            if "hits" in forms and _action(p1) != "1*hang":
                 for p2 in points:
                     hit = 2 if HIT_ORDER.index(p2) <= HIT_ORDER.index(p1) else 1
                     out.append((Schedule((first, _fault("A", s1, p2, hit))), 1.0))
@@ -149,38 +151,31 @@ def repeated_steps(workload) -> tuple[str, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from killpoint.harness.commands.common import BadInput, redact
+    from killpoint.harness.commands.common import BadInput, redact, shown
 
     points = target_points(args, args.points)
     workload = workload_of(args)
-    steps = workload.step_names
-    if args.steps:
-        chosen = tuple(s.strip() for s in args.steps.split(",") if s.strip())
-        bad = [s for s in chosen if s not in steps]
-        if bad:
-            raise BadInput(f"--steps: unknown step {', '.join(map(repr, bad))}; "
-                           f"the workload's steps are {', '.join(steps)}")
-        steps = chosen
-    elif args.depth == 2:
+    steps = parse_steps(args.steps, workload.step_names)
+    if args.steps is None and args.depth == 2:
         steps = repeated_steps(workload)
     if args.depth == 1:
         actions = tuple(a.strip() for a in args.actions.split(",") if a.strip())
         bad = [a for a in actions if a not in ACTIONS]
         if bad or not actions:
-            raise BadInput(f"--actions: unknown action {', '.join(map(repr, bad)) or repr(args.actions)}; "
+            raise BadInput(f"--actions: unknown action {', '.join(map(shown, bad)) or shown(args.actions)}; "
                            f"use any of {', '.join(ACTIONS)}")
         if "terminate" in actions and not str(args.store).startswith(("postgresql://", "postgres://")):
             raise BadInput(f"--actions terminate: ending a worker's database sessions needs a "
                            f"postgresql:// store, not --store {redact(args.store)}")
         # Unless --points narrows it, terminate also runs inside the PostgreSQL store's COMMIT.
-        terminate_points = points if args.points else parse_points(None, default=ORDERED_POINTS)
+        terminate_points = points if args.points is not None else parse_points(None, default=ORDERED_POINTS)
         configs = [run_config(args, s)
                    for s in single_fault_schedules(steps, points, actions, terminate_points)]
     else:
         forms = tuple(f.strip() for f in args.forms.split(",") if f.strip())
         bad = [f for f in forms if f not in FORMS]
         if bad or not forms:
-            raise BadInput(f"--forms: unknown form {', '.join(map(repr, bad)) or repr(args.forms)}; "
+            raise BadInput(f"--forms: unknown form {', '.join(map(shown, bad)) or shown(args.forms)}; "
                            f"use workers, hits or both")
         pairs = double_crash_schedules(steps, points, forms=forms, cross_steps=args.cross_steps)
         configs = [run_config(args, s, same_identity=same) for s, same in pairs]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from killpoint.harness.commands.common import (EXIT_VIOLATED, BadInput, Summary, add_common,
+from killpoint.harness.commands.common import (EXIT_VIOLATED, BadInput, one_line, shown, Summary, add_common,
                                      replay_command, run_config, write_reports)
 
 HELP = "run one schedule again (as printed by matrix, explore or selftest) and give its verdict"
@@ -38,7 +38,7 @@ def parse_schedule(text: str, args: argparse.Namespace | None = None):
     try:
         return chaos.parse(text)
     except chaos.InvalidSchedule as exc:
-        raise BadInput(f"schedule {text!r}: {exc}") from None
+        raise BadInput(f"schedule {shown(text)}: {one_line(str(exc), 400)}") from None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from killpoint.harness.commands.common import BadInput, Summary, add_common, finish, run_config
+from killpoint.harness.commands.common import BadInput, Summary, add_common, finish, one_line, run_config, shown
 
 HELP = "run one schedule and write its HTML report (verdict, violations, timeline, ledger)"
 DEFAULT_DIR = "killpoint-report"
@@ -32,9 +32,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         schedule = chaos.parse(args.schedule)
     except chaos.InvalidSchedule as exc:
-        raise BadInput(f"--schedule {args.schedule!r}: {exc}") from None
+        raise BadInput(f"--schedule {shown(args.schedule)}: {one_line(str(exc), 400)}") from None
     if os.path.exists(args.report_dir) and not os.path.isdir(args.report_dir):
-        raise BadInput(f"--report-dir {args.report_dir!r} is a file: name a directory to write into")
+        raise BadInput(f"--report-dir {shown(args.report_dir)} is a file: name a directory to write into")
     config = run_config(args, schedule)
     args.report = "always"
     summary = Summary()

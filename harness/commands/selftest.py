@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from killpoint import chaos
-from killpoint.harness.commands.common import (EXIT_VALID, EXIT_VIOLATED, BadInput, Progress,
+from killpoint.harness.commands.common import (EXIT_VALID, EXIT_VIOLATED, BadInput, shown, Progress,
                                      Summary, replay_command, run_config, validate_store)
 
 if TYPE_CHECKING:
@@ -69,7 +69,7 @@ def _chosen(text: str | None) -> list[Any]:
     names = [n.strip() for n in text.split(",") if n.strip()]
     bad = [n for n in names if n not in MUTANTS]
     if bad or not names:
-        raise BadInput(f"--mutants: unknown mutant {', '.join(map(repr, bad)) or repr(text)}; "
+        raise BadInput(f"--mutants: unknown mutant {', '.join(map(shown, bad)) or shown(text)}; "
                        f"known mutants are {', '.join(MUTANTS)}")
     return [MUTANTS[n] for n in names]
 

@@ -36,7 +36,8 @@ class DownstreamClient:
         self.run = run
         self.timeout = timeout
         self._host, self._port = parts.hostname, parts.port
-        self._prefix = f"/runs/{quote(run, safe='')}"
+        # The URL's path is the session's secret (the server answers nothing without it).
+        self._prefix = f"{parts.path.rstrip('/')}/runs/{quote(run, safe='')}"
         self._conn: http.client.HTTPConnection | None = None
 
     # -- connection --

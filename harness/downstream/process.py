@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import secrets
 import signal
 import weakref
 from typing import Any
@@ -33,6 +34,10 @@ class DownstreamProcess:
 
     def __init__(self, ledger_path: str) -> None:
         self.ledger_path = str(ledger_path)
+        # The session's secret: the first segment of every path the server answers, so only
+        # what the harness handed the URL to (its own clients, the workers through their
+        # context) can read a run's ledger or post effects into it. Kept across a restart.
+        self._secret = secrets.token_urlsafe(24)
         self.pid: int | None = None
         self.url: str = ""
         self._proc: Any = None
@@ -44,7 +49,7 @@ class DownstreamProcess:
 
         ctx = multiprocess.get_context("fork")
         reader, writer = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=serve, args=(self.ledger_path, writer, os.getpid(), port),
+        proc = ctx.Process(target=serve, args=(self.ledger_path, writer, os.getpid(), self._secret, port),
                            name="killpoint-downstream", daemon=False)
         with sigint_deferred():
             proc.start()
@@ -64,7 +69,7 @@ class DownstreamProcess:
             raise RuntimeError(f"downstream failed to start: {value}")
         self._proc = proc
         self.pid = proc.pid
-        self.url = f"http://127.0.0.1:{value}"
+        self.url = f"http://127.0.0.1:{value}/{self._secret}"
         # Kill the server if this handle is dropped or the interpreter exits without stop():
         # multiprocess would otherwise wait forever for its non-daemon child at exit. Registered
         # after multiprocess's own exit hook, so it runs first.
@@ -106,7 +111,7 @@ class DownstreamProcess:
         self.stop()
 
     def __repr__(self) -> str:
-        return (f"DownstreamProcess(pid={self.pid}, url={self.url!r}, "
+        return (f"DownstreamProcess(pid={self.pid}, url={self.url.rsplit('/', 1)[0] + '/***'!r}, "
                 f"ledger_path={self.ledger_path!r})")
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import hmac
 import json
 import os
 import signal
@@ -69,6 +70,12 @@ class _Handler(BaseHTTPRequestHandler):
     def _route(self, method: str) -> Reply:
         ledger = self.server.ledger
         parts = [unquote(p) for p in self.path.split("?", 1)[0].split("/")[1:]]
+        # Invariant: nothing below runs, and no ledger row is written, without the session's secret.
+        if not parts or not hmac.compare_digest(parts[0].encode(), self.server.secret.encode()):
+            self.close_connection = True  # its body (if any) is never read
+            return Reply(403, {"error": "forbidden",
+                               "detail": "the URL does not carry this session's secret"})
+        parts = parts[1:]
         if method == "GET" and parts == ["health"]:
             return Reply(200, {"ok": True, "pid": os.getpid()})
         if len(parts) < 3 or parts[0] != "runs":
@@ -136,8 +143,9 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, ledger: Ledger, port: int = 0) -> None:
+    def __init__(self, ledger: Ledger, secret: str, port: int = 0) -> None:
         self.ledger = ledger
+        self.secret = secret
         super().__init__(("127.0.0.1", port), _Handler)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
@@ -160,7 +168,7 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
-def _bind(ledger: Ledger, port: int) -> _Server:
+def _bind(ledger: Ledger, secret: str, port: int) -> _Server:
     """Listen on ``port`` (0: an ephemeral one).
 
     A restart asks for the port its predecessor had, so clients that hold the URL reconnect.
@@ -170,20 +178,21 @@ def _bind(ledger: Ledger, port: int) -> _Server:
     deadline = time.monotonic() + START_TIMEOUT / 2
     while True:
         try:
-            return _Server(ledger, port)
+            return _Server(ledger, secret, port)
         except OSError as e:
             if not port or e.errno != errno.EADDRINUSE or time.monotonic() > deadline:
                 raise
             time.sleep(0.01)
 
 
-def serve(ledger_path: str, conn: Any, parent_pid: int, port: int = 0) -> None:
-    """The server process's body: report the port (or the failure) through ``conn``; serve."""
+def serve(ledger_path: str, conn: Any, parent_pid: int, secret: str, port: int = 0) -> None:
+    """The server process's body: report the port (or the failure) through ``conn``; serve
+    requests whose path starts with ``secret`` (any other gets 403 and writes nothing)."""
     try:
         _die_with_parent(parent_pid)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business
         unblock_sigint()
-        server = _bind(Ledger(ledger_path), port)
+        server = _bind(Ledger(ledger_path), secret, port)
     except BaseException as e:
         conn.send(("error", f"{type(e).__name__}: {e}"))
         conn.close()
