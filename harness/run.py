@@ -23,10 +23,12 @@ from killpoint.harness import downstream as ds
 from killpoint.harness import history as hist
 from killpoint.harness.checkers.base import Verdict
 from killpoint.harness.judge import gather_history, judge
-from killpoint.harness.store import check_faults, open_store
+from killpoint.harness.declaration import TargetRun
+from killpoint.harness.hooks import Hooks
+from killpoint.harness.store import check_faults, open_store, schema_name
 from killpoint.harness.store.base import Store
 from killpoint.harness.supervise import Supervisor, WorkerProcess, kill
-from killpoint.harness.targets import Target, resolve
+from killpoint.harness.targets import Target, declared
 from killpoint.harness.worker import Timing
 from killpoint.harness.workload import Workload, resolve_workload
 
@@ -41,7 +43,9 @@ def _workload(name: str, seed: int) -> Workload:
 class RunConfig:
     schedule: Schedule = field(default_factory=Schedule)
     target: "str | Target" = "reference"
-    workload: str = "orders"
+    # A built-in name or pkg.module:function; None: the target's own (orders for the reference and
+    # the mutants, plain for a user's target unless it declares one).
+    workload: str | None = None
     workers: int = 2
     seed: int = 0
     store: str = "sqlite"
@@ -61,6 +65,21 @@ class RunConfig:
     # and replaced, the harness reopens its handle). A worker paused by that fault is released at
     # once, without SIGSTOP: it only waited for the restart.
     restarts: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    @property
+    def workload_name(self) -> str:
+        """The workload the run uses: ``workload``, or the target's default."""
+        from killpoint.harness.workload import default_for
+
+        if self.workload_spec is not None:
+            return self.workload_spec.name
+        if self.workload:
+            return self.workload
+        try:
+            own = declared(self.target)
+        except Exception:  # noqa: BLE001 - an unresolvable target fails later, with its own message
+            own = None
+        return default_for(self.target, own)
 
     @property
     def target_name(self) -> str:
@@ -134,14 +153,18 @@ class _Run:
         self.run_id = run_id
         self.run_dir = os.path.join(session.base_dir, run_id)
         os.makedirs(self.run_dir, exist_ok=True)
-        self.workload: Workload = config.workload_spec or _workload(config.workload, config.seed)
+        self.declared = declared(config.target)
+        self.workload: Workload = config.workload_spec or _workload(config.workload_name, config.seed)
         known = {str(f) for f in config.schedule.faults}
         for fault, services in config.restarts.items():
             if fault not in known or not set(services) <= {"downstream", "store"}:
                 raise ValueError(f"restarts {fault!r}: {services!r}: name a fault of the schedule "
                                  f"and any of 'downstream', 'store'")
         check_faults(config.store, config.schedule)  # InvalidStore, a ValueError
-        self.target = resolve(config.target)
+        self.target = self.declared
+        self.target_run = TargetRun(run_id, self.run_dir, schema_name(f"{run_id}_target"), self.workload,
+                                    f"{session.downstream.url}/runs/{run_id}", config.store, config.seed)
+        self.hooks = Hooks(self.declared, self.target_run)
         self.harness_events: list[dict[str, Any]] = []
 
     def note(self, kind: str, **data: Any) -> None:
@@ -162,13 +185,17 @@ class _Run:
         client.configure(self.downstream_config())
         sup = Supervisor(self.config, run_id=self.run_id, run_dir=self.run_dir, target=self.target,
                          workload=self.workload, store=store, downstream=self.s.downstream,
-                         registry=self.s._live, note=self.note)
+                         registry=self.s._live, note=self.note, target_run=self.target_run,
+                         finished=self.hooks.done if self.declared.owns_state else None)
+        if not self.hooks.setup():
+            sup.halted = True  # the target could not set up its own state: no worker starts
         try:
             bound_hit, quiescent = sup.supervise(started + self.config.bound_s)
         except BaseException:
             sup.end_workers()
             if not self.s.keep:  # an interrupted run leaves no file or schema behind either
                 store.drop()
+                self.hooks.teardown()
             client.close()
             raise
         finally:
@@ -180,12 +207,16 @@ class _Run:
             history = gather_history(workload=self.workload, store=store, client=client,
                                      workers=sup.workers, harness_events=self.harness_events,
                                      schedule=self.config.schedule, timing=self.config.timing,
-                                     quiescent=quiescent, bound_hit=bound_hit)
+                                     quiescent=quiescent, bound_hit=bound_hit, hooks=self.hooks)
             store.close()
             if not self.s.keep:  # the history holds all a report needs; the run's tables can go
                 store.drop()
-            judged = judge(history, self.config.schedule, sup.tally.fired)
+            # A target that raised, or a hook that did, is a finding: the run cannot be valid.
+            judged = judge(history, self.config.schedule, sup.tally.fired,
+                           sup.raised.reasons() + tuple(self.hooks.errors))
             return RunResult(self.config, self.run_id, history, judged.verdict, judged.fired,
                              judged.unfired, len(sup.workers), time.monotonic() - started, self.run_dir)
         finally:
             client.close()
+            if not self.s.keep:
+                self.hooks.teardown()

@@ -30,7 +30,8 @@ from killpoint.chaos.journal import Journal
 from killpoint.chaos import seeds
 from killpoint.chaos.points import Failpoints
 from killpoint.harness import downstream as ds
-from killpoint.harness import messages
+from killpoint.harness import hooks, messages
+from killpoint.harness.declaration import Target as Declared, TargetRun
 from killpoint.harness.messages import RESUME, FaultTally, Inbox
 from killpoint.harness.signals import sigint_deferred, unblock_sigint
 from killpoint.harness.store.base import Store
@@ -76,6 +77,7 @@ class WorkerProcess:
     state: str = "running"  # running | paused | hung | exited
     paused: tuple[str, str, int] | None = None  # (instance, step, state_version) at pause
     exitcode: int | None = None
+    raised: tuple[str, str] | None = None  # (signature, "Type: message") when its target raised
 
     @property
     def events(self) -> int:
@@ -101,12 +103,16 @@ def worker_main(target: Target, ctx_args: dict[str, Any], faults, hits, seed: in
     chaos.points.install(Failpoints(list(faults), journal, seed, events_fd, control_fd, dict(hits),
                                     backends=store.backends))
     client = ds.DownstreamClient(ctx_args["url"], ctx_args["run_id"])
+    declared: Declared = target  # type: ignore[assignment]
     ctx = WorkerContext(ctx_args["worker_id"], store, client, journal, ctx_args["workload"],
-                        ctx_args["timing"])
+                        ctx_args["timing"], run_dir=ctx_args["run_dir"],
+                        downstream_url=f"{ctx_args['url']}/runs/{ctx_args['run_id']}",
+                        points=declared.points, run=ctx_args["target_run"], replaces=ctx_args["replaces"])
     ctx.heartbeat = Heartbeat(store, journal, ctx.timing)
-    target(ctx)
-    journal.write("finish")
-    os._exit(0)
+    code = hooks.worker_body(declared, ctx, journal, events_fd)
+    if code == 0:
+        journal.write("finish")
+    os._exit(code)
 
 
 def kill(w: WorkerProcess) -> None:
@@ -135,10 +141,17 @@ class Supervisor:
     worker a run left); ``note`` records a harness event in the run's history.
     """
 
-    def __init__(self, config: "RunConfig", *, run_id: str, run_dir: str, target: Target,
+    def __init__(self, config: "RunConfig", *, run_id: str, run_dir: str, target: Declared,
                  workload: Workload, store: Store, downstream: ds.DownstreamProcess,
-                 registry: dict[int, WorkerProcess], note: Note) -> None:
+                 registry: dict[int, WorkerProcess], note: Note, target_run: TargetRun | None = None,
+                 finished: Callable[[], bool] | None = None) -> None:
         self.config = config
+        self.target_run = target_run
+        # Is the work done? By default killpoint's store says; a target that owns its state says.
+        self.finished = finished or self._store_done
+        self.raised = hooks.Raised()
+        self.halted = False  # replacements stopped: the target raised the same exception twice
+        self.replaces: dict[str, str] = {}  # identity about to start -> the dead worker id it replaces
         self.schedule = config.schedule
         self.run_id = run_id
         self.run_dir = run_dir
@@ -171,7 +184,8 @@ class Supervisor:
         journal = os.path.join(self.run_dir, f"journal-{label}.jsonl")
         ctx_args = {"worker_id": worker_id, "store": self.store, "url": self.downstream.url,
                     "run_id": self.run_id, "workload": self.workload, "timing": self.config.timing,
-                    "journal": journal}
+                    "journal": journal, "target_run": self.target_run, "run_dir": self.run_dir,
+                    "replaces": self.replaces.pop(worker_id, None)}
         seed = seeds.derive(self.config.seed, f"worker:{label}")
         proc = _FORK.Process(target=worker_main, name=f"killpoint-worker-{label}",
                              args=(self.target, ctx_args, faults, self.tally.hits, seed, events_w,
@@ -205,6 +219,8 @@ class Supervisor:
         a faulted worker has not reached its fault, nobody else can take its work away, so the
         fault lands where the schedule put it.
         """
+        if self.halted:
+            return
         for name in self.names:
             if name in self.started_names:
                 continue
@@ -216,6 +232,8 @@ class Supervisor:
             self.spawn(self.deferred.pop(0))
 
     def replace(self, dead: WorkerProcess) -> None:
+        if self.halted:
+            return
         if self.rng.random() < self.config.same_identity:
             identity = dead.worker_id
         else:
@@ -223,6 +241,7 @@ class Supervisor:
             self.next_fresh += 1
         faulted = any(f.worker == identity and i not in self.tally.spent
                       for i, f in enumerate(self.schedule.faults))
+        self.replaces[identity] = dead.worker_id
         if faulted or not self.pending_faults():
             self.spawn(identity)
         else:
@@ -251,6 +270,10 @@ class Supervisor:
         sig = -code if code is not None and code < 0 else None
         self.note("exit", worker=w.label, pid=w.proc.pid, code=code,
                   signal=signal.Signals(sig).name if sig else None)
+        if w.raised is not None and self.raised.add(w.raised[0], w.raised[1], w.label) and not self.halted:
+            self.halted = True
+            self.note("replacements_stopped", worker=w.label, error=w.raised[1],
+                      reason="the target raised the same exception again")
         for fd in (w.events, w.control):
             try:
                 os.close(fd)
@@ -287,6 +310,9 @@ class Supervisor:
         w.paused = (instance, step, row["state_version"] if row else 0)  # type: ignore[assignment]
         self.note("stop", worker=w.label, pid=w.proc.pid, signal="SIGSTOP", instance=instance,
                   step=step, reason="pause")
+
+    def on_raised(self, w: WorkerProcess, signature: str, error: str) -> None:
+        w.raised = (signature, error)  # judged at its exit (it exits 1 right after)
 
     def on_terminate(self, w: WorkerProcess, msg: dict[str, Any]) -> None:
         """End the server sessions a worker reported at a ``terminate``, then let it go on.
@@ -351,6 +377,10 @@ class Supervisor:
             w.state = "running"
             w.paused = None
 
+    def _store_done(self) -> bool:
+        now, rows = self.store.snapshot()
+        return plan(rows, now, self.workload) == DONE
+
     # -- the loop ---------------------------------------------------------------------------------
     def supervise(self, deadline: float) -> tuple[bool, bool]:
         """Run the workers until the run is done or the bound is hit: ``(bound_hit, quiescent)``.
@@ -367,15 +397,16 @@ class Supervisor:
                     for w in paused:
                         self.maybe_resume(w, others_active=False)
                     continue
-                now, rows = self.store.snapshot()
-                if plan(rows, now, self.workload) == DONE or len(self.workers) >= self.spawn_cap:
+                finished = self.finished()
+                if finished or self.halted or len(self.workers) >= self.spawn_cap:
                     for w in live:  # only hung workers are left: end them
                         self.kill_worker(w, "quiescent: the run is done and this worker hangs")
-                    quiescent = plan(rows, now, self.workload) == DONE
-                    if not quiescent:  # the workers keep dying: the run could not finish
-                        self.note("bound_hit", reason=f"{len(self.workers)} worker processes spawned, "
-                                                      f"the cap; the target keeps failing")
-                    return not quiescent, quiescent
+                    if finished or self.halted:  # halted: unknown, for the exception it raised
+                        return False, finished
+                    # the workers keep dying: the run could not finish
+                    self.note("bound_hit", reason=f"{len(self.workers)} worker processes spawned, "
+                                                  f"the cap; the target keeps failing")
+                    return True, False
                 self.start_gated()
                 if not self.live() or all(w.state != "running" for w in self.live()):
                     self.replace(live[-1] if live else self.workers[-1])

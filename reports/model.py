@@ -346,7 +346,7 @@ def build_run(result: RunResult, *, max_events: int = DEFAULT_MAX_EVENTS,
     c = result.config
     banner = Banner(
         verdict=verdict_word(verdict.valid), run_id=result.run_id, schedule=schedule,
-        target=c.target_name, seed=c.seed, workers=c.workers, workload=c.workload, store=redact(c.store),
+        target=c.target_name, seed=c.seed, workers=c.workers, workload=c.workload_name, store=redact(c.store),
         duration_ms=round(result.duration_s * 1000, 1), spawned=result.spawned,
         fired=tuple((str(k), int(n)) for k, n in result.fired.items()),
         unfired=tuple(str(u) for u in result.unfired),

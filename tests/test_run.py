@@ -9,7 +9,7 @@ import pytest
 
 from killpoint import chaos
 from killpoint.harness.run import RunConfig, Session
-from killpoint.harness.worker import ReferenceWorker
+from killpoint.harness.worker import ReferenceWorker, reference
 
 
 @pytest.fixture(scope="module")
@@ -138,10 +138,31 @@ def test_a_blind_commit_worker_defined_in_a_test_is_caught(session):
     assert (v.instance, v.step) == ("order-1", "charge") and v.events
 
 
-def test_a_target_that_always_raises_is_never_judged_valid(session):
+def test_a_target_that_always_raises_is_unknown_naming_it_and_stops_replacing_at_the_first_repeat(session):
     def broken(ctx):
         raise RuntimeError("boom")
 
     result = run(session, target=broken, bound_s=10)
-    assert result.valid is not True
-    assert result.history.bound_hit
+    assert result.valid is None
+    assert not result.history.bound_hit
+    assert result.spawned <= 3  # A, B and A's replacement: the second "boom" stops the loop
+    assert any("RuntimeError: boom" in r and "replacements stopped" in r for r in result.verdict.unknown_reasons)
+    raised = [e for e in result.history.events if e.kind == "raised"]
+    assert raised and all("raise RuntimeError" in e.get("traceback") for e in raised)
+    assert result.history.of("harness", "replacements_stopped")
+
+
+def test_a_target_that_raises_once_is_replaced_and_the_run_still_cannot_be_valid(session, tmp_path):
+    flag = tmp_path / "raised-once"
+
+    def flaky(ctx):
+        if not flag.exists():
+            flag.write_text(ctx.worker_id)
+            raise TypeError("first start only")
+        reference(ctx)
+
+    result = run(session, target=flaky, bound_s=20)
+    assert result.valid is None
+    assert result.history.quiescent  # the replacement finished the work
+    assert [r for r in result.verdict.unknown_reasons if "TypeError: first start only" in r]
+    assert not result.history.of("harness", "replacements_stopped")

@@ -10,6 +10,11 @@ nothing did.
 ``run`` is the correct worker. ``run_without_fencing`` makes one classic mistake -- its commit
 trusts the lease it took earlier instead of comparing fence and version -- so the tests can show
 killpoint catching it.
+
+Both are declared with ``@killpoint.target``: the crash points they mark (so the matrix schedules
+exactly these, and a typo in ``ctx.point`` fails at once) and the workload they run, one order with
+one charge. They keep their state in killpoint's own store (``ctx.store``), so every invariant judges
+them; a worker with a store of its own says ``owns_state=True`` (see ``examples/pg_queue``).
 """
 
 from __future__ import annotations
@@ -17,19 +22,25 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from killpoint import WorkerContext, at
+import killpoint
+from killpoint import WorkerContext
 from killpoint.harness.mutants import blind_commit
 
 # States a worker may pick a step up from: never started, or started by a worker that may be dead.
 CLAIMABLE = ("pending", "running")
 FINISHED = ("succeeded", "failed", "manual_intervention", "cancelled", "compensated")
+# Where this worker can be crashed, in the order it passes them on one step.
+POINTS = ("before_claim", "after_claim", "heartbeat", "before_call", "in_call", "after_call",
+          "before_receipt", "after_receipt", "before_commit", "after_commit")
 
 
+@killpoint.target(points=POINTS, workload="single")
 def run(ctx: WorkerContext) -> None:
     """The target: work until every step in the store is finished."""
     Shop(ctx, fenced=True).work()
 
 
+@killpoint.target(points=POINTS, workload="single")
 def run_without_fencing(ctx: WorkerContext) -> None:
     """The same worker with one bug: its commits are not compared against the current lease."""
     Shop(ctx, fenced=False).work()
@@ -55,7 +66,7 @@ class Shop:
                 time.sleep(ctx.timing.poll_ms / 1000.0)
                 continue
             row = free[0]
-            with at(row["instance"], row["step"]):  # lets a schedule name the step: A@charge.after_call
+            with ctx.at(row["instance"], row["step"]):  # lets a schedule name the step: A@charge.after_call
                 self.step(row)
 
     def step(self, row: dict[str, Any]) -> None:

@@ -145,7 +145,7 @@ def parse_schedule(args: argparse.Namespace, text: str):
     the target did not declare is refused by :func:`run_config`, naming the ones it did)."""
     from killpoint import chaos
 
-    points = frozenset(POINTS) | frozenset(declared_target(args).points)
+    points = frozenset(declared_target(args).points) | frozenset(DB_POINTS)
     try:
         return chaos.parse(text, points=points)
     except chaos.InvalidSchedule as exc:
@@ -215,8 +215,8 @@ def replay_command(result: RunResult) -> str:
     parts = ["killpoint", "replay", str(c.schedule), "--target", c.target_name, "--seed", str(c.seed)]
     if c.workers != 2:
         parts += ["--workers", str(c.workers)]
-    if c.workload != "orders":
-        parts += ["--workload", c.workload]
+    if c.workload_name != RunConfig(target=c.target).workload_name:  # not the target's default
+        parts += ["--workload", c.workload_name]
     if c.store != "sqlite":
         parts += ["--store", redact(c.store)]
     if c.same_identity != 0.5:  # the restart rule decides who recovers: it is part of the run

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from killpoint._plugin.fixture import Killpoint
 
 
-def explore(handle: "Killpoint", *, target: str, budget: int | None, seed: int | None, workload: str,
+def explore(handle: "Killpoint", *, target: str, budget: int | None, seed: int | None, workload: str | None,
             workers: int) -> CrashVerdict:
     """See :meth:`killpoint._plugin.fixture.Killpoint.explore`."""
     import argparse
@@ -43,7 +43,8 @@ def explore(handle: "Killpoint", *, target: str, budget: int | None, seed: int |
     seed = (handle.settings.seed if seed is None else seed) + (k - 1)
     parser = argparse.ArgumentParser(prog="killpoint explore")
     command.add_arguments(parser)
-    argv = ["--target", target, "--budget", str(share), "--seed", str(seed), "--workload", workload,
+    argv = ["--target", target, "--budget", str(share), "--seed", str(seed),
+            *(["--workload", workload] if workload is not None else []),
             "--workers", str(workers), "--store", handle.settings.store, "--json"]
     if handle.settings.points is not None:
         argv += ["--points", ",".join(handle.settings.points)]
@@ -55,7 +56,7 @@ def explore(handle: "Killpoint", *, target: str, budget: int | None, seed: int |
     return _from_json(handle, json.loads(out.getvalue()), target, seed, workload, workers)
 
 
-def _from_json(handle: "Killpoint", data: dict[str, Any], target: str, seed: int, workload: str,
+def _from_json(handle: "Killpoint", data: dict[str, Any], target: str, seed: int, workload: str | None,
                workers: int) -> CrashVerdict:
     """A verdict from a command's ``--json`` object (DESIGN section 10); it has no histories."""
     import types

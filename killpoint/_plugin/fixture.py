@@ -17,6 +17,7 @@ from killpoint._plugin.verdict import CrashVerdict, _Run, _verdict
 
 if TYPE_CHECKING:
     from killpoint.chaos.schedule import Schedule
+    from killpoint.harness.workload import Workload
     from killpoint.harness.run import RunConfig, RunResult, Session
 
 class Killpoint:
@@ -49,40 +50,50 @@ class Killpoint:
 
     # -- running -----------------------------------------------------------------------------
     def run(self, schedule: "str | Schedule" = "", *, target: "str | Callable[..., None]" = "reference",
-            workload: str = "orders", workers: int = 2, seed: int | None = None,
+            workload: "str | Workload | None" = None, workers: int = 2, seed: int | None = None,
             **config: Any) -> CrashVerdict:
         """One run under ``schedule`` (text such as ``"A@charge.after_call:kill"``, or a Schedule).
 
+        ``workload``: a built-in name, ``pkg.module:function`` or a :class:`killpoint.Workload`; by
+        default the target's own (``orders`` for the reference and the mutants, ``plain`` for yours).
         ``config`` passes further :class:`killpoint.RunConfig` fields (``timing``, ``bound_s``,
         ``same_identity``).
         """
         from killpoint import chaos
+        from killpoint.chaos.points import DB_POINTS
 
-        parsed = chaos.parse(schedule) if isinstance(schedule, str) else schedule
+        if isinstance(schedule, str):
+            points = frozenset(self._declared(target).points) | frozenset(DB_POINTS)
+            try:
+                parsed = chaos.parse(schedule, points=points)
+            except chaos.InvalidSchedule as exc:
+                pytest.fail(f"killpoint: schedule {schedule[:200]!r}: {exc}", pytrace=False)
+        else:
+            parsed = schedule
         return self._judge([self._config(parsed, target, workload, workers, seed, config)])
 
     def matrix(self, *, target: "str | Callable[..., None]" = "reference",
                points: Sequence[str] | None = None, steps: Sequence[str] | None = None, depth: int = 1,
-               workload: str = "orders", workers: int = 2, seed: int | None = None,
+               workload: "str | Workload | None" = None, workers: int = 2, seed: int | None = None,
                **config: Any) -> CrashVerdict:
         """Every single crash at each point of each step, as ``killpoint matrix`` runs them; with
         ``depth=2`` every ordered pair of crashes on a step (``killpoint matrix --depth 2``).
 
-        Points default to all (narrowed by ``--killpoint-points``); under ``--killpoint-shard K/N``
-        this runs the K-th share of the list, which is the same in every job.
+        Points default to all the target declares (narrowed by ``--killpoint-points``); under
+        ``--killpoint-shard K/N`` this runs the K-th share of the list, which is the same in every job.
         """
-        from killpoint.harness.workload import WORKLOADS
+        from killpoint.harness.workload import default_for, resolve_workload
 
         seed = self.settings.seed if seed is None else seed
-        if workload not in WORKLOADS:
-            raise ValueError(f"workload {workload!r}: known workloads are {', '.join(WORKLOADS)}")
-        known = WORKLOADS[workload](seed).step_names
+        declared = self._declared(target)
+        built = resolve_workload(workload if workload is not None else default_for(target, declared), seed)
+        known = built.step_names
         points = [points] if isinstance(points, str) else points
         steps = (steps,) if isinstance(steps, str) else tuple(steps) if steps is not None else known
         bad = [s for s in steps if s not in known]
         if bad:
-            raise ValueError(f"steps {bad!r}: the {workload} workload's steps are {', '.join(known)}")
-        schedules = _schedules(steps, _points(points, self.settings), depth)
+            raise ValueError(f"steps {bad!r}: the {built.name} workload's steps are {', '.join(known)}")
+        schedules = _schedules(steps, _points(points, self.settings, declared.points), depth)
         mine = [s for i, s in enumerate(schedules) if self.settings.in_shard(i)]
         if schedules and not mine:
             k, n = self.settings.shard
@@ -91,7 +102,7 @@ class Killpoint:
                             for s, needs in mine])
 
     def explore(self, *, target: str = "reference", budget: int | None = None, seed: int | None = None,
-                workload: str = "orders", workers: int = 2) -> CrashVerdict:
+                workload: str | None = None, workers: int = 2) -> CrashVerdict:
         """Schedules drawn with Hypothesis (``killpoint explore``), a failure shrunk to a minimal one.
 
         ``budget`` defaults to ``--killpoint-budget``. Under ``--killpoint-shard K/N`` this job draws
@@ -102,21 +113,33 @@ class Killpoint:
         return explore(self, target=target, budget=budget, seed=seed, workload=workload, workers=workers)
 
     # -- inside ------------------------------------------------------------------------------
-    def _config(self, schedule: Any, target: Any, workload: str, workers: int, seed: int | None,
-                extra: dict[str, Any]) -> "RunConfig":
-        from killpoint.harness.run import RunConfig
-        from killpoint.harness.targets import InvalidTarget, resolve
+    def _declared(self, target: Any) -> Any:
+        """The target with its declaration, or a test failure naming the bad target."""
+        from killpoint.harness.targets import InvalidTarget, declared
 
         try:
-            resolve(target)
-            problem = None
+            return declared(target)
         except InvalidTarget as exc:
             problem = str(exc)
-        if problem is not None:
-            pytest.fail(f"killpoint: {problem}", pytrace=False)
+        pytest.fail(f"killpoint: {problem}", pytrace=False)
+
+    def _config(self, schedule: Any, target: Any, workload: Any, workers: int, seed: int | None,
+                extra: dict[str, Any]) -> "RunConfig":
+        from killpoint.harness.run import RunConfig
+        from killpoint.harness.workload import InvalidWorkload, Workload, resolve_workload
+
+        self._declared(target)
+        seed = self.settings.seed if seed is None else seed
+        if isinstance(workload, Workload):
+            extra = {"workload_spec": workload, **extra}
+            workload = workload.name
+        elif workload is not None:
+            try:
+                resolve_workload(workload, seed)
+            except InvalidWorkload as exc:
+                pytest.fail(f"killpoint: {exc}", pytrace=False)
         return RunConfig(schedule=schedule, target=target, workload=workload, workers=workers,
-                         seed=self.settings.seed if seed is None else seed, store=self.settings.store,
-                         **extra)
+                         seed=seed, store=self.settings.store, **extra)
 
     def _guard(self) -> None:
         """Crashes must only ever hit children: refuse if this (pytest's) process has failpoints."""

@@ -33,7 +33,7 @@ def _marker_kwargs(name: str, kwargs: dict[str, Any]) -> dict[str, Any]:
         _collection_error(f"{name}: @pytest.mark.killpoint got unknown keyword "
                                 f"{', '.join(map(repr, unknown))}; it takes {', '.join(_MARKER_KEYS)}")
     out = {"points": None, "target": "reference", "workers": 2, "steps": None, "action": None,
-           "workload": "orders", "seed": None, "check": True, **kwargs}
+           "workload": None, "seed": None, "check": True, **kwargs}
     for key in ("points", "steps"):
         value = out[key]
         if isinstance(value, str):
@@ -53,6 +53,16 @@ def _marker_kwargs(name: str, kwargs: dict[str, Any]) -> dict[str, Any]:
         except InvalidAction as exc:
             _collection_error(f"{name}: @pytest.mark.killpoint(action={out['action']!r}): {exc}")
     return out
+
+
+def _declared_points(name: str, target: Any) -> tuple[str, ...]:
+    """The crash points a marked test's target declares (a collection error if it cannot be found)."""
+    from killpoint.harness.targets import InvalidTarget, declared
+
+    try:
+        return declared(target).points
+    except InvalidTarget as exc:
+        _collection_error(f"{name}: @pytest.mark.killpoint(target={target!r}): {exc}")
 
 
 def _collection_error(message: str) -> NoReturn:

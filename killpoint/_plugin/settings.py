@@ -95,11 +95,13 @@ def _settings(config: pytest.Config) -> Settings:
     if points is not None:
         from killpoint.chaos.points import ORDERED_POINTS
 
+        # Any name: a target may declare points of its own; each marked test or matrix then runs
+        # the points its target declares among these (and says so when there are none).
         chosen = tuple(p.strip() for p in points.split(",") if p.strip())
-        bad = [p for p in chosen if p not in ORDERED_POINTS]
+        bad = [p for p in chosen if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]*", p)]
         if bad or not chosen:
-            raise pytest.UsageError(f"{where}: unknown crash point {', '.join(map(repr, bad)) or repr(points)}; "
-                                    f"valid names are {', '.join(ORDERED_POINTS)}")
+            raise pytest.UsageError(f"{where}: bad crash point name {', '.join(map(repr, bad)) or repr(points)}; "
+                                    f"give names such as {', '.join(ORDERED_POINTS[:3])} or a target's own")
         values["points"] = chosen
     shard, where = _raw(config, "shard")
     if shard is not None:
@@ -110,11 +112,22 @@ def _settings(config: pytest.Config) -> Settings:
     return Settings(**values)
 
 
-def _points(asked: Sequence[str] | None, settings: Settings) -> tuple[str, ...]:
-    """The points a marked test or a matrix runs: its own (or all), narrowed by --killpoint-points."""
+def _points(asked: Sequence[str] | None, settings: Settings,
+            declared: Sequence[str] | None = None) -> tuple[str, ...]:
+    """The points a marked test or a matrix runs: its own (or all the target declares), narrowed by
+    --killpoint-points. A point the target does not declare is never scheduled (ValueError)."""
     from killpoint.chaos.points import DEFAULT_POINTS
 
-    points = tuple(asked) if asked else DEFAULT_POINTS
+    declared = tuple(declared) if declared else DEFAULT_POINTS
+    points = tuple(asked) if asked else declared
+    undeclared = [p for p in points if p not in declared]
+    if undeclared:
+        raise ValueError(f"points {undeclared!r}: the target does not declare them; it declares "
+                         f"{', '.join(declared)}")
     if settings.points is not None:
-        points = tuple(p for p in points if p in settings.points)
+        narrowed = tuple(p for p in points if p in settings.points)
+        if points and not narrowed:
+            raise ValueError(f"--killpoint-points {','.join(settings.points)} leaves none of the points "
+                             f"this target declares ({', '.join(points)})")
+        points = narrowed
     return points
