@@ -40,7 +40,7 @@ from killpoint.harness.libs.common import (Downstream, guard_sqlalchemy, install
 
 # Imported in the parent, before any fork: DBOS costs about a second to import, its SQLite dialect
 # (imported by the first launch) a fifth of one more.
-from dbos import DBOS, SetWorkflowID  # noqa: E402
+from dbos import DBOS, DBOSClient, SetWorkflowID  # noqa: E402
 import sqlalchemy.dialects.sqlite  # noqa: E402,F401
 import sqlalchemy.dialects.sqlite.pysqlite  # noqa: E402,F401
 
@@ -107,8 +107,7 @@ def _launch(ctx: Any, keyed: bool) -> None:
     DBOS(config={"name": APP_NAME, "system_database_url": _url(ctx.run_dir), "executor_id": ctx.worker_id,
                  "application_version": APP_VERSION, "log_level": "WARNING", "run_migrations": False,
                  "system_database_engine": _engine(ctx.run_dir)})
-    DBOS.launch()
-    _worker["queue"] = DBOS.register_queue(QUEUE, worker_concurrency=1, polling_interval_sec=QUEUE_POLL_S)
+    DBOS.launch()  # the queue is registered in the system database already (see setup)
 
 
 def _engine(run_dir: str) -> Any:
@@ -141,12 +140,28 @@ def _worker_keyed(ctx: Any) -> bool:
     return bool(ctx.run is not None and ctx.run.state.get("keyed"))
 
 
+def _nothing_for(ctx: Any) -> bool:
+    """Read before launching DBOS: every workflow is enqueued, and each unfinished one runs on
+    another executor (so this worker, which replaces nobody, would only launch to exit)."""
+    ids = [inst.id for inst in ctx.workload.instances]
+    db = sqlite3.connect(f"file:{os.path.join(ctx.run_dir, DB_FILE)}?mode=ro", uri=True, timeout=30)
+    try:
+        rows = db.execute(f"SELECT status, executor_id FROM workflow_status WHERE workflow_uuid IN "
+                          f"({','.join('?' * len(ids))})", ids).fetchall()
+    finally:
+        db.close()
+    return len(rows) == len(ids) and not any(
+        status == "ENQUEUED" or (status == "PENDING" and executor == ctx.worker_id) for status, executor in rows)
+
+
 def _work(ctx: Any, keyed: bool) -> None:
+    if ctx.replaces is None and _nothing_for(ctx):
+        return
     _launch(ctx, keyed)
     ids = [inst.id for inst in ctx.workload.instances]
     for instance in ids:
         with SetWorkflowID(instance):  # the workflow id is the instance: enqueuing again is a no-op
-            _worker["queue"].enqueue(order_workflow, instance)
+            DBOS.enqueue_workflow(QUEUE, order_workflow, instance)
     poll = max(ctx.timing.poll_ms, 5.0) / 1000.0
     while True:
         rows = DBOS.list_workflows(workflow_ids=ids, load_input=False, load_output=False)
@@ -165,13 +180,20 @@ def _work(ctx: Any, keyed: bool) -> None:
 
 
 def _migrated_template() -> str:
-    """An empty system database DBOS has migrated, made once per process and copied per run
-    (migrating a new one costs more than the rest of a run)."""
+    """An empty system database DBOS has migrated, with our queue, made once per process and copied
+    per run (migrating a new one costs more than the rest of a run)."""
     path = _template.get(os.getpid())
     if path is None or not os.path.exists(path):
         folder = tempfile.mkdtemp(prefix="killpoint-dbos-")
         path = os.path.join(folder, DB_FILE)
         DBOS.migrate(f"sqlite:///{path}")
+        # The queue is in the template, so a worker's queue thread finds it when DBOS launches (one
+        # registered after launch is only picked up at the queue thread's next check, a second on).
+        client = DBOSClient(system_database_url=f"sqlite:///{path}", application_name=APP_NAME)
+        try:
+            client.register_queue(QUEUE, worker_concurrency=1, polling_interval_sec=QUEUE_POLL_S)
+        finally:
+            client.destroy()
         db = sqlite3.connect(path)
         db.execute("PRAGMA journal_mode=WAL")  # kept by the file, so by every copy of it
         db.close()

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import hashlib
 import os
 from typing import Any
 
@@ -128,7 +129,11 @@ def _work(ctx: Any, keyed: bool) -> None:
                     return
                 # procrastinate's recovery: the doing jobs of workers whose heartbeat stopped, retried.
                 for job in await manager.get_stalled_jobs(queue=queue, seconds_since_heartbeat=ttl_s):
-                    await manager.retry_job(job)
+                    try:
+                        await manager.retry_job(job)
+                    except procrastinate.exceptions.ConnectorException as exc:
+                        if not _retried_already(exc):
+                            raise
                 await app.run_worker_async(queues=[queue], name=ctx.worker_id, concurrency=1, wait=False,
                                            fetch_job_polling_interval=poll_s, listen_notify=False,
                                            install_signal_handlers=False, delete_jobs="never",
@@ -137,6 +142,13 @@ def _work(ctx: Any, keyed: bool) -> None:
 
     with app.replace_connector(connector):
         asyncio.run(main())
+
+
+def _retried_already(exc: BaseException) -> bool:
+    """Another worker found the same stalled job and retried it first: procrastinate refuses the
+    second retry of a job that is no longer ``doing``."""
+    cause = exc.__cause__
+    return isinstance(cause, psycopg.errors.RaiseException) and "invalid status to retry" in str(cause)
 
 
 # -- in the harness -------------------------------------------------------------------------------
@@ -187,7 +199,8 @@ def _query(run: killpoint.TargetRun, sql: str, *args: Any) -> list[tuple[Any, ..
 def setup(run: killpoint.TargetRun) -> None:
     conninfo = _conninfo(run)
     schema = _schema(conninfo)
-    queue = f"kp_{run.namespace}"[:60]
+    # procrastinate notifies on a channel named after the queue, and a channel name is at most 63 bytes
+    queue = "kp_" + hashlib.sha256(run.namespace.encode()).hexdigest()[:20]
     run.state.update(conninfo=conninfo, schema=schema, queue=queue)
     connector = procrastinate.SyncPsycopgConnector(conninfo=conninfo, kwargs=_options(schema), min_size=1, max_size=1)
     with app.replace_connector(connector), app.open():
