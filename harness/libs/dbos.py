@@ -140,36 +140,37 @@ def _worker_keyed(ctx: Any) -> bool:
     return bool(ctx.run is not None and ctx.run.state.get("keyed"))
 
 
-def _nothing_for(ctx: Any) -> bool:
-    """Read before launching DBOS: every workflow is enqueued, and each unfinished one runs on
-    another executor (so this worker, which replaces nobody, would only launch to exit)."""
-    ids = [inst.id for inst in ctx.workload.instances]
-    db = sqlite3.connect(f"file:{os.path.join(ctx.run_dir, DB_FILE)}?mode=ro", uri=True, timeout=30)
+def _statuses(run_dir: str, ids: list[str]) -> list[tuple[str, str]]:
+    """(status, executor id) of the workflows ``ids``, read from the system database with sqlite3
+    (cheaper than DBOS's own listing, which a worker waiting for the end would call every poll)."""
+    db = sqlite3.connect(f"file:{os.path.join(run_dir, DB_FILE)}?mode=ro", uri=True, timeout=30)
     try:
-        rows = db.execute(f"SELECT status, executor_id FROM workflow_status WHERE workflow_uuid IN "
+        return db.execute(f"SELECT status, executor_id FROM workflow_status WHERE workflow_uuid IN "
                           f"({','.join('?' * len(ids))})", ids).fetchall()
     finally:
         db.close()
+
+
+def _nothing_for(worker_id: str, rows: list[tuple[str, str]], ids: list[str]) -> bool:
+    """Every workflow is enqueued, and each unfinished one runs on another executor."""
     return len(rows) == len(ids) and not any(
-        status == "ENQUEUED" or (status == "PENDING" and executor == ctx.worker_id) for status, executor in rows)
+        status == "ENQUEUED" or (status == "PENDING" and executor == worker_id) for status, executor in rows)
 
 
 def _work(ctx: Any, keyed: bool) -> None:
-    if ctx.replaces is None and _nothing_for(ctx):
-        return
-    _launch(ctx, keyed)
     ids = [inst.id for inst in ctx.workload.instances]
+    if ctx.replaces is None and _nothing_for(ctx.worker_id, _statuses(ctx.run_dir, ids), ids):
+        return  # read before launching: this worker would only launch DBOS to exit
+    _launch(ctx, keyed)
     for instance in ids:
         with SetWorkflowID(instance):  # the workflow id is the instance: enqueuing again is a no-op
             DBOS.enqueue_workflow(QUEUE, order_workflow, instance)
     poll = max(ctx.timing.poll_ms, 5.0) / 1000.0
     while True:
-        rows = DBOS.list_workflows(workflow_ids=ids, load_input=False, load_output=False)
-        if len(rows) == len(ids) and all(r.status in TERMINAL for r in rows):
+        rows = _statuses(ctx.run_dir, ids)
+        if len(rows) == len(ids) and all(status in TERMINAL for status, _ in rows):
             return
-        mine = [r for r in rows if r.status == "ENQUEUED" or
-                (r.status == "PENDING" and r.executor_id == ctx.worker_id)]
-        if not mine:
+        if _nothing_for(ctx.worker_id, rows, ids):
             # Every unfinished workflow runs on another executor, alive (perhaps paused) or to be
             # recovered by the worker that replaces it: nothing here for this worker.
             return
