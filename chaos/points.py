@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
+from killpoint import vocab
 from killpoint.chaos.journal import Journal
 
 if TYPE_CHECKING:
@@ -85,12 +86,12 @@ class Failpoints:
             if term.probability is not None and self._rng.random() * 100 >= term.probability:
                 continue
             action = str(term)
-            self.journal.write("point", point=name, instance=instance, step=step, hit=n,
+            self.journal.write(vocab.POINT, point=name, instance=instance, step=step, hit=n,
                                action=term.action, fault=index)
             self._tell(fired=index, action=term.action, point=name, instance=instance, step=step)
             self._run(term.action, term.arg, index, name)
             return term.action
-        self.journal.write("point", point=name, instance=instance, step=step, hit=n, action=action)
+        self.journal.write(vocab.POINT, point=name, instance=instance, step=step, hit=n, action=action)
         return None
 
     def _run(self, action: str, arg: int | None, index: int, name: str) -> None:

@@ -1,7 +1,9 @@
 """The ``killpoint`` command line.
 
 Exit codes: 0 every verdict valid, 1 an invariant was violated, 2 bad input (one line naming the
-bad value), 3 nothing violated but some verdict unknown.
+bad value), 3 nothing violated but some verdict unknown (the infrastructure breaking included: the
+JSON object is printed all the same, with the cause), 130 on SIGINT and 143 on SIGTERM, both after
+ending every process, run folder and schema the command started.
 """
 
 from __future__ import annotations
@@ -9,9 +11,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
 
-from killpoint.harness.commands.common import EXIT_BAD_INPUT, BadInput, one_line
+from killpoint.harness import signals
+from killpoint.harness.commands.common import (EXIT_BAD_INPUT, EXIT_UNKNOWN, BadInput, one_line,
+                                               prepare_report_dir)
 
 # name -> module under harness.commands; each has HELP, add_arguments(parser) and run(args) -> int.
 COMMANDS = {
@@ -42,18 +47,42 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_BAD_INPUT, f"killpoint: error: {one_line(message)}\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def version() -> str:
+    """The installed distribution's version (the package's own when run from a source tree)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("killpoint")
+    except metadata.PackageNotFoundError:
+        from killpoint import __version__
+
+        return __version__
+
+
+def build_parser(settings=None) -> argparse.ArgumentParser:
+    """The parser; ``settings`` (the ``[tool.killpoint]`` table) gives each command its defaults, so
+    a flag on the command line still wins."""
     parser = _Parser(prog="killpoint", description="Crash-injection testing for durable-execution workers.")
+    parser.add_argument("--version", action="version", version=f"killpoint {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name, module in _available().items():
         p = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_arguments(p)
         p.set_defaults(_run=module.run)
+        if settings is not None:
+            p.set_defaults(**settings.defaults_for({a.dest for a in p._actions}))
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    from killpoint.harness.settings import load
+
+    try:
+        settings = load()
+    except BadInput as exc:
+        print(f"killpoint: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    parser = build_parser(settings)
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, or a usage error already printed as one line
@@ -61,8 +90,13 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "_run", None):
         parser.print_help()
         return EXIT_BAD_INPUT
+    debug = bool(getattr(args, "debug", False))
+    if debug:
+        os.environ["KILLPOINT_DEBUG"] = "1"  # a run's infrastructure failure prints its traceback
+    signals.install_handlers()
     try:
-        return args._run(args)
+        prepare_report_dir(args)  # before the first run, not after the last
+        code = args._run(args)
     except BadInput as exc:
         print(f"killpoint: error: {one_line(str(exc))}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -70,9 +104,34 @@ def main(argv: list[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 1
-    except KeyboardInterrupt:
-        print("killpoint: interrupted; every process it started has been ended", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        return _interrupted(signal.SIGTERM if isinstance(exc, signals.Terminated) else signal.SIGINT)
+    except Exception as exc:  # the infrastructure broke outside a run (e.g. the downstream)
+        if debug:
+            raise
+        return _broken(args, exc)
+    if signals.received() is not None:  # its KeyboardInterrupt was swallowed where it landed
+        return _interrupted(signals.received())
+    return code
+
+
+def _interrupted(signum: int) -> int:
+    name = "terminated (SIGTERM)" if signum == signal.SIGTERM else "interrupted"
+    print(f"killpoint: {name}; every process it started has been ended", file=sys.stderr)
+    return signals.EXIT_CODES[signum]
+
+
+def _broken(args: argparse.Namespace, exc: Exception) -> int:
+    """An infrastructure failure no run could absorb: exit 3, the cause in one line, and with
+    ``--json`` the JSON object all the same (unknown, no runs), never a bare traceback."""
+    import json
+
+    cause = f"infrastructure failure: {type(exc).__name__}: {one_line(str(exc), 400)}"
+    if getattr(args, "json", False):
+        print(json.dumps({"valid": None, "runs": 0, "violations": [], "invariants": {},
+                          "report": None, "unknown_reasons": [cause]}, indent=2))
+    print(f"killpoint: {cause} (run with --debug for the traceback)", file=sys.stderr)
+    return EXIT_UNKNOWN
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ is one clock for every process on a Linux machine):
   before it saw the answer, :func:`merge` closes the operation with ``info`` (indeterminate).
   Kinds: ``claim``, ``call``, ``receipt``, ``commit`` (op kinds) and ``point`` (type ``event``:
   a failpoint hit, ``data`` = point, instance, step, hit, action -- ``action`` is ``None`` when
-  nothing fired), ``recover`` (type ``event``: evidence and the action decided), ``heartbeat_stopped``,
+  nothing fired), ``recover`` (type ``event``: evidence and the action decided), ``heartbeat_lost``,
   ``checkpoint`` (type ``event``: instance, outcome, reason, fingerprint; written when a worker
   did not read an instance's checkpoint as is: migrated or refused).
   ``call`` invoke data: instance, step, resource, key, intent_hash, fence, attempt, direction.
@@ -48,10 +48,11 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Iterable, Iterator, Mapping
 
-OP_KINDS = frozenset({"claim", "call", "receipt", "commit"})
-# The processes that are not worker incarnations; every other process name is a worker.
-NON_WORKERS = frozenset({"store", "downstream", "harness"})
-ACCEPTED_TRANSITIONS = frozenset({"claimed", "committed", "operator_resolved", "approved"})
+from killpoint import vocab as v
+# Re-exported: the names the checkers and reports have always imported from here.
+from killpoint.vocab import ACCEPTED_TRANSITIONS as ACCEPTED_TRANSITIONS
+from killpoint.vocab import NON_WORKERS as NON_WORKERS
+from killpoint.vocab import OP_KINDS as OP_KINDS
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,20 @@ class Event:
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.data.get(key, default)
+
+    @property
+    def meta(self) -> Mapping[str, Any]:
+        """The ``meta`` a worker sent with a downstream request (instance, step, worker, attempt,
+        direction); empty for any other event."""
+        meta = self.data.get("meta")
+        if type(meta) is dict:  # the common case, without the slow abstract isinstance
+            return meta
+        return meta if isinstance(meta, Mapping) else {}
+
+    @property
+    def is_worker(self) -> bool:
+        """Whether a worker incarnation wrote it (not the store, the downstream or the harness)."""
+        return self.process not in NON_WORKERS
 
     def to_json(self) -> dict[str, Any]:
         return {"index": self.index, "time": self.time, "process": self.process,
@@ -133,6 +148,59 @@ class History:
     def final_state(self, instance: str, step: str) -> str | None:
         row = self._final_rows.get((instance, step))
         return None if row is None else str(row["state"])
+
+    # -- questions checkers, scenarios and commands ask -------------------------------------------
+    def store_events(self, instance: Any = None, step: Any = None, *kinds: str) -> list[Event]:
+        """The store's events about ``instance`` and ``step`` (either or both; all when neither is
+        given), of the given kinds (all when none), in history order."""
+        if instance is None and step is None:
+            events: Iterable[Event] = self._by_process.get(v.STORE, ())
+        elif instance is not None and step is not None:
+            events = self._store_by_step.get((instance, step), ())
+        else:
+            events = [e for e in self._by_process.get(v.STORE, ())
+                      if (instance is None or e.data.get("instance") == instance)
+                      and (step is None or e.data.get("step") == step)]
+        return [e for e in events if e.kind in kinds] if kinds else list(events)
+
+    def requests(self, *, key: str | None = None, instance: str | None = None,
+                 step: str | None = None) -> list[Event]:
+        """The downstream ledger's rows (every request, applied or not), by the key it carried or
+        by the step it was made for (the ``meta`` the worker sent)."""
+        rows = [e for e in self._by_process.get(v.DOWNSTREAM, ()) if e.kind == v.REQUEST]
+        if key is None and instance is None and step is None:
+            return rows
+        return [e for e in rows if (key is None or e.data.get("key") == key)
+                and (instance is None or e.meta.get("instance") == instance)
+                and (step is None or e.meta.get("step") == step)]
+
+    def applied(self, *, key: str | None = None, instance: str | None = None,
+                step: str | None = None) -> list[Event]:
+        """The requests where a new effect really happened (``dropped`` included: applied, no answer)."""
+        return [e for e in self.requests(key=key, instance=instance, step=step)
+                if e.data.get("applied") is True]
+
+    def worker_events(self, kind: str | None = None, *, process: str | None = None,
+                      type: str | None = None, instance: str | None = None,
+                      step: str | None = None) -> list[Event]:
+        """Events of worker incarnations, narrowed by kind, incarnation, type, instance and step."""
+        return [e for e in self._worker_events if (kind is None or e.kind == kind)
+                and (process is None or e.process == process) and (type is None or e.type == type)
+                and (instance is None or e.data.get("instance") == instance)
+                and (step is None or e.data.get("step") == step)]
+
+    def harness_events(self, kind: str | None = None, *, worker: str | None = None) -> list[Event]:
+        """What the harness did (spawn, kill, stop, cont, exit...), narrowed by kind and worker."""
+        return [e for e in self._by_process.get(v.HARNESS, ()) if (kind is None or e.kind == kind)
+                and (worker is None or e.data.get("worker") == worker)]
+
+    def fired(self) -> list[Event]:
+        """The failpoint hits where an action fired (a hit that did nothing is left out)."""
+        return [e for e in self.worker_events(v.POINT) if e.data.get("action")]
+
+    def fired_steps(self) -> set[tuple[Any, Any]]:
+        """The (instance, step) pairs a fault fired on: what a narration of the run follows."""
+        return {(e.data.get("instance"), e.data.get("step")) for e in self.fired()}
 
     # Indexes built on first use, so that every lookup above is O(1) and a checker stays linear in
     # the history (a frozen dataclass still lets cached_property fill its instance dictionary).
@@ -221,30 +289,30 @@ def merge(journals: Mapping[str, list[dict[str, Any]]], store_events: Iterable[M
     """
     raw: list[tuple[int, str, str, str, dict[str, Any]]] = []
     harness = list(harness)
-    death = {h["worker"]: h["t"] for h in harness if h.get("kind") == "exit"}
+    death = {h["worker"]: h["t"] for h in harness if h.get("kind") == v.EXIT}
     dead = set(dead)
     for worker, entries in journals.items():
         open_ops: dict[Any, dict[str, Any]] = {}
         for e in entries:
-            data = {k: v for k, v in e.items() if k not in ("t", "kind", "type")}
+            data = {k: x for k, x in e.items() if k not in ("t", "kind", "type")}
             raw.append((e["t"], worker, e["kind"], e["type"], data))
-            if e["type"] == "invoke":
+            if e["type"] == v.INVOKE:
                 open_ops[e.get("op")] = e
-            elif e["type"] in ("ok", "fail", "info"):
+            elif e["type"] in v.COMPLETIONS:
                 open_ops.pop(e.get("op"), None)
         if worker in dead:
             end = death.get(worker, max((e["t"] for e in entries), default=0) + 1)
             for op, e in open_ops.items():
-                data = {k: v for k, v in e.items() if k not in ("t", "kind", "type")}
+                data = {k: x for k, x in e.items() if k not in ("t", "kind", "type")}
                 data["indeterminate"] = True
-                raw.append((end, worker, e["kind"], "info", data))
+                raw.append((end, worker, e["kind"], v.INFO, data))
     for s in store_events:
-        data = {k: v for k, v in s.items() if k not in ("t", "kind")}
-        raw.append((s["t"], "store", s["kind"], "event", data))
+        data = {k: x for k, x in s.items() if k not in ("t", "kind")}
+        raw.append((s["t"], v.STORE, s["kind"], v.EVENT, data))
     for row in ledger:
-        data = {k: v for k, v in row.items() if k not in ("t",)}
-        raw.append((row["t"], "downstream", "request", "event", data))
+        data = {k: x for k, x in row.items() if k not in ("t",)}
+        raw.append((row["t"], v.DOWNSTREAM, v.REQUEST, v.EVENT, data))
     for h in harness:
-        data = {k: v for k, v in h.items() if k not in ("t", "kind")}
-        raw.append((h["t"], "harness", h["kind"], "event", data))
+        data = {k: x for k, x in h.items() if k not in ("t", "kind")}
+        raw.append((h["t"], v.HARNESS, h["kind"], v.EVENT, data))
     return build(raw, **meta)

@@ -15,7 +15,7 @@ import json
 import os
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from killpoint.chaos.journal import Journal
 from killpoint.harness.declaration import Target, TargetRun, normalize_final_states
@@ -36,8 +36,11 @@ def describe(exc: BaseException) -> str:
     return text if len(text) <= 300 else text[:297] + "..."
 
 
-def worker_body(target: Target, ctx: Any, journal: Journal, events_fd: int | None) -> int:
-    """Run the target in this worker process; the exit code the process should end with."""
+def worker_body(target: Target, ctx: Any, journal: Journal, events_fd: int | None,
+                passes: Callable[[BaseException], bool] = lambda exc: False) -> int:
+    """Run the target in this worker process; the exit code the process should end with.
+
+    An exception for which ``passes`` is true is not the target's (a full disk): it is re-raised."""
     try:
         recover = target.hook("recover")
         if recover is not None and ctx.replaces is not None:
@@ -48,12 +51,24 @@ def worker_body(target: Target, ctx: Any, journal: Journal, events_fd: int | Non
             return 0
         return _raised(exc, journal, events_fd)
     except BaseException as exc:  # noqa: BLE001 - every exception of a target is a finding
+        if passes(exc):
+            raise
         return _raised(exc, journal, events_fd)
     return 0
 
 
+_OWN_FRAMES = (os.path.join("harness", "hooks.py"), os.path.join("harness", "declaration.py"))
+
+
+def format_traceback(exc: BaseException) -> str:
+    """The traceback from the target's first frame on (the harness's own calls left out)."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.endswith(_OWN_FRAMES)]
+    return "Traceback (most recent call last):\n" + "".join(traceback.format_list(frames)) + \
+        "".join(traceback.format_exception_only(type(exc), exc))
+
+
 def _raised(exc: BaseException, journal: Journal, events_fd: int | None) -> int:
-    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    text = format_traceback(exc)
     sig = signature(exc)
     journal.write(RAISED, error=describe(exc), exception=type(exc).__name__, where=sig,
                   traceback=text[-8000:])

@@ -1,11 +1,17 @@
-"""Plain-language lines for what happened to a step in a run: who claimed it with which fence, what
-the downstream answered, who was stopped, killed or refused. Used by the demo and the scenarios."""
+"""Events in words: :func:`describe` says what any one event means (who claimed which step with which
+fence, what the downstream answered, who was stopped, killed or refused), and :func:`narrate` tells
+a run's story in those words. Narration (demo, replay --narrate, scenarios) and reports both describe
+events with :func:`describe`, so they never tell the same event two ways."""
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
+from killpoint import vocab as v
 from killpoint.harness.history import Event, History
+
+if TYPE_CHECKING:
+    from killpoint.harness.run import RunResult
 
 
 def _ms(e: Event, t0: int) -> str:
@@ -14,95 +20,163 @@ def _ms(e: Event, t0: int) -> str:
 
 def focus(history: History) -> set[tuple[str, str]]:
     """The steps a run's faults fired on (what a narration should follow)."""
-    return {(e.get("instance"), e.get("step")) for e in history.events
-            if e.kind == "point" and e.get("action")}
+    return history.fired_steps()
+
+
+def _pid(pid: Any, form: str = " (pid {})") -> str:
+    return "" if pid is None else form.format(pid)
+
+
+def _harness(e: Event) -> str:
+    d = e.data
+    worker, pid = d.get("worker"), d.get("pid")
+    if e.kind == v.SPAWN:
+        same = " (same identity)" if d.get("identity") not in (None, worker) else ""
+        return f"started worker {worker}{_pid(pid, ' as pid {}')}{same}"
+    if e.kind == v.KILL:
+        return f"{d.get('signal') or 'SIGKILL'} to {worker}{_pid(pid)}: {d.get('reason')}"
+    if e.kind == v.STOP:
+        return f"SIGSTOP to {worker}{_pid(pid)}, frozen with its heartbeat"
+    if e.kind == v.CONT:
+        if d.get("signal") is None:
+            return f"released {worker}{_pid(pid)}: {d.get('reason')}"
+        return f"SIGCONT to {worker}{_pid(pid)}: {d.get('reason')}"
+    if e.kind == v.DOWNSTREAM_RESTART:
+        return (f"restarted the downstream: pid {d.get('pid_before')} killed, pid "
+                f"{d.get('pid')} serves the same ledger at the same address {d.get('url')}")
+    if e.kind == v.STORE_RESTART:
+        killed = ", ".join(d.get("killed") or ()) or "no worker"
+        return (f"restarted the store: every connection to it cut ({killed} killed with "
+                f"theirs), its own handle closed and reopened")
+    if e.kind == v.BOUND_HIT:
+        why = f"{d['seconds']:g} s" if d.get("seconds") is not None else d.get("reason")
+        return f"the run hit its bound ({why}); what is still running is ended"
+    if e.kind == v.TERMINATE_BACKEND:
+        states = d.get("states") or {}
+        ended = ", ".join(f"{p} ({states.get(str(p))})" for p in d.get("backend_pids") or ()) or "none"
+        return (f"pg_terminate_backend for {worker}'s database sessions at "
+                f"{d.get('step')}.{d.get('point')}: {ended}")
+    if e.kind == v.AFTER_QUIESCENT:
+        return "the run is quiescent; an outside actor acts before the history is judged"
+    if e.kind == v.EXIT:
+        how = f"killed by {d['signal']}" if d.get("signal") else f"exit code {d.get('code')}"
+        return f"worker {worker}{_pid(pid)} ended, {how}"
+    return e.kind
+
+
+def _store(e: Event) -> str:
+    d = e.data
+    where = f"{d.get('instance')}:{d.get('step')}"
+    fence = f" with fence {d['fence']}" if d.get("fence") is not None else ""
+    if e.kind == v.CLAIMED:
+        return (f"{d.get('worker')} claimed {where}{fence} "
+                f"(attempt {d.get('attempt')}, {d.get('from_state')} -> {d.get('to_state')})")
+    if e.kind == v.COMMITTED:
+        why = f"; reason: {d['reason']}" if d.get("reason") else ""
+        return (f"accepted {d.get('worker')}'s commit{fence}: {where} "
+                f"{d.get('from_state')} -> {d.get('to_state')} (state version {d.get('state_version')}"
+                f"{why})")
+    if e.kind == v.COMMIT_REJECTED:
+        return (f"REFUSED {d.get('worker')}'s commit{fence}: the lease "
+                f"is at fence {d.get('lease_version')}, state version {d.get('state_version')} "
+                f"(expected {d.get('expected_state_version')})")
+    if e.kind == v.STUCK_FLAGGED:
+        return (f"{d.get('worker')} flagged {d.get('stuck_owner')} stuck on {where}: heartbeat "
+                f"alive, no progress for {d.get('idle_ms')} ms; lease freed")
+    if e.kind == v.RECEIPT_RECORDED:
+        return f"{d.get('worker')} recorded receipt {d.get('key')} = {d.get('status')}"
+    if e.kind == v.OPERATOR_RESOLVED:
+        return (f"operator {d.get('actor')} moved {where} to {d.get('to_state')} "
+                f"(evidence: {d.get('evidence')})")
+    if e.kind == v.CREATED:
+        return f"created {where} ({d.get('to_state')})"
+    if e.kind in (v.RENEWED, v.RELEASED):
+        return f"{d.get('worker')} {e.kind} its lease on {where}{fence}"
+    return f"{e.kind} {where}" + (f" by {d['worker']}" if d.get("worker") else "")
+
+
+def _request(e: Event) -> str:
+    d = e.data
+    key = d.get("key") or "(no key: legacy)"
+    fence = f" fence {d['fence']}" if d.get("fence") is not None else ""
+    return (f"{e.meta.get('worker')} -> {d.get('resource')} key {key}{fence}: "
+            f"{d.get('status')} {d.get('outcome')}" + (" (a new effect)" if d.get("applied") else ""))
+
+
+def _worker(e: Event) -> str:
+    d = e.data
+    where = f"{d.get('instance')}:{d.get('step')}"
+    if e.kind == v.POINT:
+        if d.get("action"):
+            return f"hit {d.get('step')}.{d.get('point')} -> {d.get('action')}"
+        return f"passed {d.get('step')}.{d.get('point')} (hit {d.get('hit')}; nothing fired)"
+    if e.kind == v.RECOVER:
+        source = f" (from the {d['source']})" if d.get("source") else ""
+        return (f"recovery evidence: receipt {d.get('receipt')}{source}, retry-safe "
+                f"{d.get('retry_safe')}, {d.get('attempts')}/{d.get('max_attempts')} attempts "
+                f"-> {d.get('action')}")
+    if e.kind == v.CALL and e.type == v.INFO:
+        return f"call outcome unknown ({'it died first' if d.get('indeterminate') else d.get('error')})"
+    if e.kind in v.OP_KINDS:
+        if e.type == v.INVOKE:
+            fence = f" with fence {d['fence']}" if d.get("fence") is not None else ""
+            what = f" {d['resource']}" if e.kind == v.CALL and d.get("resource") else ""
+            return f"{e.kind}{what} {where}{fence}"
+        how = {v.OK: "done", v.FAIL: "certainly not done", v.INFO: "outcome unknown"}.get(e.type, e.type)
+        return f"{e.kind} {how}: {d['error']}" if d.get("error") else f"{e.kind} {where} {how}"
+    if e.kind == v.CHECKPOINT:
+        return f"checkpoint of {d.get('instance')} {d.get('outcome')}: {d.get('reason')}"
+    if e.kind == v.HEARTBEAT_LOST:
+        return f"heartbeat found the lease on {where} gone (fence {d.get('fence')})"
+    if e.kind == v.STORE_UNAVAILABLE:
+        how = "outcome unknown" if d.get("outcome_unknown") else "rolled back"
+        return f"store connection lost ({how}): {d.get('error')}"
+    if e.kind == v.START:
+        return f"started{_pid(d.get('pid'), ' as pid {}')}"
+    if e.kind == v.FINISH:
+        return "finished"
+    return f"{e.kind} {where}" if d.get("instance") is not None else e.kind
+
+
+def describe(e: Event) -> str:
+    """What one event says, in words: the one describer of events, for narration, reports and
+    scenarios. Never empty; the process is not repeated (a caller shows it as it likes)."""
+    if e.process == v.HARNESS:
+        return _harness(e)
+    if e.process == v.STORE:
+        return _store(e)
+    if e.process == v.DOWNSTREAM:
+        return _request(e)
+    return _worker(e)
+
+
+# What a narration tells: everything the harness and the downstream did, the store's decisions, and
+# what a worker found out (a fault firing, recovery, an unknown or failed operation, a checkpoint, a
+# lost lease). The rest (claims invoked, leases renewed...) is in the report's event table.
+_TOLD_STORE = frozenset({v.CLAIMED, v.COMMITTED, v.COMMIT_REJECTED, v.STUCK_FLAGGED, v.RECEIPT_RECORDED,
+                         v.OPERATOR_RESOLVED})
+_TOLD_WORKER = frozenset({v.RECOVER, v.CHECKPOINT, v.HEARTBEAT_LOST})
+
+
+def tells(e: Event) -> bool:
+    """Whether a narration tells this event."""
+    if e.process in (v.HARNESS, v.DOWNSTREAM):
+        return True
+    if e.process == v.STORE:
+        return e.kind in _TOLD_STORE
+    if e.kind == v.POINT:
+        return bool(e.data.get("action"))
+    if e.kind == v.CALL and e.type == v.INFO:
+        return True
+    if e.kind in v.OP_KINDS:
+        return bool(e.data.get("error")) and e.type in (v.INFO, v.FAIL)
+    return e.kind in _TOLD_WORKER
 
 
 def line(e: Event) -> str | None:
-    d = e.data
-    who = e.process
-    if e.process == "harness":
-        worker, pid = d.get("worker"), d.get("pid")
-        if e.kind == "spawn":
-            same = " (same identity)" if d.get("identity") != worker else ""
-            return f"harness: started worker {worker} as pid {pid}{same}"
-        if e.kind == "kill":
-            return f"harness: SIGKILL to {worker} (pid {pid}): {d.get('reason')}"
-        if e.kind == "stop":
-            return f"harness: SIGSTOP to {worker} (pid {pid}), frozen with its heartbeat"
-        if e.kind == "cont":
-            if d.get("signal") is None:
-                return f"harness: released {worker} (pid {pid}): {d.get('reason')}"
-            return f"harness: SIGCONT to {worker} (pid {pid}): {d.get('reason')}"
-        if e.kind == "downstream_restart":
-            return (f"harness: restarted the downstream: pid {d.get('pid_before')} killed, pid "
-                    f"{d.get('pid')} serves the same ledger at the same address {d.get('url')}")
-        if e.kind == "store_restart":
-            killed = ", ".join(d.get("killed") or ()) or "no worker"
-            return (f"harness: restarted the store: every connection to it cut ({killed} killed with "
-                    f"theirs), its own handle closed and reopened")
-        if e.kind == "bound_hit":
-            why = f"{d['seconds']:g} s" if d.get("seconds") is not None else d.get("reason")
-            return f"harness: the run hit its bound ({why}); what is still running is ended"
-        if e.kind == "terminate_backend":
-            states = d.get("states") or {}
-            ended = ", ".join(f"{p} ({states.get(str(p))})" for p in d.get("backend_pids") or ()) or "none"
-            return (f"harness: pg_terminate_backend for {worker}'s database sessions at "
-                    f"{d.get('step')}.{d.get('point')}: {ended}")
-        if e.kind == "after_quiescent":
-            return "harness: the run is quiescent; an outside actor acts before the history is judged"
-        if e.kind == "exit":
-            how = f"killed by {d['signal']}" if d.get("signal") else f"exit code {d.get('code')}"
-            return f"harness: worker {worker} (pid {pid}) ended, {how}"
-        return f"harness: {e.kind}"
-    if e.process == "store":
-        where = f"{d.get('instance')}:{d.get('step')}"
-        if e.kind == "claimed":
-            return (f"store: {d.get('worker')} claimed {where} with fence {d.get('fence')} "
-                    f"(attempt {d.get('attempt')}, {d.get('from_state')} -> {d.get('to_state')})")
-        if e.kind == "committed":
-            fence = f" with fence {d['fence']}" if d.get("fence") is not None else ""
-            why = f"; reason: {d['reason']}" if d.get("reason") else ""
-            return (f"store: accepted {d.get('worker')}'s commit{fence}: {where} "
-                    f"{d.get('from_state')} -> {d.get('to_state')} (state version {d.get('state_version')}"
-                    f"{why})")
-        if e.kind == "commit_rejected":
-            return (f"store: REFUSED {d.get('worker')}'s commit with fence {d.get('fence')}: the lease "
-                    f"is at fence {d.get('lease_version')}, state version {d.get('state_version')} "
-                    f"(expected {d.get('expected_state_version')})")
-        if e.kind == "stuck_flagged":
-            return (f"store: {d.get('worker')} flagged {d.get('stuck_owner')} stuck on {where}: heartbeat "
-                    f"alive, no progress for {d.get('idle_ms')} ms; lease freed")
-        if e.kind == "receipt_recorded":
-            return f"store: {d.get('worker')} recorded receipt {d.get('key')} = {d.get('status')}"
-        if e.kind == "operator_resolved":
-            return (f"store: operator {d.get('actor')} moved {where} to {d.get('to_state')} "
-                    f"(evidence: {d.get('evidence')})")
-        return None
-    if e.process == "downstream":
-        meta = d.get("meta") or {}
-        key = d.get("key") or "(no key: legacy)"
-        fence = f" fence {d['fence']}" if d.get("fence") is not None else ""
-        return (f"downstream: {meta.get('worker')} -> {d.get('resource')} key {key}{fence}: "
-                f"{d.get('status')} {d.get('outcome')}" + (" (a new effect)" if d.get("applied") else ""))
-    # a worker
-    if e.kind == "point" and d.get("action"):
-        return f"{who}: hit {d.get('step')}.{d.get('point')} -> {d.get('action')}"
-    if e.kind == "recover":
-        source = f" (from the {d['source']})" if d.get("source") else ""
-        return (f"{who}: recovery evidence: receipt {d.get('receipt')}{source}, retry-safe "
-                f"{d.get('retry_safe')}, {d.get('attempts')}/{d.get('max_attempts')} attempts "
-                f"-> {d.get('action')}")
-    if e.kind == "call" and e.type == "info":
-        return f"{who}: call outcome unknown ({'it died first' if d.get('indeterminate') else d.get('error')})"
-    if e.kind in ("claim", "receipt", "commit") and e.get("error") and e.type in ("info", "fail"):
-        how = "outcome unknown" if e.type == "info" else "certainly not done"
-        return f"{who}: {e.kind} {how}: {d.get('error')}"
-    if e.kind == "checkpoint":
-        return f"{who}: checkpoint of {d.get('instance')} {d.get('outcome')}: {d.get('reason')}"
-    if e.kind == "heartbeat_lost":
-        return f"{who}: heartbeat found the lease gone (fence {d.get('fence')})"
-    return None
+    """The narration line of an event (its process, then :func:`describe`), or None when a
+    narration does not tell it."""
+    return f"{e.process}: {describe(e)}" if tells(e) else None
 
 
 def narrate(history: History, steps: Iterable[tuple[str, str]] | None = None) -> list[str]:
@@ -114,13 +188,31 @@ def narrate(history: History, steps: Iterable[tuple[str, str]] | None = None) ->
     t0 = history.events[0].time
     out = []
     for e in history.events:
-        meta = e.get("meta") or {}
-        where = (meta.get("instance"), meta.get("step")) if e.process == "downstream" else \
+        where = (e.meta.get("instance"), e.meta.get("step")) if e.process == v.DOWNSTREAM else \
             (e.get("instance"), e.get("step"))
-        if e.process != "harness" and where not in wanted and \
+        if e.process != v.HARNESS and where not in wanted and \
                 not (where[1] is None and where[0] in instances):  # an event about a whole instance
             continue
         text = line(e)
         if text:
             out.append(f"{_ms(e, t0)}  {text}")
+    return out
+
+
+def story(result: RunResult) -> list[str]:
+    """The demo's story of one run (a :class:`harness.run.RunResult`): the narration of the steps
+    its faults fired on (of every step a violation names, when no fault fired there), what each of
+    those steps ended as with the effects the downstream applied, and the verdict."""
+    history: History = result.history
+    steps = focus(history) | {(x.instance, x.step) for x in result.verdict.violations
+                              if x.instance is not None and x.step is not None}
+    out = list(narrate(history, steps))
+    for instance, step in sorted(steps, key=lambda s: (str(s[0]), str(s[1]))):
+        effects = history.applied(instance=instance, step=step)
+        out.append(f"=> {instance}:{step} ended {history.final_state(instance, step)} with "
+                   f"{len(effects)} applied effect(s) in the downstream ledger")
+    judged = [r for r in result.verdict.results if r.checked]
+    word = {True: "valid", False: "VIOLATED", None: "unknown"}[result.valid]
+    out.append(f"verdict: {word} ({len(judged)} of {len(result.verdict.results)} invariants had "
+               f"something to judge; {result.duration_s * 1000:.0f} ms)")
     return out

@@ -13,13 +13,17 @@ import functools
 import os
 import secrets
 import shutil
+import sys
 import tempfile
 import time
+import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+from killpoint import vocab
 from killpoint.chaos.schedule import Schedule
 from killpoint.harness import downstream as ds
+from killpoint.harness import signals
 from killpoint.harness import history as hist
 from killpoint.harness.checkers.base import Verdict
 from killpoint.harness.judge import gather_history, judge
@@ -27,7 +31,8 @@ from killpoint.harness.declaration import TargetRun
 from killpoint.harness.hooks import Hooks
 from killpoint.harness.store import check_faults, open_store, schema_name
 from killpoint.harness.store.base import Store
-from killpoint.harness.supervise import Supervisor, WorkerProcess, kill
+from killpoint.errors import InfrastructureError
+from killpoint.harness.supervise import DISK_ERRORS, Supervisor, WorkerProcess, kill
 from killpoint.harness.targets import Target, declared
 from killpoint.harness.worker import Timing
 from killpoint.harness.workload import Workload, resolve_workload
@@ -119,7 +124,12 @@ class Session:
         self.base_dir = base_dir or tempfile.mkdtemp(prefix="killpoint-")
         os.makedirs(self.base_dir, exist_ok=True)
         self.keep = keep
-        self.downstream = ds.start(os.path.join(self.base_dir, "downstream-ledger.sqlite"))
+        try:
+            self.downstream = ds.start(os.path.join(self.base_dir, "downstream-ledger.sqlite"))
+        except BaseException:
+            if self._own_dir:
+                shutil.rmtree(self.base_dir, ignore_errors=True)
+            raise
         self._runs = 0
         self._live: dict[int, WorkerProcess] = {}
 
@@ -138,6 +148,7 @@ class Session:
             shutil.rmtree(self.base_dir, ignore_errors=True)
 
     def run(self, config: RunConfig) -> RunResult:
+        signals.check()  # a Ctrl-C swallowed where it landed ends the session before another run
         self._runs += 1
         # Numbered for people, with a random tail so that no other process can guess a live run's id.
         run_id = f"run{self._runs:04d}-s{config.seed}-{secrets.token_hex(4)}"
@@ -152,7 +163,6 @@ class _Run:
         self.config = config
         self.run_id = run_id
         self.run_dir = os.path.join(session.base_dir, run_id)
-        os.makedirs(self.run_dir, exist_ok=True)
         self.declared = declared(config.target)
         self.workload: Workload = config.workload_spec or _workload(config.workload_name, config.seed)
         known = {str(f) for f in config.schedule.faults}
@@ -178,45 +188,125 @@ class _Run:
                 **self.config.downstream_overrides}
 
     def execute(self) -> RunResult:
+        """Run and judge. A failure of the infrastructure itself (the store lost or unreachable, the
+        downstream failing, a full disk, a worker that cannot be started) ends the run as *unknown*
+        with its cause, never as a violation and never as a bare traceback; a Ctrl-C or SIGTERM
+        ends it too, with every process and the run's schema gone."""
         started = time.monotonic()
-        store = open_store(self.config.store, self.run_dir, self.run_id)
+        self.phase = "creating the run's folder"
+        self.store: Store | None = None
+        self.client: ds.DownstreamClient | None = None
+        self.sup: Supervisor | None = None
+        try:
+            result = self._execute(started)
+        except Exception as exc:
+            self.cleanup()
+            return self.broken(exc, started)
+        except BaseException:
+            self.cleanup()
+            raise
+        self.close_client()
+        return result
+
+    def _execute(self, started: float) -> RunResult:
+        os.makedirs(self.run_dir, exist_ok=True)
+        self.phase = "opening the store"
+        store = self.store = open_store(self.config.store, self.run_dir, self.run_id)
         store.setup(self.workload.checkpoints())
-        client = ds.DownstreamClient(self.s.downstream.url, self.run_id)
+        self.phase = "configuring the downstream"
+        client = self.client = ds.DownstreamClient(self.s.downstream.url, self.run_id)
         client.configure(self.downstream_config())
-        sup = Supervisor(self.config, run_id=self.run_id, run_dir=self.run_dir, target=self.target,
-                         workload=self.workload, store=store, downstream=self.s.downstream,
-                         registry=self.s._live, note=self.note, target_run=self.target_run,
-                         finished=self.hooks.done if self.declared.owns_state else None)
+        self.phase = "supervising the workers"
+        sup = self.sup = Supervisor(self.config, run_id=self.run_id, run_dir=self.run_dir,
+                                    target=self.target, workload=self.workload, store=store,
+                                    downstream=self.s.downstream, registry=self.s._live, note=self.note,
+                                    target_run=self.target_run,
+                                    finished=self.hooks.done if self.declared.owns_state else None)
+        self.phase = "setting up the target's own state"
         if not self.hooks.setup():
             sup.halted = True  # the target could not set up its own state: no worker starts
+        self.phase = "supervising the workers"
         try:
             bound_hit, quiescent = sup.supervise(started + self.config.bound_s)
-        except BaseException:
-            sup.end_workers()
-            if not self.s.keep:  # an interrupted run leaves no file or schema behind either
-                store.drop()
-                self.hooks.teardown()
-            client.close()
-            raise
         finally:
             sup.end_workers()
+        self.phase = "checking the disk"
+        self.check_disk()
+        if quiescent and self.config.after_quiescent is not None:
+            self.phase = "running the outside actor"
+            self.note(vocab.AFTER_QUIESCENT)
+            self.config.after_quiescent(store, client)
+        self.phase = "gathering the history"
+        history = gather_history(workload=self.workload, store=store, client=client,
+                                 workers=sup.workers, harness_events=self.harness_events,
+                                 schedule=self.config.schedule, timing=self.config.timing,
+                                 quiescent=quiescent, bound_hit=bound_hit, hooks=self.hooks)
+        store.close()
+        if not self.s.keep:  # the history holds all a report needs; the run's tables can go
+            self.phase = "dropping the run's tables"
+            store.drop()
+        self.store = None
+        self.phase = "judging"
+        # A target that raised, or a hook that did, is a finding: the run cannot be valid.
+        judged = judge(history, self.config.schedule, sup.tally.fired,
+                       sup.raised.reasons() + tuple(self.hooks.errors))
+        if not self.s.keep:
+            self.hooks.teardown()
+        return RunResult(self.config, self.run_id, history, judged.verdict, judged.fired,
+                         judged.unfired, len(sup.workers), time.monotonic() - started, self.run_dir)
+
+    def check_disk(self) -> None:
+        """Write a page into the run's folder: a full or failing disk there (workers that could not
+        journal, a store that could not write) is the infrastructure's failure, named as such."""
+        probe = os.path.join(self.run_dir, ".disk-probe")
         try:
-            if quiescent and self.config.after_quiescent is not None:
-                self.note("after_quiescent")
-                self.config.after_quiescent(store, client)
-            history = gather_history(workload=self.workload, store=store, client=client,
-                                     workers=sup.workers, harness_events=self.harness_events,
-                                     schedule=self.config.schedule, timing=self.config.timing,
-                                     quiescent=quiescent, bound_hit=bound_hit, hooks=self.hooks)
-            store.close()
-            if not self.s.keep:  # the history holds all a report needs; the run's tables can go
-                store.drop()
-            # A target that raised, or a hook that did, is a finding: the run cannot be valid.
-            judged = judge(history, self.config.schedule, sup.tally.fired,
-                           sup.raised.reasons() + tuple(self.hooks.errors))
-            return RunResult(self.config, self.run_id, history, judged.verdict, judged.fired,
-                             judged.unfired, len(sup.workers), time.monotonic() - started, self.run_dir)
-        finally:
-            client.close()
-            if not self.s.keep:
-                self.hooks.teardown()
+            with open(probe, "wb") as fh:
+                fh.write(b"\0" * 4096)
+                fh.flush()
+            os.unlink(probe)
+        except OSError as exc:
+            if exc.errno not in DISK_ERRORS:
+                raise
+            raise InfrastructureError(f"the disk under {self.run_dir} failed: {exc.strerror}") from exc
+
+    def close_client(self) -> None:
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+
+    def cleanup(self) -> None:
+        """End every worker, close the client, drop the run's tables: each on its own, so that one
+        that fails (the store is gone) does not keep the others from happening."""
+        steps: list[Callable[[], None]] = []
+        if self.sup is not None:
+            steps.append(self.sup.end_workers)
+        steps.append(self.close_client)
+        if self.store is not None:
+            store = self.store
+            steps.append(store.close)
+            if not self.s.keep:  # an interrupted or broken run leaves no file or schema behind
+                steps.append(store.drop)
+        if not self.s.keep:
+            steps.append(self.hooks.teardown)
+        for step in steps:
+            try:
+                step()
+            except Exception:
+                pass  # best effort: the cause that matters is the one being reported
+
+    def broken(self, exc: Exception, started: float) -> RunResult:
+        """The run's result when its infrastructure broke: unknown, with the cause."""
+        cause = f"infrastructure failure while {self.phase}: {type(exc).__name__}: " \
+                f"{' '.join(str(exc).split())[:300]}"
+        if os.environ.get("KILLPOINT_DEBUG"):
+            traceback.print_exception(exc, file=sys.stderr)
+        self.note(vocab.INFRASTRUCTURE_FAILURE, phase=self.phase, error=cause)
+        workers = self.sup.workers if self.sup is not None else []
+        fired_counts = self.sup.tally.fired if self.sup is not None else {}
+        history = hist.merge({}, [], [], self.harness_events, schedule=str(self.config.schedule),
+                             quiescent=False)
+        faults = self.config.schedule.faults
+        fired = {str(f): fired_counts.get(i, 0) for i, f in enumerate(faults)}
+        unfired = tuple(str(f) for i, f in enumerate(faults) if i not in fired_counts)
+        return RunResult(self.config, self.run_id, history, Verdict(None, (), (cause,)), fired,
+                         unfired, len(workers), time.monotonic() - started, self.run_dir)

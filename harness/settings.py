@@ -23,6 +23,7 @@ must not silently run seed 0.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from dataclasses import dataclass, field
@@ -100,7 +101,7 @@ def load(start: str | None = None, *, path: str | None = None) -> Settings:
     table = data.get("tool", {}).get("killpoint")
     if table is None:
         return Settings(path)
-    return parse(table, where=f"{path} [tool.killpoint]")
+    return dataclasses.replace(parse(table, where=f"{path} [tool.killpoint]"), path=path)
 
 
 def parse(table: Any, *, where: str = "[tool.killpoint]") -> Settings:
@@ -128,7 +129,7 @@ def parse(table: Any, *, where: str = "[tool.killpoint]") -> Settings:
         if key == "report" and value not in REPORT_CHOICES:
             raise InvalidSettings(f"{where}: report = {_show(value)}: use one of {', '.join(REPORT_CHOICES)}")
         values[dest] = value
-    return Settings(where.split(" [")[0] if " [" in where else None, values, timing)
+    return Settings(None, values, timing)
 
 
 def parse_timing(text: str) -> dict[str, float]:

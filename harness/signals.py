@@ -1,21 +1,68 @@
-"""Forking without losing Ctrl-C.
+"""Ctrl-C and SIGTERM: never lost, and always the same clean end.
 
 CPython runs its at-fork hooks (logging's lock release, among others) in the parent right after
-``fork``; a KeyboardInterrupt raised inside one is printed and ignored, so a Ctrl-C that lands
-there is lost and an interrupted matrix runs to its end. Holding SIGINT blocked across the fork
-delivers it just after, where it raises as usual.
+``fork``; a KeyboardInterrupt raised inside one is printed and ignored, and so is one raised inside
+a finalizer or ``__del__`` (a garbage-collected connection, a reaped process handle). A signal that
+lands there is lost, and an interrupted matrix runs to its end and exits 0. So the signals are held
+blocked across a fork (:func:`sigint_deferred`), and the command line's handlers also *remember*
+each signal: :func:`check` raises again for one whose exception was swallowed, and the command
+ends 130 (SIGINT) or 143 (SIGTERM) whatever happened to the exception.
+
+SIGTERM raises :class:`Terminated`, a KeyboardInterrupt, so it takes every cleanup path Ctrl-C
+takes: workers killed by PID, the run's schema dropped, the session's folder removed.
 """
 
 from __future__ import annotations
 
 import contextlib
 import signal
-from typing import Iterator
+from typing import Any, Iterator
+
+SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM})
+EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised as Ctrl-C is so that the same cleanup runs."""
+
+
+# Invariant: the signals this process received since install_handlers(), in order (only the
+# command line installs the handlers; signal dispositions are process-wide by nature).
+_received: list[int] = []
+
+
+def _raise_for(signum: int) -> None:
+    raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+
+def _handler(signum: int, frame: Any) -> None:
+    _received.append(signum)
+    _raise_for(signum)
+
+
+def install_handlers() -> None:
+    """SIGINT and SIGTERM raise (KeyboardInterrupt, :class:`Terminated`) and are remembered."""
+    _received.clear()
+    for sig in SIGNALS:
+        signal.signal(sig, _handler)
+
+
+def received() -> int | None:
+    """The first signal received since :func:`install_handlers`, if any."""
+    return _received[0] if _received else None
+
+
+def check() -> None:
+    """Raise for a signal received earlier, in case its exception was swallowed where it landed."""
+    if _received:
+        _raise_for(_received[0])
 
 
 @contextlib.contextmanager
 def sigint_deferred() -> Iterator[None]:
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    """Hold SIGINT and SIGTERM blocked: around a fork, and until its child is registered, so that
+    whatever the signal interrupts, the child is known to whoever ends the processes."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
     try:
         yield
     finally:
@@ -23,5 +70,9 @@ def sigint_deferred() -> Iterator[None]:
 
 
 def unblock_sigint() -> None:
-    """For a forked child: it inherits the blocked mask, which must not outlive the fork."""
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    """For a forked child: it inherits the blocked mask, which must not outlive the fork. The
+    harness decides when its children end, so they ignore both signals (their parent's death
+    ends them: PR_SET_PDEATHSIG)."""
+    for sig in SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)

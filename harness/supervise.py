@@ -14,18 +14,20 @@ A worker at a ``terminate`` waits while the harness ends its PostgreSQL sessions
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import random
 import select
 import signal
 import string
+import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 import multiprocess
 
-from killpoint import chaos
+from killpoint import chaos, vocab
 from killpoint.chaos.journal import Journal
 from killpoint.chaos import seeds
 from killpoint.chaos.points import Failpoints
@@ -33,6 +35,8 @@ from killpoint.harness import downstream as ds
 from killpoint.harness import hooks, messages
 from killpoint.harness.declaration import Target as Declared, TargetRun
 from killpoint.harness.messages import RESUME, FaultTally, Inbox
+from killpoint.errors import InfrastructureError
+from killpoint.harness import signals
 from killpoint.harness.signals import sigint_deferred, unblock_sigint
 from killpoint.harness.store.base import Store
 from killpoint.harness.targets import Target
@@ -43,6 +47,17 @@ if TYPE_CHECKING:
     from killpoint.harness.run import RunConfig
 
 _FORK = multiprocess.get_context("fork")
+# Errors that say the disk the run writes to is full or unusable: infrastructure, not the target.
+DISK_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO})
+EXIT_DISK = 75  # EX_TEMPFAIL: a worker that ended because the disk failed it
+
+
+def disk_failed(exc: BaseException) -> bool:
+    """Whether ``exc`` says the disk failed: an OS error of :data:`DISK_ERRORS`, or SQLite's own
+    words for it (it reports a full disk as an OperationalError, not an OSError)."""
+    if isinstance(exc, OSError):
+        return exc.errno in DISK_ERRORS
+    return type(exc).__module__ == "sqlite3" and ("disk is full" in str(exc) or "disk I/O" in str(exc))
 _PR_SET_PDEATHSIG = 1
 
 Note = Callable[..., None]
@@ -91,27 +106,45 @@ def _die_with_parent() -> None:
         pass
 
 
+def _thread_hook(args: Any) -> None:
+    """In a worker: a thread the full disk ended (the heartbeat) ends quietly, like the worker."""
+    if args.exc_value is not None and disk_failed(args.exc_value):
+        return
+    threading.__excepthook__(args)
+
+
 def worker_main(target: Target, ctx_args: dict[str, Any], faults, hits, seed: int,
                 events_fd: int, control_fd: int) -> None:
     """The body of a worker process (runs in the forked child)."""
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the harness decides when workers end
     unblock_sigint()
-    journal = Journal(ctx_args["journal"])
-    journal.write("start", pid=os.getpid(), worker=ctx_args["worker_id"])
-    store: Store = ctx_args["store"]
-    chaos.points.install(Failpoints(list(faults), journal, seed, events_fd, control_fd, dict(hits),
-                                    backends=store.backends))
-    client = ds.DownstreamClient(ctx_args["url"], ctx_args["run_id"])
-    declared: Declared = target  # type: ignore[assignment]
-    ctx = WorkerContext(ctx_args["worker_id"], store, client, journal, ctx_args["workload"],
-                        ctx_args["timing"], run_dir=ctx_args["run_dir"],
-                        downstream_url=f"{ctx_args['url']}/runs/{ctx_args['run_id']}",
-                        points=declared.points, run=ctx_args["target_run"], replaces=ctx_args["replaces"])
-    ctx.heartbeat = Heartbeat(store, journal, ctx.timing)
-    code = hooks.worker_body(declared, ctx, journal, events_fd)
-    if code == 0:
-        journal.write("finish")
+    threading.excepthook = _thread_hook
+    try:
+        journal = Journal(ctx_args["journal"])
+        journal.write(vocab.START, pid=os.getpid(), worker=ctx_args["worker_id"])
+        store: Store = ctx_args["store"]
+        chaos.points.install(Failpoints(list(faults), journal, seed, events_fd, control_fd, dict(hits),
+                                        backends=store.backends))
+        client = ds.DownstreamClient(ctx_args["url"], ctx_args["run_id"])
+        declared: Declared = target  # type: ignore[assignment]
+        ctx = WorkerContext(ctx_args["worker_id"], store, client, journal, ctx_args["workload"],
+                            ctx_args["timing"], run_dir=ctx_args["run_dir"],
+                            downstream_url=f"{ctx_args['url']}/runs/{ctx_args['run_id']}",
+                            points=declared.points, run=ctx_args["target_run"],
+                            replaces=ctx_args["replaces"])
+        ctx.heartbeat = Heartbeat(store, journal, ctx.timing)
+        # An exception of the target is a finding (journaled with its traceback, told to the
+        # harness); a full disk is the infrastructure's, and is passed on to be named as such.
+        code = hooks.worker_body(declared, ctx, journal, events_fd, passes=disk_failed)
+        if code == 0:
+            journal.write(vocab.FINISH)
+    except Exception as exc:
+        if not disk_failed(exc):
+            raise
+        # The disk under the run is full (or gone): the harness finds it and names it; a traceback
+        # from each of the workers it keeps replacing would only bury that.
+        os._exit(EXIT_DISK)
     os._exit(code)
 
 
@@ -190,14 +223,22 @@ class Supervisor:
         proc = _FORK.Process(target=worker_main, name=f"killpoint-worker-{label}",
                              args=(self.target, ctx_args, faults, self.tally.hits, seed, events_w,
                                    control_r))
+        # Registered before a signal can be delivered: a Ctrl-C or SIGTERM that lands at any point
+        # of the fork finds the new worker among those the cleanup ends.
         with sigint_deferred():
-            proc.start()
-        os.close(events_w)
-        os.close(control_r)
-        w = WorkerProcess(label, worker_id, proc, Inbox(events_r), control_w, journal)
-        self.workers.append(w)
-        self.registry[proc.pid] = w
-        self.note("spawn", worker=label, identity=worker_id, pid=proc.pid)
+            try:
+                proc.start()
+            except OSError as exc:  # EAGAIN, ENOMEM: the machine cannot start another process
+                for fd in (events_r, events_w, control_r, control_w):
+                    os.close(fd)
+                raise InfrastructureError(f"cannot start worker {label}: {type(exc).__name__}: "
+                                          f"{exc}") from exc
+            os.close(events_w)
+            os.close(control_r)
+            w = WorkerProcess(label, worker_id, proc, Inbox(events_r), control_w, journal)
+            self.workers.append(w)
+            self.registry[proc.pid] = w
+        self.note(vocab.SPAWN, worker=label, identity=worker_id, pid=proc.pid)
         return w
 
     def live(self) -> list[WorkerProcess]:
@@ -249,11 +290,11 @@ class Supervisor:
 
     def kill_worker(self, w: WorkerProcess, reason: str) -> None:
         """SIGKILL a live worker on the harness's own account, and record it as its death."""
-        self.note("kill", worker=w.label, pid=w.proc.pid, signal="SIGKILL", reason=reason)
+        self.note(vocab.KILL, worker=w.label, pid=w.proc.pid, signal="SIGKILL", reason=reason)
         kill(w)
         w.exitcode = -signal.SIGKILL
         self.registry.pop(w.proc.pid, None)
-        self.note("exit", worker=w.label, pid=w.proc.pid, code=w.exitcode, signal="SIGKILL")
+        self.note(vocab.EXIT, worker=w.label, pid=w.proc.pid, code=w.exitcode, signal="SIGKILL")
 
     def end_workers(self) -> None:
         for w in self.live():
@@ -268,7 +309,7 @@ class Supervisor:
         w.exitcode = code
         self.registry.pop(w.proc.pid, None)
         sig = -code if code is not None and code < 0 else None
-        self.note("exit", worker=w.label, pid=w.proc.pid, code=code,
+        self.note(vocab.EXIT, worker=w.label, pid=w.proc.pid, code=code,
                   signal=signal.Signals(sig).name if sig else None)
         if w.raised is not None and self.raised.add(w.raised[0], w.raised[1], w.label) and not self.halted:
             self.halted = True
@@ -301,14 +342,14 @@ class Supervisor:
             return  # killed (by a store restart) before its pause was read
         if str(self.schedule.faults[index]) in self.config.restarts:
             os.write(w.control, RESUME)  # it only waited for the restart, which is done
-            self.note("cont", worker=w.label, pid=w.proc.pid, signal=None,
+            self.note(vocab.CONT, worker=w.label, pid=w.proc.pid, signal=None,
                       reason="released once the restart it waited for was done")
             return
         row = self.step_row(instance, step)
         os.kill(w.proc.pid, signal.SIGSTOP)
         w.state = "paused"
         w.paused = (instance, step, row["state_version"] if row else 0)  # type: ignore[assignment]
-        self.note("stop", worker=w.label, pid=w.proc.pid, signal="SIGSTOP", instance=instance,
+        self.note(vocab.STOP, worker=w.label, pid=w.proc.pid, signal="SIGSTOP", instance=instance,
                   step=step, reason="pause")
 
     def on_raised(self, w: WorkerProcess, signature: str, error: str) -> None:
@@ -327,7 +368,7 @@ class Supervisor:
             return  # killed (by a store restart) before its message was read
         ended = self.store.terminate_backends(msg.get("backend_pids") or (),
                                               await_idle=msg.get("await_idle") or ())
-        self.note("terminate_backend", worker=w.label, pid=w.proc.pid, point=msg.get("point"),
+        self.note(vocab.TERMINATE_BACKEND, worker=w.label, pid=w.proc.pid, point=msg.get("point"),
                   instance=msg.get("instance"), step=msg.get("step"), fault=msg.get("terminate"),
                   **ended)
         os.write(w.control, RESUME)
@@ -345,7 +386,7 @@ class Supervisor:
             if service == "downstream":
                 before = self.downstream.pid
                 self.downstream.restart()
-                self.note("downstream_restart", fault=fault, pid_before=before,
+                self.note(vocab.DOWNSTREAM_RESTART, fault=fault, pid_before=before,
                           pid=self.downstream.pid, url=self.downstream.url)
                 continue
             killed = self.live()
@@ -353,7 +394,7 @@ class Supervisor:
                 self.kill_worker(w, "store restart: every connection to the store is cut")
             self.store.close()
             self.store.snapshot()  # a new connection, on what the killed writers left
-            self.note("store_restart", fault=fault, killed=[w.label for w in killed])
+            self.note(vocab.STORE_RESTART, fault=fault, killed=[w.label for w in killed])
             for w in killed:
                 if len(self.workers) < self.spawn_cap:
                     self.replace(w)
@@ -370,7 +411,7 @@ class Supervisor:
         moved_on = row is None or row["state_version"] >= version + 2 or \
             (row["state_version"] > version and row["owner_worker"] is None)
         if moved_on or not others_active:
-            self.note("cont", worker=w.label, pid=w.proc.pid, signal="SIGCONT",
+            self.note(vocab.CONT, worker=w.label, pid=w.proc.pid, signal="SIGCONT",
                       reason="its step moved on" if moved_on else "no other worker can move")
             os.kill(w.proc.pid, signal.SIGCONT)
             os.write(w.control, RESUME)
@@ -389,6 +430,7 @@ class Supervisor:
         """
         self.start_gated()
         while True:
+            signals.check()  # a Ctrl-C whose exception was swallowed (in a finalizer) ends the run too
             live = self.live()
             active = [w for w in live if w.state == "running"]
             if not active:
@@ -404,15 +446,15 @@ class Supervisor:
                     if finished or self.halted:  # halted: unknown, for the exception it raised
                         return False, finished
                     # the workers keep dying: the run could not finish
-                    self.note("bound_hit", reason=f"{len(self.workers)} worker processes spawned, "
-                                                  f"the cap; the target keeps failing")
+                    self.note(vocab.BOUND_HIT, reason=f"{len(self.workers)} worker processes spawned, "
+                                                      f"the cap; the target keeps failing")
                     return True, False
                 self.start_gated()
                 if not self.live() or all(w.state != "running" for w in self.live()):
                     self.replace(live[-1] if live else self.workers[-1])
                 continue
             if time.monotonic() > deadline:
-                self.note("bound_hit", seconds=self.config.bound_s)
+                self.note(vocab.BOUND_HIT, seconds=self.config.bound_s)
                 for w in live:
                     self.kill_worker(w, "bound")
                 return True, False

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from killpoint import chaos
+from killpoint import chaos, vocab
 from killpoint.chaos.journal import Journal
 from killpoint.harness import checkpoint, recovery, states
 from killpoint.harness.declaration import InvalidPoint, TargetRun
@@ -70,6 +70,14 @@ class WorkerContext:
                                f"{', '.join(self.points)}; add it to @killpoint.target(points=...)")
         return chaos.point(name)
 
+    def pause_waits_for(self, lock: Any) -> None:
+        """Declare a lock (anything with ``acquire``/``release``) that a ``pause`` takes before the
+        harness freezes this process: a library thread holding it (a checkpointer's database lock)
+        is then never frozen inside it, stalling every other worker."""
+        failpoints = chaos.points.installed()
+        if failpoints is not None:
+            failpoints.pause_locks.append(lock)
+
     def at(self, instance: str | None, step: str | None) -> "contextlib.AbstractContextManager[None]":
         """Tell the crash points that follow which step they belong to, so that a schedule can name
         it (``A@charge.before_ack:kill``): ``with ctx.at("order-1", "charge"): ...``."""
@@ -117,7 +125,7 @@ class Heartbeat:
             with self._in_store:
                 renewed = self._store.heartbeat(claim, self._timing.lease_ttl_ms)
             if not renewed:
-                self._journal.write("heartbeat_lost", instance=claim.instance, step=claim.step,
+                self._journal.write(vocab.HEARTBEAT_LOST, instance=claim.instance, step=claim.step,
                                     fence=claim.fence)
                 with self._lock:
                     if self._claim is claim:
@@ -212,7 +220,7 @@ class ReferenceWorker:
             except StoreUnavailable as exc:
                 # The store dropped the dead connection; the next call opens another. Whatever
                 # step we were on is left to its lease and to recovery.
-                self.journal.write("store_unavailable", error=str(exc),
+                self.journal.write(vocab.STORE_UNAVAILABLE, error=str(exc),
                                    outcome_unknown=isinstance(exc, OutcomeUnknown))
                 time.sleep(self.timing.poll_ms / 1000.0)
 
@@ -258,14 +266,14 @@ class ReferenceWorker:
                                        policy_of(self.ctx.workload))
             self._loaded[instance_id] = loaded
             if loaded.outcome != checkpoint.OK:
-                self.journal.write("checkpoint", instance=instance_id, outcome=loaded.outcome,
+                self.journal.write(vocab.CHECKPOINT, instance=instance_id, outcome=loaded.outcome,
                                    reason=loaded.reason, fingerprint=loaded.fingerprint)
         return loaded
 
     # -- claim --------------------------------------------------------------------------------------
     def claim(self, row: dict[str, Any], compensation: bool) -> Claim | None:
         to_state = states.COMPENSATING if compensation else states.RUNNING
-        op = self.journal.invoke("claim", instance=row["instance"], step=row["step"],
+        op = self.journal.invoke(vocab.CLAIM, instance=row["instance"], step=row["step"],
                                  state_version=row["state_version"])
         try:
             claim = self.store.claim(row["instance"], row["step"], self.ctx.worker_id,
@@ -273,12 +281,12 @@ class ReferenceWorker:
                                      to_state=to_state, ttl_ms=self.timing.lease_ttl_ms,
                                      reset_attempt=row["state"] == states.SUCCEEDED)
         except StoreUnavailable as exc:
-            self.lost(op, "claim", exc, instance=row["instance"], step=row["step"])
+            self.lost(op, vocab.CLAIM, exc, instance=row["instance"], step=row["step"])
             raise
         if claim is None:
-            self.journal.complete(op, "claim", "fail", instance=row["instance"], step=row["step"])
+            self.journal.complete(op, vocab.CLAIM, vocab.FAIL, instance=row["instance"], step=row["step"])
         else:
-            self.journal.complete(op, "claim", "ok", instance=claim.instance, step=claim.step,
+            self.journal.complete(op, vocab.CLAIM, vocab.OK, instance=claim.instance, step=claim.step,
                                   fence=claim.fence, state_version=claim.state_version,
                                   attempt=claim.attempt)
         return claim
@@ -359,7 +367,7 @@ class ReferenceWorker:
         evidence = recovery.Evidence(lease_expired=True, receipt=status, retry_safe=spec.retry_safe,
                                      attempts=claim.attempt - 1, max_attempts=spec.max_attempts)
         action = recovery.recover(evidence)
-        self.journal.write("recover", instance=inst.id, step=spec.name, fence=claim.fence,
+        self.journal.write(vocab.RECOVER, instance=inst.id, step=spec.name, fence=claim.fence,
                            source=source if receipt else None, receipt=status,
                            retry_safe=spec.retry_safe, attempts=evidence.attempts,
                            max_attempts=spec.max_attempts, action=action)
@@ -370,7 +378,7 @@ class ReferenceWorker:
              params: dict[str, Any], ihash: str, compensation: bool) -> Answer | None:
         meta = {"instance": inst.id, "step": spec.name, "worker": self.ctx.worker_id,
                 "attempt": claim.attempt, "direction": "compensation" if compensation else "forward"}
-        op = self.journal.invoke("call", instance=inst.id, step=spec.name, resource=resource, key=key,
+        op = self.journal.invoke(vocab.CALL, instance=inst.id, step=spec.name, resource=resource, key=key,
                                  intent_hash=ihash, fence=claim.fence, attempt=claim.attempt,
                                  direction=meta["direction"])
         try:
@@ -378,10 +386,10 @@ class ReferenceWorker:
                                               fence=claim.fence, fence_scope=f"{inst.id}:{spec.name}",
                                               before_read=lambda: chaos.point("in_call"))
         except LostResponse as exc:
-            self.journal.complete(op, "call", "info", instance=inst.id, step=spec.name, error=str(exc))
+            self.journal.complete(op, vocab.CALL, vocab.INFO, instance=inst.id, step=spec.name, error=str(exc))
             return None
-        kind = "ok" if answer.status < 300 else "fail"
-        self.journal.complete(op, "call", kind, instance=inst.id, step=spec.name, status=answer.status,
+        kind = vocab.OK if answer.status < 300 else vocab.FAIL
+        self.journal.complete(op, vocab.CALL, kind, instance=inst.id, step=spec.name, status=answer.status,
                               replay=answer.replay, error=answer.body.get("error"))
         if answer.status == 409 and answer.body.get("error") == "stale_fence":
             return None  # a newer lease holder exists: this worker stops working on the step
@@ -401,32 +409,32 @@ class ReferenceWorker:
     # -- receipt and commit -----------------------------------------------------------------------
     def record_receipt(self, claim: Claim, key: str, ihash: str | None, status: str,
                        response: dict[str, Any]) -> None:
-        op = self.journal.invoke("receipt", instance=claim.instance, step=claim.step, key=key,
+        op = self.journal.invoke(vocab.RECEIPT, instance=claim.instance, step=claim.step, key=key,
                                  status=status)
         try:
             self.store.record_receipt(claim, key, ihash, status, response)
         except StoreUnavailable as exc:
-            self.lost(op, "receipt", exc, instance=claim.instance, step=claim.step)
+            self.lost(op, vocab.RECEIPT, exc, instance=claim.instance, step=claim.step)
             raise
-        self.journal.complete(op, "receipt", "ok", instance=claim.instance, step=claim.step)
+        self.journal.complete(op, vocab.RECEIPT, vocab.OK, instance=claim.instance, step=claim.step)
 
     def commit(self, claim: Claim, to_state: str, **detail: Any) -> bool:
-        op = self.journal.invoke("commit", instance=claim.instance, step=claim.step, to_state=to_state,
+        op = self.journal.invoke(vocab.COMMIT, instance=claim.instance, step=claim.step, to_state=to_state,
                                  fence=claim.fence, expected_state_version=claim.state_version)
         try:
             ok = self.store.commit(claim, to_state, **detail)
         except StoreUnavailable as exc:
-            self.lost(op, "commit", exc, instance=claim.instance, step=claim.step, to_state=to_state,
+            self.lost(op, vocab.COMMIT, exc, instance=claim.instance, step=claim.step, to_state=to_state,
                       fence=claim.fence)
             raise
-        self.journal.complete(op, "commit", "ok" if ok else "fail", instance=claim.instance,
+        self.journal.complete(op, vocab.COMMIT, vocab.OK if ok else vocab.FAIL, instance=claim.instance,
                               step=claim.step, to_state=to_state, fence=claim.fence)
         return ok
 
     def lost(self, op: int, kind: str, exc: StoreUnavailable, **data: Any) -> None:
         """Close an operation the store lost with its connection: ``info`` (it may have taken
         effect) when COMMIT had been sent, ``fail`` (it certainly did not) otherwise."""
-        self.journal.complete(op, kind, "info" if isinstance(exc, OutcomeUnknown) else "fail",
+        self.journal.complete(op, kind, vocab.INFO if isinstance(exc, OutcomeUnknown) else vocab.FAIL,
                               error=str(exc), **data)
 
 

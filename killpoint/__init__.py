@@ -20,10 +20,11 @@ from typing import TYPE_CHECKING, Any
 from killpoint.chaos import at as at, point as point
 from killpoint.chaos.schedule import Fault as Fault, Schedule as Schedule, parse as parse_schedule
 # The errors a library caller can meet; the CLI's BadInput stays in killpoint.errors.
-from killpoint.errors import (InvalidAction as InvalidAction, InvalidPoint as InvalidPoint,
+from killpoint.errors import (InfrastructureError as InfrastructureError, InvalidAction as InvalidAction, InvalidPoint as InvalidPoint,
                               InvalidSchedule as InvalidSchedule, InvalidStore as InvalidStore,
                               InvalidTarget as InvalidTarget, InvalidWorkload as InvalidWorkload,
-                              KillpointError as KillpointError, OutcomeUnknown as OutcomeUnknown,
+                              KillpointError as KillpointError, KillpointUnavailable as KillpointUnavailable,
+                              LostResponse as LostResponse, OutcomeUnknown as OutcomeUnknown,
                               StoreError as StoreError, StoreUnavailable as StoreUnavailable,
                               UnknownScenario as UnknownScenario)
 
@@ -46,7 +47,6 @@ _LAZY = {
     "Timing": ("killpoint.harness.worker", "Timing"),
     "WorkerContext": ("killpoint.harness.worker", "WorkerContext"),
     "Claim": ("killpoint.harness.store.base", "Claim"),
-    "LostResponse": ("killpoint.harness.downstream", "LostResponse"),
     "CrashVerdict": ("killpoint.plugin", "CrashVerdict"),
     "target": ("killpoint.harness.declaration", "target"),
     "Target": ("killpoint.harness.declaration", "Target"),
@@ -61,7 +61,7 @@ if TYPE_CHECKING:  # what a type checker and an editor see: the same names, impo
     from killpoint.harness.checkers import ALL as INVARIANTS, check_all as check_all
     from killpoint.harness.checkers.base import Result as Result, Verdict as Verdict, Violation as Violation
     from killpoint.harness.declaration import Target as Target, TargetRun as TargetRun, target as target
-    from killpoint.harness.downstream import DownstreamClient as DownstreamClient, LostResponse as LostResponse
+    from killpoint.harness.downstream import DownstreamClient as DownstreamClient
     from killpoint.harness.history import Event as Event, History as History
     from killpoint.harness.recovery import Evidence as Evidence, recover as recover
     from killpoint.harness.run import RunConfig as RunConfig, RunResult as RunResult, Session as Session
@@ -89,9 +89,9 @@ def __dir__() -> list[str]:
 
 # A literal list, so that type checkers know what is exported (tests/test_api.py keeps it whole).
 __all__ = ["Claim", "CrashVerdict", "DownstreamClient", "Event", "Evidence", "Fault", "History",
-           "INVARIANTS", "InstanceSpec", "InvalidAction", "InvalidPoint", "InvalidSchedule",
-           "InvalidStore", "InvalidTarget", "InvalidWorkload", "KillpointError", "LostResponse",
-           "OutcomeUnknown", "ReferenceWorker", "Result", "RunConfig", "RunResult", "Schedule",
+           "INVARIANTS", "InfrastructureError", "InstanceSpec", "InvalidAction", "InvalidPoint", "InvalidSchedule",
+           "InvalidStore", "InvalidTarget", "InvalidWorkload", "KillpointError",
+           "KillpointUnavailable", "LostResponse", "OutcomeUnknown", "ReferenceWorker", "Result", "RunConfig", "RunResult", "Schedule",
            "Session", "StepSpec", "StoreError", "StoreUnavailable", "Target", "TargetRun",
            "Timing", "UnknownScenario", "Verdict", "Violation", "WorkerContext", "Workload", "at",
            "check_all", "parse_schedule", "point", "recover", "target"]

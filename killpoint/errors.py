@@ -13,6 +13,7 @@ from __future__ import annotations
 
 __all__ = [
     "BadInput",
+    "InfrastructureError",
     "InvalidAction",
     "InvalidSchedule",
     "InvalidStore",
@@ -20,6 +21,8 @@ __all__ = [
     "InvalidTarget",
     "InvalidWorkload",
     "KillpointError",
+    "KillpointUnavailable",
+    "LostResponse",
     "OutcomeUnknown",
     "StoreError",
     "StoreUnavailable",
@@ -70,6 +73,10 @@ class BadInput(KillpointError):
     """Input the user must fix; the message is one line naming the bad value (the CLI exits 2)."""
 
 
+class KillpointUnavailable(KillpointError, RuntimeError):
+    """Asked for a part of killpoint this installation does not have (e.g. exploration)."""
+
+
 # The store.
 
 
@@ -92,3 +99,18 @@ class OutcomeUnknown(StoreUnavailable):
     :class:`StoreUnavailable` (the connection is gone all the same); catch it first to journal the
     operation as indeterminate (``info``) rather than failed.
     """
+
+
+# The downstream.
+
+
+class LostResponse(KillpointError):
+    """The request may or may not have been applied: the answer never arrived (indeterminate)."""
+
+
+# The harness's own machinery broke: never a violation (exit 3, the cause in the verdict).
+
+
+class InfrastructureError(KillpointError, RuntimeError):
+    """The infrastructure a run needs broke: the store went away, the downstream failed, the disk
+    is full, a process could not be started. A run it ends is unknown, never violated."""

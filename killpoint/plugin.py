@@ -123,8 +123,18 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Generator[None, object, o
 # -- reporting -----------------------------------------------------------------------------------
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
-    """Attach the item's run records to its teardown report: xdist sends them to the controller."""
+    """Attach the item's run records to its teardown report: xdist sends them to the controller.
+
+    The call's report gets a section naming each run's HTML report (pytest shows it under a
+    failure), and every report carries them as ``user_properties`` (in pytest's JUnit XML).
+    """
     report = yield
+    if call.when == "call":
+        pages = [(r["schedule"], r["valid"], r["page"]) for r in item.stash.get(_RUNS, None) or () if r.get("page")]
+        if pages:
+            word = {True: "valid", False: "VIOLATED", None: "unknown"}
+            report.sections.append(("killpoint reports", "\n".join(
+                f"{word[valid]:<9} {schedule or 'no faults'}: {page}" for schedule, valid, page in pages)))
     if call.when == "teardown":
         records = item.stash.get(_RUNS, None)
         if records:

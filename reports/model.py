@@ -18,21 +18,23 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
+from killpoint import vocab
 from killpoint.harness.checkers.base import rank
 from killpoint.harness.history import OP_KINDS, Event, History
+from killpoint.harness.narrate import describe as describe_event
 
 if TYPE_CHECKING:
     from killpoint.harness.run import RunResult
 
 # ok: took effect; fail: certainly did not; info: unknown (indeterminate); event: a plain fact.
 STATUSES = ("ok", "fail", "info", "event")
-FIXED_LANES = ("downstream", "store", "harness")
+FIXED_LANES = (vocab.DOWNSTREAM, vocab.STORE, vocab.HARNESS)
 DEFAULT_MAX_EVENTS = 2000
 _DETAIL_CHARS = 600
 
-_ACCEPTED = {"claimed", "committed", "operator_resolved", "approved", "receipt_recorded"}
-_OK_OUTCOMES = {"applied", "replay"}
-_WORKER_SKIPPED = {"start", "finish"}  # the harness lane shows spawn and exit instead
+_ACCEPTED = vocab.ACCEPTED_TRANSITIONS | {vocab.RECEIPT_RECORDED}
+_OK_OUTCOMES = {vocab.APPLIED, vocab.REPLAY}
+_WORKER_SKIPPED = {vocab.START, vocab.FINISH}  # the harness lane shows spawn and exit instead
 
 
 def link(index: int) -> str:
@@ -278,14 +280,14 @@ def focus_instances(history: History, violations: Iterable[Any] = ()) -> tuple[s
                 named.append(str(inst))
     if not named:
         for e in events:
-            if e.kind == "point" and e.get("action") and e.get("instance") is not None:
+            if e.kind == vocab.POINT and e.get("action") and e.get("instance") is not None:
                 if str(e.get("instance")) not in named:
                     named.append(str(e.get("instance")))
     return tuple(named)
 
 
 def _instance_of(e: Event) -> str | None:
-    if e.process == "downstream":
+    if e.process == vocab.DOWNSTREAM:
         meta = e.get("meta")
         inst = meta.get("instance") if isinstance(meta, Mapping) else None
     else:
@@ -333,7 +335,7 @@ def build_run(result: RunResult, *, max_events: int = DEFAULT_MAX_EVENTS,
     by_index = {e.index: e for e in events}
     rows = tuple(_event_row(by_index[i], t0, i in proof, i in in_timeline) for i in shown)
     ledger = tuple(_ledger_row(by_index[i]) for i in shown
-                   if by_index[i].process == "downstream" and by_index[i].kind == "request")
+                   if by_index[i].process == vocab.DOWNSTREAM and by_index[i].kind == vocab.REQUEST)
 
     schedule = str(result.config.schedule)
     violations = tuple(
@@ -382,7 +384,7 @@ def build_timeline(history: History, *, shown: Iterable[int] | None = None,
     for e in events:
         if e.process in FIXED_LANES or e.kind not in OP_KINDS:
             continue
-        if e.type == "invoke":
+        if e.type == vocab.INVOKE:
             open_ops[(e.process, e.get("op"))] = e
         elif e.type in ("ok", "fail", "info"):
             inv = open_ops.pop((e.process, e.get("op")), None)
@@ -400,7 +402,7 @@ def build_timeline(history: History, *, shown: Iterable[int] | None = None,
         if e.process not in FIXED_LANES and e.kind in OP_KINDS:
             if e.index in completed:
                 continue  # drawn with its invoke
-            done = completion.get(e.index) if e.type == "invoke" else e
+            done = completion.get(e.index) if e.type == vocab.INVOKE else e
             item = _op_item(e, done, start, t0, end)
             items.append(dataclasses.replace(item, proof=item.index in proof or item.end_index in proof))
             continue
@@ -408,7 +410,7 @@ def build_timeline(history: History, *, shown: Iterable[int] | None = None,
         if made is None:
             continue
         kind, label, status, fence = made
-        stop = resumed.get(e.index) if kind == "point" and e.get("action") == "pause" else None
+        stop = resumed.get(e.index) if kind == vocab.POINT and e.get("action") == "pause" else None
         items.append(Item(link(e.index), e.index, e.process, kind, label, status, start,
                           start if stop is None else max(start, stop.time - t0),
                           end_index=None if stop is None else stop.index, fence=fence,
@@ -435,23 +437,23 @@ def _leases(history: History, t0: int, run_end: int, ttl: int | None) -> list[Le
     stopped: dict[str, int] = {}
     for e in events:
         if e.process not in FIXED_LANES:
-            if e.kind == "claim" and e.type == "ok":
+            if e.kind == vocab.CLAIM and e.type == vocab.OK:
                 holder.setdefault((e.get("instance"), e.get("step"), e.get("fence")), e.process)
-            elif e.kind in ("heartbeat_stopped", "heartbeat_lost"):
+            elif e.kind == vocab.HEARTBEAT_LOST:
                 ceases.setdefault(e.process, []).append((e.time - t0, None))
-        elif e.process == "harness" and isinstance(e.get("worker"), str):
+        elif e.process == vocab.HARNESS and isinstance(e.get("worker"), str):
             w = e.get("worker")
-            if e.kind == "exit":
+            if e.kind == vocab.EXIT:
                 ceases.setdefault(w, []).append((e.time - t0, None))
-            elif e.kind == "stop":
+            elif e.kind == vocab.STOP:
                 stopped[w] = e.time - t0
-            elif e.kind == "cont" and w in stopped:
+            elif e.kind == vocab.CONT and w in stopped:
                 ceases.setdefault(w, []).append((stopped.pop(w), e.time - t0))
     for w, at in stopped.items():
         ceases.setdefault(w, []).append((at, None))
 
     out: list[Lease] = []
-    store = [e for e in events if e.process == "store"]
+    store = [e for e in events if e.process == vocab.STORE]
     for n, c in enumerate(store):
         if c.kind != "claimed":
             continue
@@ -462,13 +464,13 @@ def _leases(history: History, t0: int, run_end: int, ttl: int | None) -> list[Le
         for later in store[n + 1:]:
             if (later.get("instance"), later.get("step")) != (inst, step):
                 continue
-            if later.kind == "claimed":
+            if later.kind == vocab.CLAIMED:
                 ends, how = later.time - t0, "taken over"
                 break
-            if later.kind == "committed" and later.get("fence") == c.get("fence"):
+            if later.kind == vocab.COMMITTED and later.get("fence") == c.get("fence"):
                 ends, how = later.time - t0, "released"
                 break
-            if later.kind == "stuck_flagged" and later.get("lease_version") == c.get("fence"):
+            if later.kind == vocab.STUCK_FLAGGED and later.get("lease_version") == c.get("fence"):
                 ends, how = later.time - t0, "freed as stuck"
                 break
         held, expiry, estimated = ends, None, False
@@ -511,9 +513,9 @@ def _resumes(history: History) -> dict[int, Event]:
     for e in history.events:
         if e.process not in FIXED_LANES and e.process in waiting:
             ends[waiting.pop(e.process)] = e
-        if e.kind == "point" and e.process not in FIXED_LANES and e.get("action") == "pause":
+        if e.kind == vocab.POINT and e.process not in FIXED_LANES and e.get("action") == "pause":
             waiting[e.process] = e.index
-        elif e.process == "harness" and e.kind in ("cont", "exit") and e.get("worker") in waiting:
+        elif e.process == vocab.HARNESS and e.kind in (vocab.CONT, vocab.EXIT) and e.get("worker") in waiting:
             ends[waiting.pop(e.get("worker"))] = e
     return ends
 
@@ -521,10 +523,10 @@ def _resumes(history: History) -> dict[int, Event]:
 def _lanes(history: History, t0: int) -> tuple[Lane, ...]:
     spawns: dict[str, Event] = {}
     exits: dict[str, Event] = {}
-    for e in history.of("harness"):
-        if e.kind == "spawn" and isinstance(e.get("worker"), str):
+    for e in history.of(vocab.HARNESS):
+        if e.kind == vocab.SPAWN and isinstance(e.get("worker"), str):
             spawns.setdefault(e.get("worker"), e)
-        elif e.kind == "exit" and isinstance(e.get("worker"), str):
+        elif e.kind == vocab.EXIT and isinstance(e.get("worker"), str):
             exits[e.get("worker")] = e
     names = list(spawns)
     for e in history.events:  # workers of a hand-written history may have no spawn event
@@ -556,20 +558,20 @@ def _op_item(first: Event, done: Event | None, start: int, t0: int, run_end: int
     """An operation from its invoke (``first``) to its completion ``done`` (None: never completed)."""
     # Any info completion is unknown (Jepsen's :info): the effect may land at any later time, so the
     # op is drawn to the end of the run -- whether the worker died (``indeterminate``) or lost the answer.
-    indeterminate = done is None or done.type == "info"
+    indeterminate = done is None or done.type == vocab.INFO
     status = "info" if done is None else done.type
     end = run_end if indeterminate else (done.time - t0 if done is not None else start)
     fence = _int(done.get("fence") if done is not None and done.get("fence") is not None
                  else first.get("fence"))
     kind = first.kind
     where = _where(done, first)
-    if kind == "claim":
+    if kind == vocab.CLAIM:
         label = f"claim {where} fence {fence}" if status == "ok" else f"claim {where} refused"
-    elif kind == "call":
+    elif kind == vocab.CALL:
         resource = first.get("resource") or (done.get("resource") if done else None)
-        answer = "?" if done is None or done.type == "info" else done.get("status")
+        answer = "?" if done is None or done.type == vocab.INFO else done.get("status")
         label = f"call {resource} {where} fence {fence} \u2192 {answer}"
-    elif kind == "receipt":
+    elif kind == vocab.RECEIPT:
         label = f"receipt {where} {first.get('status') or ''}".rstrip()
     else:  # commit
         to = first.get("to_state") or (done.get("to_state") if done else None)
@@ -583,75 +585,53 @@ def _op_item(first: Event, done: Event | None, start: int, t0: int, run_end: int
 
 
 def _instant(e: Event) -> tuple[str, str, str, int | None] | None:
-    """(kind, label, status, fence) of an instant event, or None when it is left off the timeline."""
+    """(kind, label, status, fence) of an instant event, or None when it is left off the timeline.
+
+    The label is the event in words (:func:`killpoint.harness.narrate.describe`, as narration says
+    it); the status says how it went: ok, fail, info (unknown, or a worker frozen) or event."""
     d = e.data
-    where = _where(e)
     fence = _int(d.get("fence"))
-    if e.process == "store":
-        worker = d.get("worker")
-        if e.kind == "claimed":
-            return e.kind, f"claimed {where} by {worker} fence {fence}", "ok", fence
-        if e.kind == "committed":
-            return e.kind, f"committed {where} by {worker} fence {fence} \u2192 {d.get('to_state')}", \
-                "ok", fence
-        if e.kind == "commit_rejected":
-            return e.kind, (f"rejected {where} by {worker} fence {fence} "
-                            f"(lease is {d.get('lease_version')})"), "fail", fence
-        if e.kind == "receipt_recorded":
-            return e.kind, f"receipt {where} {d.get('status') or ''}".rstrip(), "ok", fence
-        if e.kind == "created":
-            return e.kind, f"created {where}", "event", None
-        if e.kind == "stuck_flagged":
-            return e.kind, f"stuck {where} ({worker})", "info", fence
-        status = "ok" if e.kind in _ACCEPTED else "event"
-        return e.kind, f"{e.kind} {where}", status, fence
-    if e.process == "downstream":
+    if e.process == vocab.STORE:
+        if e.kind == vocab.COMMIT_REJECTED:
+            status = "fail"
+        elif e.kind == vocab.STUCK_FLAGGED:
+            status = "info"
+        elif e.kind == vocab.CREATED:
+            status, fence = "event", None
+        else:
+            status = vocab.OK if e.kind in _ACCEPTED else vocab.EVENT
+    elif e.process == vocab.DOWNSTREAM:
         outcome = str(d.get("outcome"))
-        status = "ok" if outcome in _OK_OUTCOMES else "info" if outcome == "dropped" else "fail"
-        return e.kind, f"{outcome} {d.get('resource')} fence {fence} {d.get('key') or d.get('scope')}", \
-            status, fence
-    if e.process == "harness":
-        worker = d.get("worker")
-        if e.kind == "spawn":
-            return e.kind, f"spawn {worker} pid {d.get('pid')}", "event", None
-        if e.kind == "exit":
-            if d.get("signal"):
-                return e.kind, f"{worker} killed by {d.get('signal')}", "fail", None
-            return e.kind, f"{worker} exit {d.get('code')}", "ok" if d.get("code") == 0 else "fail", None
-        if e.kind == "kill":
-            return e.kind, f"{d.get('signal') or 'SIGKILL'} {worker}: {d.get('reason')}", "fail", None
-        if e.kind == "stop":
-            return e.kind, f"pause {worker} ({d.get('signal')})", "info", None
-        if e.kind == "cont":
-            return e.kind, f"resume {worker} ({d.get('signal')})", "event", None
-        if e.kind == "bound_hit":
-            return e.kind, f"bound hit after {d.get('seconds')} s", "fail", None
-        if e.kind == "terminate_backend":
-            pids = ", ".join(str(p) for p in d.get("backend_pids") or ()) or "none"
-            return e.kind, f"pg_terminate_backend {worker} ({pids}) at {d.get('point')}", "fail", None
-        return e.kind, e.kind, "event", None
-    # a worker incarnation
-    if e.kind in _WORKER_SKIPPED:
-        return None
-    if e.kind == "point":
-        action = d.get("action")
-        if action is None:
+        status = "ok" if outcome in _OK_OUTCOMES else "info" if outcome == vocab.DROPPED else "fail"
+    elif e.process == vocab.HARNESS:
+        fence = None
+        if e.kind == vocab.EXIT:
+            status = "fail" if d.get("signal") or d.get("code") != 0 else "ok"
+        elif e.kind in (vocab.KILL, vocab.BOUND_HIT, vocab.TERMINATE_BACKEND):
+            status = "fail"
+        elif e.kind == vocab.STOP:
+            status = "info"
+        else:
+            status = "event"
+    else:  # a worker incarnation
+        if e.kind in _WORKER_SKIPPED:
             return None
-        return e.kind, f"{action} at {d.get('point')} {where}", "fail" if action == "kill" else "info", None
-    if e.kind == "recover":
-        return e.kind, f"recover {where} \u2192 {d.get('action')}", "event", fence
-    if e.kind == "heartbeat_stopped":
-        return e.kind, f"heartbeat stopped {where}", "info", None
-    return e.kind, f"{e.kind} {where}" if where != "?" else e.kind, "event", fence
+        if e.kind == vocab.POINT:
+            action = d.get("action")
+            if action is None:
+                return None
+            status, fence = ("fail" if action == "kill" else "info"), None
+        elif e.kind == vocab.HEARTBEAT_LOST:
+            status, fence = "info", None
+        else:
+            status = "event"
+    return e.kind, describe_event(e), status, fence
 
 
 def describe(e: Event) -> str:
-    """A one-line description of any event, for proof links and tooltips."""
-    if e.kind in OP_KINDS and e.process not in FIXED_LANES:
-        return f"e{e.index} {e.process} {e.kind} {e.type} {_where(e)}"
-    made = _instant(e)
-    label = made[1] if made else f"{e.kind} {_where(e)}"
-    return f"e{e.index} {e.process} {label}"
+    """A one-line description of any event, for proof links and tooltips: its link id, its process,
+    then the event in words."""
+    return f"e{e.index} {e.process} {describe_event(e)}"
 
 
 # -- tables ---------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""What every scenario shares: the story it tells, the facts it checks, and questions to a history.
+"""What every scenario shares: the story it tells and the facts it checks.
 
 A :class:`Story` collects a scenario's runs, its narrated lines and its checks. A check states a
 fact the story must show ("A's commit with fence 1 was refused"); when it does not hold, the
@@ -13,7 +13,7 @@ from typing import Any, Iterable
 
 from killpoint import chaos
 from killpoint.harness.checkers.base import rank
-from killpoint.harness.history import Event, History
+from killpoint.harness.history import Event
 from killpoint.harness.narrate import narrate
 from killpoint.harness.run import RunConfig, RunResult, Session
 from killpoint.harness.worker import ReferenceWorker
@@ -122,43 +122,7 @@ def worker_class(target: Any) -> type[ReferenceWorker] | None:
     return cls if isinstance(cls, type) and issubclass(cls, ReferenceWorker) else None
 
 
-# -- questions to a history ------------------------------------------------------------------------
-
-
-def _meta(e: Event) -> dict[str, Any]:
-    meta = e.get("meta")
-    return meta if isinstance(meta, dict) else {}
-
-
-def store_events(h: History, instance: str, step: str, *kinds: str) -> list[Event]:
-    return [e for e in h.events if e.process == "store" and e.get("instance") == instance
-            and e.get("step") == step and (not kinds or e.kind in kinds)]
-
-
-def requests(h: History, *, key: str | None = None, instance: str | None = None,
-             step: str | None = None) -> list[Event]:
-    """Downstream ledger rows, by key or by the step the request was made for."""
-    return [e for e in h.events if e.process == "downstream" and e.kind == "request"
-            and (key is None or e.get("key") == key)
-            and (instance is None or _meta(e).get("instance") == instance)
-            and (step is None or _meta(e).get("step") == step)]
-
-
-def applied(h: History, **where: Any) -> list[Event]:
-    return [e for e in requests(h, **where) if e.get("applied") is True]
-
-
-def worker_events(h: History, kind: str, *, process: str | None = None, type: str | None = None,
-                  instance: str | None = None, step: str | None = None) -> list[Event]:
-    return [e for e in h.events if e.process not in ("store", "downstream", "harness")
-            and e.kind == kind and (process is None or e.process == process)
-            and (type is None or e.type == type) and (instance is None or e.get("instance") == instance)
-            and (step is None or e.get("step") == step)]
-
-
-def harness_events(h: History, kind: str, worker: str | None = None) -> list[Event]:
-    return [e for e in h.events if e.process == "harness" and e.kind == kind
-            and (worker is None or e.get("worker") == worker)]
+# -- reading events ------------------------------------------------------------------------------
 
 
 def who(events: Iterable[Event], *fields: str) -> str:
@@ -170,5 +134,4 @@ def who(events: Iterable[Event], *fields: str) -> str:
     return "; ".join(out) or "nothing"
 
 
-__all__ = ["Check", "Story", "WORD", "applied", "config", "harness_events", "requests",
-           "store_events", "who", "worker_class", "worker_events"]
+__all__ = ["Check", "Story", "WORD", "config", "who", "worker_class"]

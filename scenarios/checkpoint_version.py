@@ -25,12 +25,13 @@ import hashlib
 import json
 from typing import Any
 
+from killpoint import vocab
 from killpoint.harness import checkpoint
 from killpoint.harness.checkpoint import Migration, Migrations, Policy
 from killpoint.harness.run import Session
 from killpoint.harness.targets import Target
 from killpoint.harness.workload import CheckpointedWorkload, InstanceSpec, default_workload
-from killpoint.scenarios._story import Story, config, requests, store_events, who, worker_events
+from killpoint.scenarios._story import Story, config, who
 
 STEP = "charge"
 RESOURCES = {"payment": {"legacy": False, "fencing": True}}
@@ -101,16 +102,16 @@ def _workload(name: str, specs: list[InstanceSpec], policy: Policy,
 def _refused(story: Story, h, instance: str, because: str, what: str) -> None:
     """The facts of a refused checkpoint: the reason journaled, the step in manual review with the
     reason recorded, no request to the downstream."""
-    notes = [e for e in worker_events(h, "checkpoint", instance=instance) if e.get("outcome") == "refused"]
+    notes = [e for e in h.worker_events(vocab.CHECKPOINT, instance=instance) if e.get("outcome") == "refused"]
     story.expect(notes and because in notes[0].get("reason", ""),
                  f"{instance}'s checkpoint refused: {what}", who(notes, "outcome", "reason"))
-    manual = [e for e in store_events(h, instance, STEP, "committed")
+    manual = [e for e in h.store_events(instance, STEP, vocab.COMMITTED)
               if e.get("to_state") == "manual_intervention"
               and "checkpoint refused" in str(e.get("reason"))]
     story.expect(manual and h.final_state(instance, STEP) == "manual_intervention",
                  f"{instance}:{STEP} went to manual_intervention with the reason recorded",
                  f"final state {h.final_state(instance, STEP)}")
-    calls = requests(h, instance=instance, step=STEP)
+    calls = h.requests(instance=instance, step=STEP)
     story.expect(not calls, f"the downstream never heard of {instance}", who(calls, "status", "outcome"))
 
 
@@ -138,9 +139,9 @@ def run(session: Session, *, target: str | Target = "reference", seed: int = 0, 
                   "order-3 (damaged after it was written)",
                   [(i.id, STEP) for i in wl.instances]).history
     _ran(story, h, current.id, "written by v2")
-    notes = [e for e in worker_events(h, "checkpoint", instance=old.id) if e.get("outcome") == "migrated"]
+    notes = [e for e in h.worker_events(vocab.CHECKPOINT, instance=old.id) if e.get("outcome") == "migrated"]
     story.expect(notes, f"{old.id}'s v1 checkpoint was upgraded by the registered migration",
-                 who(worker_events(h, "checkpoint", instance=old.id), "outcome", "reason"))
+                 who(h.worker_events(vocab.CHECKPOINT, instance=old.id), "outcome", "reason"))
     _ran(story, h, old.id, "migrated from v1")
     _refused(story, h, damaged.id, "integrity hash mismatch", "its integrity hash does not match")
 

@@ -19,11 +19,12 @@ Either way the provider applied exactly one effect under K: the original charge.
 
 from __future__ import annotations
 
+from killpoint import vocab
 from killpoint.harness.history import History
 from killpoint.harness.run import Session
 from killpoint.harness.targets import Target
 from killpoint.harness.workload import WORKLOADS
-from killpoint.scenarios._story import Story, applied, config, requests, store_events, who, worker_events
+from killpoint.scenarios._story import Story, config, who
 
 CHARGE, AMEND = "charge", "amend"
 
@@ -35,10 +36,10 @@ def _amended(seed: int) -> tuple[str, str]:
 
 
 def _common(story: Story, h: History, instance: str, key: str) -> None:
-    charge = [e for e in applied(h, key=key) if (e.get("meta") or {}).get("step") == CHARGE]
+    charge = [e for e in h.applied(key=key) if (e.get("meta") or {}).get("step") == CHARGE]
     story.expect(len(charge) == 1, f"the charge was applied once under {key}",
-                 who(requests(h, key=key), "status", "outcome"))
-    asks = requests(h, instance=instance, step=AMEND)
+                 who(h.requests(key=key), "status", "outcome"))
+    asks = h.requests(instance=instance, step=AMEND)
     story.expect(asks and all(e.get("key") == key for e in asks)
                  and {e.get("intent_hash") for e in asks}.isdisjoint({e.get("intent_hash") for e in charge}),
                  "the amendment was sent under the same key with another intent (amount)",
@@ -46,7 +47,7 @@ def _common(story: Story, h: History, instance: str, key: str) -> None:
     story.expect(asks and all(e.get("status") == 422 and e.get("outcome") == "conflict" for e in asks),
                  "every amendment request got 422 intent_conflict, never a success or the old result",
                  who(asks, "status", "outcome"))
-    effects = applied(h, key=key)
+    effects = h.applied(key=key)
     story.expect(len(effects) == 1, f"exactly one applied effect under {key}",
                  f"{len(effects)}: " + who(effects, "outcome"))
 
@@ -59,7 +60,7 @@ def run(session: Session, *, target: str | Target = "reference", seed: int = 0, 
     h = story.run(session, config(target, seed, store, ""),
                   f"1. {instance} is charged, then amended under the charge's key", steps).history
     _common(story, h, instance, key)
-    ends = [e for e in store_events(h, instance, AMEND, "committed") if e.get("to_state") == "failed"]
+    ends = [e for e in h.store_events(instance, AMEND, vocab.COMMITTED) if e.get("to_state") == "failed"]
     story.expect(h.final_state(instance, AMEND) == "failed" and ends
                  and ends[-1].get("reason") == "intent_conflict",
                  "the amendment ended failed, with the reason intent_conflict recorded",
@@ -68,7 +69,7 @@ def run(session: Session, *, target: str | Target = "reference", seed: int = 0, 
     h = story.run(session, config(target, seed, store, f"A@{AMEND}.after_call:kill"),
                   "2. the worker is killed right after the 422, before it records it", steps).history
     _common(story, h, instance, key)
-    evidence = worker_events(h, "recover", instance=instance, step=AMEND)
+    evidence = h.worker_events(vocab.RECOVER, instance=instance, step=AMEND)
     story.expect(evidence and evidence[-1].get("receipt") == "failed_permanent"
                  and evidence[-1].get("action") == "record_failure",
                  "recovery found the charge's receipt under the key, for another intent, and "

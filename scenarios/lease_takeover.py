@@ -34,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from killpoint import chaos
+from killpoint import chaos, vocab
 from killpoint.harness import states
 from killpoint.harness.downstream import Answer, DownstreamClient, LostResponse
 from killpoint.harness.history import History
@@ -44,7 +44,7 @@ from killpoint.harness.store.base import Claim, Store
 from killpoint.harness.worker import ReferenceWorker, WorkerContext
 from killpoint.harness.workload import InstanceSpec, StepSpec, Workload, default_workload
 from killpoint.scenarios import checkpoint_version
-from killpoint.scenarios._story import Story, applied, config, requests, store_events, who, worker_class
+from killpoint.scenarios._story import Story, config, who, worker_class
 
 INSTANCE, STEP = "order-1", "charge"
 RETRY_POINT = "before_retry"
@@ -135,12 +135,12 @@ def run(session: Session, *, target: str | Target = "reference", seed: int = 0, 
                                        after_quiescent=same_key_other_amount),
                        f"A and B compete for {INSTANCE}:{STEP}, key K = {key}", [(INSTANCE, STEP)])
     h = result.history
-    claims = store_events(h, INSTANCE, STEP, "claimed")
-    commits = store_events(h, INSTANCE, STEP, "committed")
-    refused = store_events(h, INSTANCE, STEP, "commit_rejected")
-    calls = [e for e in requests(h, key=key) if (e.get("meta") or {}).get("worker") in ("A", "B")]
+    claims = h.store_events(INSTANCE, STEP, vocab.CLAIMED)
+    commits = h.store_events(INSTANCE, STEP, vocab.COMMITTED)
+    refused = h.store_events(INSTANCE, STEP, vocab.COMMIT_REJECTED)
+    calls = [e for e in h.requests(key=key) if (e.get("meta") or {}).get("worker") in ("A", "B")]
     by = {(e.get("meta", {}).get("worker"), e.get("fence")): e for e in calls}
-    effects = applied(h, instance=INSTANCE, step=STEP)
+    effects = h.applied(instance=INSTANCE, step=STEP)
 
     story.expect([(c.get("worker"), c.get("fence")) for c in claims] == [("A", 1), ("B", 2)],
                  "A claimed with fence 1, then B with fence 2", who(claims, "worker", "fence"))
@@ -158,7 +158,7 @@ def run(session: Session, *, target: str | Target = "reference", seed: int = 0, 
                  who(commits, "worker", "fence", "to_state"))
     late = a1[1:]
     story.expect(late and late[0].get("fence") == 1 and late[0].get("status") == 409
-                 and late[0].get("outcome") == "stale_fence" and not late[0].get("applied")
+                 and late[0].get("outcome") == vocab.STALE_FENCE and not late[0].get("applied")
                  and b2 is not None and late[0].time > b2.time,
                  "A's late call with K and fence 1 was refused by the downstream: 409 stale fence",
                  who(late, "status", "outcome", "fence"))
@@ -169,12 +169,12 @@ def run(session: Session, *, target: str | Target = "reference", seed: int = 0, 
 
     story.say()
     story.say(f"The downstream ledger for K = {key}:")
-    for e in requests(h, key=key):
+    for e in h.requests(key=key):
         m = e.get("meta") or {}
         story.say(f"  #{e.get('seq')} {m.get('worker')}: fence {e.get('fence')}, intent "
                   f"{e.get('intent_hash')} -> {e.get('status')} {e.get('outcome')}"
                   + (" (a new effect)" if e.get("applied") else ""))
-    story.say(f"  applied effects for K: {len(applied(h, key=key))}")
+    story.say(f"  applied effects for K: {len(h.applied(key=key))}")
 
     q3 = question[0] if question else None
     story.expect(q3 is not None and q3.status == 422 and q3.body.get("error") == "intent_conflict"
@@ -189,7 +189,7 @@ def run(session: Session, *, target: str | Target = "reference", seed: int = 0, 
 
 def _answers(story: Story, h: History, key: str | None, amount: int, other: int, q3: Answer | None, seed: int) -> None:
     """The exercise's four questions, answered from what this run did."""
-    refused = store_events(h, INSTANCE, STEP, "commit_rejected")
+    refused = h.store_events(INSTANCE, STEP, vocab.COMMIT_REJECTED)
     state_version = refused[0].get("state_version") if refused else "?"
     expected = refused[0].get("expected_state_version") if refused else "?"
     story.say()

@@ -20,11 +20,11 @@ the last, so every run tells the same story.
 
 from __future__ import annotations
 
+from killpoint import vocab
 from killpoint.harness.run import Session
 from killpoint.harness.targets import Target
 from killpoint.harness.workload import InstanceSpec, Workload, default_workload
-from killpoint.scenarios._story import (Story, applied, config, harness_events, requests, store_events, who,
-                              worker_events)
+from killpoint.scenarios._story import Story, config, who
 
 STEP = "charge"
 STORE_RESTART = f"B@{STEP}.after_claim:1*pause"
@@ -54,36 +54,36 @@ def run(session: Session, *, target: str | Target = "reference", seed: int = 0, 
                   f"A is killed in {last.id}'s dangerous window; the store restarts under B, the "
                   f"provider under C", [(last.id, STEP)]).history
 
-    first = [e for e in requests(h, key=key) if (e.get("meta") or {}).get("worker") == "A"]
+    first = [e for e in h.requests(key=key) if (e.get("meta") or {}).get("worker") == "A"]
     story.expect(len(first) == 1 and first[0].get("applied") and first[0].get("fence") == 1,
                  f"A's charge of {last.id} (fence 1) was applied before A was killed",
                  who(first, "status", "outcome", "fence"))
-    restarts = harness_events(h, "store_restart")
+    restarts = h.harness_events(vocab.STORE_RESTART)
     story.expect(len(restarts) == 1 and restarts[0].get("killed") == ["B"],
                  "the store restarted right after B's claim, cutting B (and its connections) off",
                  who(restarts, "killed"))
-    claims = store_events(h, last.id, STEP, "claimed")
+    claims = h.store_events(last.id, STEP, vocab.CLAIMED)
     story.expect([(c.get("worker"), c.get("fence")) for c in claims] == [("A", 1), ("B", 2), ("C", 3)],
                  "B's claim (fence 2) survived the restart: C had to claim with fence 3",
                  who(claims, "worker", "fence"))
-    moved = harness_events(h, "downstream_restart")
+    moved = h.harness_events(vocab.DOWNSTREAM_RESTART)
     story.expect(len(moved) == 1 and moved[0].get("pid") != moved[0].get("pid_before")
                  and moved[0].get("url") == url and session.downstream.url == url,
                  "the provider restarted as a new process on the same address",
                  who(moved, "pid_before", "pid", "url"))
-    evidence = worker_events(h, "recover", process="C", step=STEP)
+    evidence = h.worker_events(vocab.RECOVER, process="C", step=STEP)
     story.expect(len(evidence) == 1 and moved and evidence[0].time > moved[0].time
                  and evidence[0].get("source") == "downstream" and evidence[0].get("receipt") == "succeeded"
                  and evidence[0].get("action") == "record_completion",
                  "C got A's charge from the restarted provider, by its key, and recorded completion",
                  who(evidence, "source", "receipt", "action"))
-    commits = store_events(h, last.id, STEP, "committed")
+    commits = h.store_events(last.id, STEP, vocab.COMMITTED)
     story.expect([(c.get("worker"), c.get("fence")) for c in commits] == [("C", 3)],
                  "C's commit with fence 3 was accepted", who(commits, "worker", "fence"))
     stranded = [f"{r['instance']}:{r['step']} {r['state']}" for r in h.final if r["state"] != "succeeded"]
     story.expect(not stranded, "no instance stranded: every step of every order succeeded",
                  ", ".join(stranded))
-    per_step = {(i.id, s.name): len(applied(h, instance=i.id, step=s.name))
+    per_step = {(i.id, s.name): len(h.applied(instance=i.id, step=s.name))
                 for i in wl.instances for s in i.steps}
     twice = {f"{i}:{s}": n for (i, s), n in per_step.items() if n != 1}
     story.expect(not twice, "nothing duplicated: exactly one applied effect per step",

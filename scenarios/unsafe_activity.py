@@ -19,13 +19,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from killpoint import vocab
 from killpoint.harness import states
 from killpoint.harness.downstream import DownstreamClient
 from killpoint.harness.run import Session
 from killpoint.harness.targets import Target
 from killpoint.harness.store.base import Store
-from killpoint.scenarios._story import (Story, applied, config, harness_events, requests, store_events, who,
-                              worker_events)
+from killpoint.scenarios._story import Story, config, who
 
 INSTANCE, STEP = "order-1", "notify"
 ACTOR = "on-call operator"
@@ -51,33 +51,33 @@ def run(session: Session, *, target: str | Target = "reference", seed: int = 0, 
                   f"A mails the customer of {INSTANCE} through the legacy notifier and is killed "
                   f"right after; {WORKERS} workers in all", [(INSTANCE, STEP)]).history
 
-    sent = requests(h, instance=INSTANCE, step=STEP)
+    sent = h.requests(instance=INSTANCE, step=STEP)
     story.expect(len(sent) == 1 and sent[0].get("key") is None and sent[0].get("applied")
                  and (sent[0].get("meta") or {}).get("worker") == "A",
                  "A's call to the legacy notifier (no key) was applied",
                  who(sent, "key", "status", "outcome"))
-    kill = [e for e in worker_events(h, "point", process="A", step=STEP) if e.get("action") == "kill"]
+    kill = [e for e in h.worker_events(vocab.POINT, process="A", step=STEP) if e.get("action") == vocab.KILL]
     story.expect(kill and kill[0].get("point") == "after_call", "A was killed right after the call",
                  who(kill, "point", "action"))
-    evidence = worker_events(h, "recover", instance=INSTANCE, step=STEP)
+    evidence = h.worker_events(vocab.RECOVER, instance=INSTANCE, step=STEP)
     story.expect(len(evidence) == 1 and evidence[0].get("receipt") is None
                  and evidence[0].get("retry_safe") is False and evidence[0].get("action") == "manual_review",
                  "recovery found no receipt, an activity that is not retry-safe, and chose manual_review",
                  who(evidence, "receipt", "retry_safe", "action"))
-    entry = [e for e in store_events(h, INSTANCE, STEP, "committed")
+    entry = [e for e in h.store_events(INSTANCE, STEP, vocab.COMMITTED)
              if e.get("to_state") == states.MANUAL]
     story.expect(len(entry) == 1 and entry[0].get("reason"),
                  "the step was committed to manual_intervention, with its reason",
                  who(entry, "worker", "fence", "reason"))
     if entry:
         since = entry[0].time
-        touched = [e for e in store_events(h, INSTANCE, STEP) if e.time > since
+        touched = [e for e in h.store_events(INSTANCE, STEP) if e.time > since
                    and e.kind != "operator_resolved"]
-        calls = [e for e in requests(h, instance=INSTANCE, step=STEP) if e.time > since]
+        calls = [e for e in h.requests(instance=INSTANCE, step=STEP) if e.time > since]
         story.expect(not touched and not calls,
                      "after that no worker claimed, called for or wrote the step",
                      who(touched + calls, "worker", "fence", "to_state"))
-        left = [e for e in harness_events(h, "exit") if e.time > since and e.get("code") == 0]
+        left = [e for e in h.harness_events(vocab.EXIT) if e.time > since and e.get("code") == 0]
         story.expect(len(left) >= 3,
                      "at least three workers ran after it entered manual review, and each left it alone",
                      f"{len(left)}: " + who(left, "worker"))
@@ -86,7 +86,7 @@ def run(session: Session, *, target: str | Target = "reference", seed: int = 0, 
             names = ", ".join(sorted(str(e.get("worker")) for e in left))
             story.say(f"{len(left)} worker processes saw {INSTANCE}:{STEP} in manual review and "
                       f"finished without touching it: {names}.")
-    resolved = store_events(h, INSTANCE, STEP, "operator_resolved")
+    resolved = h.store_events(INSTANCE, STEP, vocab.OPERATOR_RESOLVED)
     story.expect(len(resolved) == 1 and resolved[0].get("actor") == ACTOR and resolved[0].get("evidence")
                  and resolved[0].get("from_state") == states.MANUAL
                  and resolved[0].get("to_state") == states.SUCCEEDED,
@@ -94,7 +94,7 @@ def run(session: Session, *, target: str | Target = "reference", seed: int = 0, 
                  who(resolved, "actor", "to_state") + f"; {resolution}")
     story.expect(h.final_state(INSTANCE, STEP) == states.SUCCEEDED, "the step ended succeeded",
                  f"final state {h.final_state(INSTANCE, STEP)}")
-    effects = applied(h, instance=INSTANCE, step=STEP)
+    effects = h.applied(instance=INSTANCE, step=STEP)
     story.expect(len(effects) == 1, "the customer was mailed exactly once",
                  f"{len(effects)} mails: " + who(effects, "worker"))
     story.conclude("an unknown outcome of an unsafe activity went to a person and stayed there; the "

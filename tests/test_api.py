@@ -33,6 +33,7 @@ def test_every_named_error_derives_from_the_one_base_exported_as_killpoint_killp
     (errors.StoreError, RuntimeError),
     (errors.StoreUnavailable, RuntimeError),
     (errors.OutcomeUnknown, errors.StoreUnavailable),
+    (errors.KillpointUnavailable, RuntimeError),
 ])
 def test_each_named_error_keeps_the_builtin_base_callers_already_catch(cls, builtin):
     assert issubclass(cls, builtin)
@@ -54,6 +55,11 @@ def test_the_modules_that_raise_an_error_re_export_the_same_class():
     assert store.StoreError is base.StoreError is errors.StoreError
     assert scenarios.UnknownScenario is errors.UnknownScenario
     assert common.BadInput is errors.BadInput
+    from killpoint import plugin
+    from killpoint.harness import downstream
+
+    assert downstream.LostResponse is errors.LostResponse
+    assert plugin.KillpointUnavailable is errors.KillpointUnavailable
 
 
 def test_bad_input_to_the_library_raises_a_killpoint_error_naming_the_value():

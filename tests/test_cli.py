@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
 
 import pytest
 
 from killpoint.chaos.points import DEFAULT_POINTS, POINTS
 from killpoint.harness.checkers import ALL
 from killpoint.harness.cli import main
+from killpoint.harness.commands.common import redact
 
 
 def run_cli(capsys, *argv):
@@ -56,13 +62,20 @@ def test_full_single_fault_matrix_is_valid_judges_every_invariant_and_fires_ever
     assert fired_points == set(DEFAULT_POINTS)  # the PostgreSQL store's own points only when asked
 
 
-def test_json_mode_prints_exactly_one_object_and_no_progress(capsys):
+def test_json_mode_prints_exactly_one_object_on_stdout_progress_on_stderr_and_quiet_silences_it(capsys):
     code, out, err = run_cli(capsys, "matrix", "--json", "--points", "after_call", "--steps", "charge")
     assert code == 0
     report = json.loads(out)  # the whole of stdout is one object
     assert [r["schedule"] for r in report["results"]] == ["A@charge.after_call:kill",
                                                           "A@charge.after_call:1*pause"]
-    assert err == ""
+    lines = err.splitlines()
+    assert lines[-2] == "killpoint matrix: 2/2 runs, " + lines[-2].split(", ", 1)[1]
+    assert lines[-1].startswith("killpoint matrix: 2 runs in ") and lines[-1].endswith("(2 valid)")
+    # statistics are always in the JSON: per run and in total
+    assert report["points"]["fired"] == {"after_call": {"A": {"kill": 1, "pause": 1}}}
+    assert [r["points"]["fired_total"] for r in report["results"]] == [1, 1]
+    code, out, err = run_cli(capsys, "matrix", "--json", "--quiet", "--points", "after_call", "--steps", "charge")
+    assert code == 0 and json.loads(out)["runs"] == 2 and err == ""
 
 
 def test_demo_tells_the_story_and_exits_0(capsys):
@@ -90,6 +103,82 @@ def test_the_same_seed_fires_the_same_probabilistic_faults_in_every_process():
         assert proc.returncode == 0, proc.stderr
         counts.append(json.loads(proc.stdout)["results"][0]["fired"]["A@before_claim:50%sleep(1)"])
     assert len(set(counts)) == 1 and 0 < counts[0], counts
+
+
+# -- your own target and workload ---------------------------------------------------------------
+DECLARED_TARGET = '''
+import killpoint
+from killpoint import InstanceSpec, StepSpec, Workload
+from killpoint.harness.worker import reference
+
+POINTS = ("before_call", "after_call", "after_commit")
+
+
+def two_charges(seed=0):
+    return Workload("two", tuple(InstanceSpec(f"order-{n}", (StepSpec("charge", resource="payment",
+                                                                        params={"amount": n}),))
+                                 for n in (1, 2)))
+
+
+@killpoint.target(points=POINTS, workload="mytarget:two_charges")
+def worker(ctx):
+    reference(ctx)
+
+
+def not_a_workload(seed=0):
+    return {"instances": []}
+'''
+
+
+@pytest.fixture
+def user_project(tmp_path, monkeypatch):
+    (tmp_path / "mytarget.py").write_text(DECLARED_TARGET)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield tmp_path
+
+
+def test_a_declared_target_runs_its_own_workload_and_only_its_declared_points(capsys, user_project):
+    code, out, err = run_cli(capsys, "matrix", "--target", "mytarget:worker", "--actions", "kill", "--json")
+    report = json.loads(out)
+    assert code == 0 and report["valid"] is True and report["runs"] == 3  # one step x three points
+    assert {r["schedule"] for r in report["results"]} == {
+        "A@charge.before_call:kill", "A@charge.after_call:kill", "A@charge.after_commit:kill"}
+    assert "judged" in report and report["judged"] >= 1
+
+
+def test_a_schedule_naming_a_point_the_target_does_not_declare_exits_2_listing_the_declared(capsys, user_project):
+    code, out, err = run_cli(capsys, "replay", "A@charge.before_claim:kill", "--target", "mytarget:worker")
+    assert code == 2 and "before_claim" in err and "after_commit" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("workload, named", [("mytarget:not_a_workload", "dict"),
+                                             ("mytarget:nothing_here", "nothing_here"),
+                                             ("no_such_pkg:jobs", "no_such_pkg")])
+def test_a_bad_user_workload_exits_2_naming_it(capsys, user_project, workload, named):
+    code, out, err = run_cli(capsys, "replay", "", "--workload", workload)
+    assert code == 2 and named in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_user_workload_by_pkg_module_function_on_the_reference(capsys, user_project):
+    code, out, err = run_cli(capsys, "replay", "A@charge.after_call:kill", "--workload", "mytarget:two_charges",
+                             "--json")
+    assert code == 0 and json.loads(out)["valid"] is True
+
+
+def test_a_target_that_raises_on_start_exits_3_within_seconds_naming_the_exception(capsys):
+    import time
+
+    started = time.monotonic()
+    code, out, err = run_cli(capsys, "replay", "", "--target", "os:getcwd", "--json")
+    elapsed = time.monotonic() - started
+    report = json.loads(out)
+    assert code == 3 and report["valid"] is None
+    reasons = " ".join(r for u in report["unknown"] for r in u["reasons"])
+    assert "TypeError" in reasons and "replacements stopped" in reasons and "bound" not in reasons
+    assert report["results"][0]["workers_spawned"] <= 3
+    assert elapsed < 20  # a few seconds; generous for a loaded machine
 
 
 BIG = "x" * 10_000
@@ -131,3 +220,170 @@ def test_a_schedule_may_name_a_replacement_a_run_can_start():
                    steps=("charge",), workers=1)
     with pytest.raises(BadInput, match="'Z'"):
         check_schedule(chaos.parse("Z@charge.after_call:kill"), steps=("charge",), workers=2)
+
+
+# -- around the result: progress, colour, version, settings, JUnit, statistics, narration ---------------
+def _killpoint(*argv: str, env: dict[str, str] | None = None, cwd: str | None = None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "killpoint.harness.cli", *argv], cwd=cwd,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})})
+
+
+def test_matrix_into_a_pipe_shows_progress_lines_on_stderr_while_it_runs_and_a_closing_line():
+    started = time.monotonic()
+    proc = _killpoint("matrix", "--steps", "charge", env={"NO_COLOR": "1"})
+    try:
+        first = proc.stderr.readline()
+        waited = time.monotonic() - started
+        assert proc.poll() is None, "the first progress line came only at the end"
+        assert first.startswith("killpoint matrix: 0/17 runs") and waited < 5, (first, waited)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0
+    lines = [first.rstrip("\n")] + err.splitlines()
+    assert any(line.startswith("killpoint matrix: 17/17 runs") for line in lines)
+    assert lines[-1].startswith("killpoint matrix: 17 runs in ") and lines[-1].endswith("(17 valid)")
+    assert "killpoint matrix:" not in out and "\x1b" not in out + err  # NO_COLOR: no escape codes
+    assert out.rstrip().endswith(": valid")
+
+
+def test_no_color_output_has_no_escape_codes_and_force_color_colours_a_pipe():
+    plain = _killpoint("replay", "A@charge.after_call:1*pause", "--target", "mutant:no-fence-check",
+                       env={"NO_COLOR": "1", "FORCE_COLOR": "1"})
+    out, err = plain.communicate(timeout=120)
+    assert plain.returncode == 1 and "VIOLATED stale_writes_rejected" in out and "\x1b" not in out + err
+    forced = _killpoint("replay", "A@charge.after_call:1*pause", "--target", "mutant:no-fence-check",
+                        env={"NO_COLOR": "", "FORCE_COLOR": "1"})
+    out, err = forced.communicate(timeout=120)
+    assert forced.returncode == 1 and "\x1b[1;31mVIOLATED\x1b[0m stale_writes_rejected" in out
+    assert "\x1b[1;31m1 violated\x1b[0m" in err
+
+
+def test_version_prints_the_installed_version(capsys):
+    from importlib.metadata import version
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"killpoint {version('killpoint')}"
+
+
+def _pyproject(tmp_path, text: str):
+    (tmp_path / "pyproject.toml").write_text(text, encoding="utf-8")
+    deeper = tmp_path / "src" / "pkg"
+    deeper.mkdir(parents=True)
+    return deeper
+
+
+def test_tool_killpoint_table_sets_seed_and_store_of_matrix_and_flags_win(capsys, tmp_path, monkeypatch, pg_dsn):
+    monkeypatch.chdir(_pyproject(tmp_path, f'[tool.killpoint]\nseed = 7\nstore = "{pg_dsn}"\n'
+                                           '[tool.killpoint.timing]\nlease-ttl-ms = 150\n'))
+    argv = ["matrix", "--json", "--quiet", "--points", "after_call", "--steps", "charge", "--actions", "kill"]
+    code, out, err = run_cli(capsys, *argv)
+    (run,) = json.loads(out)["results"]
+    assert code == 0 and (run["seed"], run["store"]) == (7, redact(pg_dsn))
+    code, out, err = run_cli(capsys, *argv, "--seed", "3", "--store", "sqlite")
+    (run,) = json.loads(out)["results"]
+    assert code == 0 and (run["seed"], run["store"]) == (3, "sqlite")
+
+
+@pytest.mark.parametrize("table, named", [("sed = 7", "'sed'"), ("workers = \"two\"", "workers = 'two'"),
+                                          ("[tool.killpoint.timing]\nlease = 5", "'lease'")])
+def test_tool_killpoint_table_with_an_unknown_key_or_bad_value_exits_2_naming_it(
+        capsys, tmp_path, monkeypatch, table, named):
+    monkeypatch.chdir(_pyproject(tmp_path, "[tool.killpoint]\n" + table + "\n"))
+    code, out, err = run_cli(capsys, "matrix")
+    assert code == 2 and out == "" and named in err and len(err.strip().splitlines()) == 1
+    assert str(tmp_path / "pyproject.toml") in err
+
+
+def test_junit_of_a_failing_matrix_parses_with_one_failure_per_violated_run(capsys, tmp_path):
+    path = tmp_path / "ci" / "killpoint.xml"
+    code, out, err = run_cli(capsys, "matrix", "--target", "mutant:no-fence-check", "--steps", "charge",
+                             "--points", "after_call,before_commit", "--json", "--junit-xml", str(path))
+    report = json.loads(out)
+    violated = [r for r in report["results"] if r["valid"] is False]
+    assert code == 1 and violated
+    suite = ET.parse(path).getroot().find("testsuite")
+    cases = suite.findall("testcase")
+    assert len(cases) == report["runs"] and int(suite.get("failures")) == len(violated)
+    failed = [c for c in cases if c.find("failure") is not None]
+    assert [c.find("properties/property[@name='schedule']").get("value") for c in failed] == \
+        [r["schedule"] for r in violated]
+    assert all("reproduce: killpoint replay " in c.find("failure").text for c in failed)
+
+
+def test_stats_show_the_points_that_fired_per_run_and_in_total(capsys):
+    code, out, err = run_cli(capsys, "matrix", "--points", "after_call", "--steps", "charge", "--stats")
+    assert code == 0
+    assert "A@charge.after_call:kill: after_call A kill x1" in out
+    assert "A@charge.after_call:1*pause: after_call A pause x1" in out
+    table = out.split("crash points over 2 run(s), 2 fired:")[1].splitlines()
+    rows = {tuple(line.split()[:3]) for line in table if line.strip().startswith("after_call")}
+    assert rows == {("after_call", "kill", "1"), ("after_call", "pause", "1")}
+
+
+def test_replay_narrates_the_run_and_a_failure_without_report_dir_says_how_to_get_the_report(capsys):
+    code, out, err = run_cli(capsys, "replay", "A@charge.after_call:1*pause", "--target",
+                             "mutant:no-fence-check", "--narrate")
+    assert code == 1
+    assert "SIGSTOP to A" in out and "B claimed order-1:charge with fence 2" in out
+    assert "accepted A's commit with fence 1" in out  # the stale write, told as it happened
+    assert "add --report-dir DIR" in out
+
+
+def test_an_unusable_report_dir_is_refused_before_the_first_run(capsys, tmp_path):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    foreign = tmp_path / "site"
+    foreign.mkdir()
+    (foreign / "index.html").write_text("<p>my own page</p>")
+    for where, why in ((a_file, "is a file"), (foreign, "did not write"),
+                       (a_file / "below", "cannot write")):
+        # --report on-failure and a run that would be valid: still refused, and before any run
+        code, out, err = run_cli(capsys, "replay", "", "--workload", "single", "--report-dir", str(where))
+        assert code == 2 and out == "" and why in err and len(err.strip().splitlines()) == 1, err
+    assert (foreign / "index.html").read_text() == "<p>my own page</p>"
+
+
+def test_a_report_that_cannot_be_written_never_hides_the_verdict(capsys, tmp_path):
+    import os
+
+    where = tmp_path / "rep"
+    code, out, err = run_cli(capsys, "replay", "A@charge.after_call:1*pause", "--target",
+                             "mutant:no-fence-check", "--report-dir", str(where), "--json")
+    assert code == 1 and json.loads(out)["report"]  # the first time, it is written
+    os.chmod(where, 0o500)  # then the directory goes read-only (as root, make it a file instead)
+    if os.access(where, os.W_OK):
+        os.chmod(where, 0o700)
+        for name in os.listdir(where):
+            os.unlink(where / name)
+        os.rmdir(where)
+        where.mkdir()
+        (where / "run-0001.html").mkdir()  # a page killpoint cannot write
+    try:
+        code, out, err = run_cli(capsys, "replay", "A@charge.after_call:1*pause", "--target",
+                                 "mutant:no-fence-check", "--report-dir", str(where), "--json")
+    finally:
+        os.chmod(where, 0o700)
+    report = json.loads(out)
+    assert code == 1 and report["valid"] is False  # the violation, not a bad-input exit
+    assert report["report"] is None and "cannot write reports" in report["report_error"]
+    assert "the verdict stands" in err
+
+
+def test_each_command_leaves_only_its_own_runs_in_the_report_dir(capsys, tmp_path):
+    import os
+
+    where = tmp_path / "rep"
+    code, out, _ = run_cli(capsys, "matrix", "--steps", "charge", "--points", "after_call,before_commit",
+                           "--target", "mutant:no-fence-check", "--report-dir", str(where), "--json")
+    assert code == 1 and len(json.loads(out)["results"]) == 4
+    assert sorted(p for p in os.listdir(where) if p.endswith(".html"))[-1] == "run-0004.html"
+    code, out, _ = run_cli(capsys, "replay", "A@charge.after_call:1*pause", "--target",
+                           "mutant:no-fence-check", "--report-dir", str(where), "--json")
+    assert code == 1
+    assert sorted(p for p in os.listdir(where) if p.endswith(".html")) == ["index.html", "run-0001.html"]
+    index = (where / "index.html").read_text(encoding="utf-8")
+    assert "run-0002.html" not in index

@@ -201,3 +201,15 @@ def test_junit_has_one_case_per_run_a_failure_per_violated_run_and_an_error_per_
     assert cases[2].find("error").get("message") == "unknown: a scheduled fault never fired"
     props = {p.get("name"): p.get("value") for p in cases[1].iter("property")}
     assert props["seed"] == "0" and props["report"] == "r/run-0002.html"
+
+
+def test_the_readme_tool_killpoint_example_is_a_valid_table():
+    import os
+    import re
+
+    from killpoint.harness.settings import tomllib
+
+    readme = open(os.path.join(os.path.dirname(__file__), os.pardir, "README.md"), encoding="utf-8").read()
+    (block,) = re.findall(r"```toml\n(\[tool\.killpoint\].*?)```", readme, re.S)
+    s = parse(tomllib.loads(block)["tool"]["killpoint"])
+    assert s.values["seed"] == 7 and s.timing == {"lease_ttl_ms": 200.0, "heartbeat_ms": 50.0}

@@ -7,8 +7,11 @@ of 1000 in the issue's done-when is run by hand.
 
 from __future__ import annotations
 
+import html
 import json
+import os
 import shlex
+import xml.etree.ElementTree as ET
 
 import pytest
 from hypothesis import given, settings
@@ -72,10 +75,17 @@ def test_explore_on_the_reference_with_a_small_budget_finds_nothing(capsys, in_t
 @pytest.mark.parametrize("name", ["retry-unsafe", "no-fence-check"])
 def test_explore_finds_a_mutants_bug_and_shrinks_it_to_at_most_two_faults(capsys, in_tmp, name):
     code, out, err = cli(capsys, "explore", "--target", f"mutant:{name}", "--budget", "150",
-                         "--seed", "1", "--json")
+                         "--seed", "1", "--json", "--report-dir", str(in_tmp / "rep"),
+                         "--junit-xml", str(in_tmp / "explore.xml"))
     report = json.loads(out)
     assert code == 1, report
     minimal = report["minimal"]
+    # the counterexample's report is written, and JUnit has every run, a failure for each violated one
+    assert report["report"] == str(in_tmp / "rep" / "index.html") and os.path.isfile(report["report"])
+    page = (in_tmp / "rep" / "run-0001.html").read_text(encoding="utf-8")
+    assert html.escape(minimal["schedule"], quote=False) in page
+    suite = ET.parse(in_tmp / "explore.xml").getroot().find("testsuite")
+    assert int(suite.get("tests")) == report["runs"] and int(suite.get("failures")) == report["counterexamples_seen"]
     # Runs are real processes: on a loaded machine Hypothesis may find that a shrunk example did
     # not fail again ("flaky"); the smallest example that did fail is reported, and it must still
     # be small and caught by the mutant's named invariant.

@@ -155,7 +155,8 @@ def test_the_plugin_modules_import_only_pytest_and_the_standard_library_at_load_
             elif isinstance(node, ast.ImportFrom):
                 top.append(node.module or "")
         assert all(m.split(".")[0] in sys.stdlib_module_names or m.split(".")[0] in ("__future__", "pytest")
-                   or m.startswith("killpoint._plugin") for m in top), (path, top)
+                   or m.startswith("killpoint._plugin") or m == "killpoint.errors"  # imports nothing
+                   for m in top), (path, top)
 
 
 def test_options_are_listed_in_a_killpoint_group_with_ini_equivalents(pytester):
@@ -180,7 +181,7 @@ def test_a_suite_on_the_reference_target_passes_and_the_summary_counts_every_run
 
 def test_a_broken_target_or_mutant_fails_naming_the_invariant_the_schedule_and_a_reproduce_command(pytester):
     pytester.makepyfile(broken_worker=BROKEN_WORKER, test_broken=BROKEN_SUITE)
-    result = runpytest(pytester, "--killpoint-report-dir", "crash-reports")
+    result = runpytest(pytester, "--killpoint-report-dir", "crash-reports", "-v", "--junit-xml", "junit.xml")
     result.assert_outcomes(passed=1, failed=3)
     out = result.stdout.str()
     command = "killpoint replay 'A@charge.after_call:1*pause' --target broken_worker:run --seed 0"
@@ -208,6 +209,19 @@ def test_a_broken_target_or_mutant_fails_naming_the_invariant_the_schedule_and_a
     assert f"HTML report: {index}" in summary
     pages = sorted(p.name for p in (pytester.path / "crash-reports").glob("run-*.html"))
     assert len(pages) == 4 and all(page in index.read_text() for page in pages)
+    # Each run's report is linked from the test that ran it: in pytest's JUnit XML and under its
+    # failure; the index names the test.
+    import xml.etree.ElementTree as ET
+
+    case = next(c for c in ET.parse(pytester.path / "junit.xml").getroot().iter("testcase")
+                if c.get("name") == "test_a_stale_commit")
+    (page,) = [p.get("value") for p in case.iter("property") if p.get("name") == "killpoint_report"]
+    assert os.path.isfile(page) and os.path.basename(page) in pages
+    result.stdout.fnmatch_lines(["*- killpoint reports -*", f"VIOLATED  A@charge.after_call:1*pause: {page}"])
+    assert "test_broken.py::test_a_stale_commit" in index.read_text()
+    # With -v, the summary counts the crash points that fired, by action and worker.
+    assert "crash points over 4 runs, 4 fired:" in summary
+    assert re.search(r"^  after_call +pause +4 +\d+  A x4$", summary, re.M), summary
 
 
 def test_the_same_suites_pass_and_fail_alike_under_xdist_with_one_shared_index(pytester):
@@ -308,6 +322,23 @@ def test_options_come_from_ini_and_the_command_line_wins(pytester):
     result.assert_outcomes(passed=2)
     assert "crash runs in 2 tests" in summary_of(result)
     result.stdout.fnmatch_lines(["*SETTINGS sqlite 7 after_call,in_call 2 (1, 1)*"])
+
+
+def test_the_tool_killpoint_table_of_pyproject_sets_seed_and_report_dir_and_the_command_line_wins(pytester):
+    pytester.makefile(".toml", pyproject='[tool.killpoint]\nseed = 5\nreport-dir = "from-table"\nstore = "sqlite"\n')
+    pytester.makepyfile(test_options=OPTIONS_SUITE.split("def test_explore")[0])
+    result = runpytest(pytester, "-s", "--killpoint-points", "after_call")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*SETTINGS sqlite 5 after_call 100 (1, 1)*"])
+    assert (pytester.path / "from-table" / "index.html").is_file()
+    result = runpytest(pytester, "-s", "--killpoint-points", "after_call", "--killpoint-seed", "2")
+    result.stdout.fnmatch_lines(["*SETTINGS sqlite 2 after_call 100 (1, 1)*"])
+
+
+def test_an_unknown_key_in_the_tool_killpoint_table_stops_the_session_naming_it(pytester):
+    pytester.makefile(".toml", pyproject="[tool.killpoint]\nsede = 5\n")
+    result = inprocess(pytester)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR and "'sede'" in result.stderr.str()
 
 
 @pytest.mark.parametrize("option, value, named", [

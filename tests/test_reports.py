@@ -171,14 +171,15 @@ def test_claims_are_labelled_with_their_fence_in_worker_and_store_lanes():
     assert claim.fence == 2 and "fence 2" in claim.label and claim.status == "ok" and claim.span
     store_claims = {i.fence: i for i in t.in_lane("store") if i.kind == "claimed"}
     assert set(store_claims) == {1, 2}
-    assert "by B" in store_claims[2].label and "fence 2" in store_claims[2].label
+    assert "B claimed" in store_claims[2].label and "fence 2" in store_claims[2].label
 
 
 def test_kill_is_shown_where_it_fired_and_where_the_harness_saw_the_process_die():
     t = build_timeline(takeover_history())
     (fired,) = [i for i in t.in_lane("A") if i.kind == "point"]
-    assert fired.label.startswith("kill at in_call") and fired.status == "fail"
-    (death,) = [i for i in t.in_lane("harness") if i.label == "A killed by SIGKILL"]
+    assert fired.label == "hit charge.in_call -> kill" and fired.status == "fail"
+    (death,) = [i for i in t.in_lane("harness") if i.kind == "exit" and i.label.startswith("worker A ")]
+    assert death.label.endswith("killed by SIGKILL")
     assert death.status == "fail" and not death.span
 
 

@@ -156,13 +156,90 @@ def test_a_target_that_raises_once_is_replaced_and_the_run_still_cannot_be_valid
     flag = tmp_path / "raised-once"
 
     def flaky(ctx):
-        if not flag.exists():
-            flag.write_text(ctx.worker_id)
-            raise TypeError("first start only")
-        reference(ctx)
+        try:  # exactly one worker process wins the exclusive create and raises
+            os.close(os.open(flag, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            reference(ctx)
+            return
+        raise TypeError("first start only")
 
     result = run(session, target=flaky, bound_s=20)
     assert result.valid is None
     assert result.history.quiescent  # the replacement finished the work
     assert [r for r in result.verdict.unknown_reasons if "TypeError: first start only" in r]
     assert not result.history.of("harness", "replacements_stopped")
+
+
+def test_recover_runs_in_the_replacement_of_a_killed_worker_naming_the_dead_one(session, tmp_path):
+    import killpoint
+
+    seen = tmp_path / "recovered"
+
+    def note_recovery(ctx, dead):
+        with open(seen, "a") as fh:
+            fh.write(f"{ctx.worker_id}<-{dead}:{ctx.replaces}\n")
+
+    target = killpoint.target(reference, recover=note_recovery)
+    result = run(session, "A@charge.after_call:kill", target=target, workload="single", same_identity=1.0)
+    assert result.valid is True
+    assert seen.read_text().splitlines() == ["A<-A:A"]  # A came back as itself, told it replaces A
+
+
+def test_a_target_that_owns_its_state_is_judged_by_its_hooks_and_says_what_it_could_not_judge(session, tmp_path):
+    import killpoint
+
+    def worker(ctx):
+        # a one-step "queue" in a file of the run's folder: charge once with a stable key
+        with ctx.at("order-1", "charge"):
+            ctx.point("before_charge")
+            ctx.downstream.call("payment", key="order-1:charge", params={"amount": 1},
+                                meta={"instance": "order-1", "step": "charge"})
+            ctx.point("after_charge")
+        with open(os.path.join(ctx.run_dir, "done"), "w") as fh:
+            fh.write("succeeded")
+
+    def done(run):
+        return os.path.exists(os.path.join(run.run_dir, "done"))
+
+    def final_states(run):
+        return {("order-1", "charge"): "succeeded" if done(run) else "running"}
+
+    target = killpoint.target(worker, points=("before_charge", "after_charge"), owns_state=True,
+                              done=done, final_states=final_states)
+    schedule = chaos.parse("A@charge.after_charge:kill", points=frozenset(target.points))
+    result = session.run(RunConfig(schedule=schedule, target=target, workload="single"))
+    assert result.valid is True
+    by = {r.invariant: r for r in result.verdict.results}
+    assert by["no_duplicate_effects"].judged and by["effects_accounted"].judged and by["terminates"].judged
+    assert not by["version_chain"].applicable and not by["checkpoints_honoured"].applicable
+    assert result.history.owns_state and not result.history.of("store", "created")
+
+
+def test_an_undeclared_point_raises_at_once_naming_the_declared_ones(session):
+    import killpoint
+
+    def worker(ctx):
+        ctx.point("before_ack")
+
+    result = run(session, target=killpoint.target(worker, points=("before_pay",)), workload="single")
+    assert result.valid is None
+    assert any("InvalidPoint" in r and "'before_ack'" in r and "before_pay" in r
+               for r in result.verdict.unknown_reasons)
+
+
+def test_pause_waits_for_registers_the_lock_among_those_a_pause_takes_before_the_freeze():
+    import threading
+
+    from killpoint.chaos import points as chaos_points
+    from killpoint.chaos.journal import NullJournal
+    from killpoint.harness.worker import WorkerContext
+
+    lock = threading.Lock()
+    failpoints = chaos_points.Failpoints([], NullJournal())
+    chaos_points.install(failpoints)
+    try:
+        ctx = WorkerContext("A", None, None, NullJournal(), None)  # type: ignore[arg-type]
+        ctx.pause_waits_for(lock)
+        assert failpoints.pause_locks[-1] is lock
+    finally:
+        chaos_points.install(None)

@@ -106,21 +106,34 @@ class Relay:
         with self.ctx.at(instance, STEP):
             key = msg_id if self.stable_key else uuid.uuid4().hex
             self.ctx.point("before_deliver")
-            self.http.request("POST", f"{self.path}/resources/{resource}", body=body, headers={
+            status = self.post(f"{self.path}/resources/{resource}", body, {
                 "Content-Type": "application/json", "Idempotency-Key": key, "Fencing-Token": str(fence),
                 "Fencing-Scope": msg_id, "Killpoint-Instance": instance, "Killpoint-Step": STEP,
                 "Killpoint-Worker": self.ctx.worker_id})
-            answer = self.http.getresponse()
-            answer.read()
             self.ctx.point("after_deliver")
-            if answer.status == 409:
+            if status == 409:
                 return True  # a newer holder has it, or its delivery is in flight: not ours now
             self.ctx.point("before_mark")
             self.db.execute("UPDATE outbox SET state = ?, owner = NULL, lease_until = NULL "
                             "WHERE id = ? AND fence = ? AND owner = ?",
-                            ("delivered" if answer.status < 300 else "failed", msg_id, fence, self.ctx.worker_id))
+                            ("delivered" if status < 300 else "failed", msg_id, fence, self.ctx.worker_id))
             self.ctx.point("after_mark")
         return True
+
+    def post(self, path: str, body: str, headers: dict[str, str]) -> int:
+        """POST over the kept-alive connection; once more on a fresh one if the server had closed
+        it (sending the same message again is what its idempotency key is for)."""
+        for attempt in (1, 2):
+            try:
+                self.http.request("POST", path, body=body, headers=headers)
+                answer = self.http.getresponse()
+                answer.read()
+                return answer.status
+            except (http.client.HTTPException, ConnectionError):
+                self.http.close()
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
 
     def take(self) -> tuple[Any, ...] | None:
         """Lease the oldest undelivered message whose lease is free, raising its fence."""

@@ -11,6 +11,7 @@ import gc
 from types import MappingProxyType
 from typing import Callable, Iterable, Mapping
 
+from killpoint import vocab
 from killpoint.harness.checkers.base import Checker, Result, Verdict, Violation, rank
 from killpoint.harness.checkers.invariants import (CHECKERS, checkpoints_honoured, effects_accounted,
                                          intent_conflict, legal_transitions, manual_stable,
@@ -28,7 +29,7 @@ ALL: Mapping[str, Checker] = MappingProxyType({c.__name__: c for c in CHECKERS})
 # as the others) in a run whose history has its evidence: ``replay_compatible`` where the target
 # replayed a workflow's recorded histories (the Temporal targets), and nowhere else.
 OPTIONAL: Mapping[str, tuple[Checker, Callable[[History], bool]]] = MappingProxyType({
-    "replay_compatible": (replay_compatible, lambda h: any(e.kind == "replay" for e in h.events)),
+    "replay_compatible": (replay_compatible, lambda h: any(e.kind == vocab.REPLAYED for e in h.events)),
 })
 
 
@@ -102,7 +103,7 @@ def not_applicable(name: str, history: History) -> str | None:
     owns its state can leave an invariant without its source; the ledger-based ones always judge."""
     if not history.owns_state:
         return None
-    if name in NEEDS_STORE_EVENTS and not history.of("store"):
+    if name in NEEDS_STORE_EVENTS and not history.of(vocab.STORE):
         return "the target owns its state and its history() gave no store events"
     if name in NEEDS_FINAL_STATES and not history.final:
         return "the target owns its state and gave no final_states()"

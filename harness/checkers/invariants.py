@@ -13,6 +13,7 @@ from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from typing import Any, Iterable, Mapping
 
+from killpoint import vocab as v
 from killpoint.harness.checkers.base import Result, Violation
 from killpoint.harness.history import ACCEPTED_TRANSITIONS, Event, History
 from killpoint.harness.states import (COMPENSATED, COMPENSATING, MANUAL, PENDING, RETRY_SCHEDULED, RUNNING,
@@ -39,29 +40,9 @@ def _result(name: str, checked: bool, violations: list[Violation], detail: str =
     return Result(name, True, True, (), detail)
 
 
-def _store(history: History) -> list[Event]:
-    return history.of("store")
-
-
 def _is_accepted(e: Event) -> bool:
     """Accepted transitions are the store events that changed a step (commit_rejected did not)."""
-    return e.process == "store" and e.kind in ACCEPTED_TRANSITIONS
-
-
-def _requests(history: History) -> list[Event]:
-    return history.of("downstream", "request")
-
-
-def _meta(e: Event) -> Mapping[str, Any]:
-    meta = e.data.get("meta")
-    if type(meta) is dict:  # the common case, without the slow abstract isinstance
-        return meta
-    return meta if isinstance(meta, Mapping) else {}
-
-
-def _applied(history: History) -> list[Event]:
-    """Downstream rows where a new effect really happened (``dropped`` included: applied, no answer)."""
-    return [e for e in _requests(history) if e.data.get("applied") is True]
+    return e.process == v.STORE and e.kind in ACCEPTED_TRANSITIONS
 
 
 def _step_of(e: Event) -> StepId:
@@ -70,12 +51,12 @@ def _step_of(e: Event) -> StepId:
 
 
 def _effect_step(e: Event) -> StepId:
-    meta = _meta(e)
+    meta = e.meta
     return (meta.get("instance"), meta.get("step"))
 
 
 def _direction(e: Event) -> str:
-    return _meta(e).get("direction") or FORWARD
+    return e.meta.get("direction") or FORWARD
 
 
 def _last_store(history: History) -> dict[StepId, Event]:
@@ -86,7 +67,7 @@ def _last_store(history: History) -> dict[StepId, Event]:
 def _in_order(violations: list[Violation]) -> list[Violation]:
     """Violations found step by step, put back in the order of the events that revealed them (the
     latest event of each proof), as a walk over the whole history in order would have found them."""
-    return sorted(violations, key=lambda v: max(v.events, default=-1))
+    return sorted(violations, key=lambda found: max(found.events, default=-1))
 
 
 def _final_states(history: History) -> dict[StepId, str]:
@@ -112,7 +93,7 @@ def _logical_key(history: History, e: Event) -> Any:
     new key per retry would make every duplicate look like a new intent. So an effect whose step is
     configured is grouped under that step's stable key, and only otherwise under the key it sent.
     """
-    meta = _meta(e)
+    meta = e.meta
     inst, step = meta.get("instance"), meta.get("step")
     cfg = history.step_config(inst, step) if inst is not None and step is not None else None
     if cfg is not None:
@@ -130,13 +111,13 @@ def no_duplicate_effects(history: History) -> Result:
     cannot tell a retry from a new request.
     """
     name = "no_duplicate_effects"
-    effects = _applied(history)
+    effects = history.applied()
     groups: dict[tuple[Any, ...], list[Event]] = defaultdict(list)
     for e in effects:
         if e.data.get("key") is not None:
             groups[("key", _logical_key(history, e))].append(e)
         else:
-            meta = _meta(e)
+            meta = e.meta
             groups[("legacy", meta.get("instance"), meta.get("step"), e.data.get("resource"),
                     meta.get("direction") or FORWARD)].append(e)
     violations = []
@@ -174,10 +155,10 @@ def effects_accounted(history: History) -> Result:
     """
     name = "effects_accounted"
     final = _final_states(history)
-    effects = _applied(history)
+    effects = history.applied()
     by_step: dict[tuple[Any, Any, str], list[Event]] = defaultdict(list)
     for e in effects:
-        meta = _meta(e)
+        meta = e.meta
         by_step[(meta.get("instance"), meta.get("step"), meta.get("direction") or FORWARD)].append(e)
     last_store = _last_store(history)
 
@@ -251,9 +232,9 @@ def stale_writes_rejected(history: History) -> Result:
         claims = 0
         for e in events:
             data = e.data
-            if e.kind == "commit_rejected":
+            if e.kind == v.COMMIT_REJECTED:
                 takeover = True
-            if e.kind == "committed" and fence_src is not None and data.get("fence") is not None:
+            if e.kind == v.COMMITTED and fence_src is not None and data.get("fence") is not None:
                 held, worker = data.get("fence"), data.get("worker")
                 stale_fence = held != fence
                 stale_owner = worker is not None and owner is not None and worker != owner
@@ -266,7 +247,7 @@ def stale_writes_rejected(history: History) -> Result:
                         name, sid[0], sid[1],
                         f"commit of step {sid[1]} of {sid[0]} by {worker} accepted with {why}: "
                         f"a stale write", _idx(proof)))
-            if e.kind == "claimed":
+            if e.kind == v.CLAIMED:
                 claims += 1
                 if claims > 1:
                     takeover = True
@@ -278,8 +259,8 @@ def stale_writes_rejected(history: History) -> Result:
     violations = _in_order(violations)
 
     highest: dict[tuple[Any, Any], Event] = {}
-    for e in _requests(history):
-        if e.data.get("outcome") == "stale_fence":
+    for e in history.requests():
+        if e.data.get("outcome") == v.STALE_FENCE:
             takeover = True
         f = e.data.get("fence")
         if f is None or e.data.get("key") is None:
@@ -315,12 +296,12 @@ def version_chain(history: History) -> Result:
         prev: Event | None = None
         seen: dict[Any, Event] = {}
         for e in events:
-            if e.kind != "created" and e.kind not in ACCEPTED_TRANSITIONS:
+            if e.kind != v.CREATED and e.kind not in ACCEPTED_TRANSITIONS:
                 continue
             sv = e.data.get("state_version")
             if sv is None:
                 continue
-            if e.kind == "created":
+            if e.kind == v.CREATED:
                 if prev is None:
                     prev = e
                     seen[sv] = e
@@ -328,7 +309,7 @@ def version_chain(history: History) -> Result:
             before = prev
             if before is not None:
                 checked = True
-                expected = before.data.get("state_version") + 1
+                expected = before.data["state_version"] + 1
                 if sv in seen:
                     twin = seen[sv]
                     violations.append(Violation(
@@ -355,7 +336,7 @@ def legal_transitions(history: History) -> Result:
     name = "legal_transitions"
     violations: list[Violation] = []
     checked = False
-    for e in _store(history):
+    for e in history.store_events():
         if not _is_accepted(e):
             continue
         src, dst = e.data.get("from_state"), e.data.get("to_state")
@@ -391,7 +372,7 @@ def manual_stable(history: History) -> Result:
                 continue
             src, dst = e.data.get("from_state"), e.data.get("to_state")
             if entered is not None or src == MANUAL:
-                operator = e.kind == "operator_resolved"
+                operator = e.kind == v.OPERATOR_RESOLVED
                 if not operator or not e.data.get("actor") or not e.data.get("evidence"):
                     why = ("without actor and evidence" if operator
                            else f"through {e.kind} by {e.data.get('worker') or 'an unnamed writer'}, "
@@ -413,8 +394,8 @@ def manual_stable(history: History) -> Result:
 # ---------------------------------------------------------------------------------------------
 # 7. intent_conflict
 
-_FINISHED = frozenset({"applied", "declined", "dropped"})
-_SUCCESSES = frozenset({"applied", "declined", "dropped", "replay"})
+_FINISHED = frozenset({v.APPLIED, v.DECLINED, v.DROPPED})
+_SUCCESSES = frozenset({v.APPLIED, v.DECLINED, v.DROPPED, v.REPLAY})
 
 
 def intent_conflict(history: History) -> Result:
@@ -427,7 +408,7 @@ def intent_conflict(history: History) -> Result:
     violations: list[Violation] = []
     first: dict[Any, Event] = {}
     hashes: dict[Any, set[Any]] = defaultdict(set)
-    for e in _requests(history):
+    for e in history.requests():
         key, h = e.data.get("key"), e.data.get("intent_hash")
         if key is None or h is None:
             continue
@@ -447,7 +428,7 @@ def intent_conflict(history: History) -> Result:
                 f"key {key!r} reused with another intent ({h} vs {owner.get('intent_hash')}, "
                 f"{_at(owner)}) got {outcome} (status {status}) instead of 422: reused key with "
                 f"another intent got a replayed success", _idx([owner, e])))
-        elif outcome == "conflict" and status is not None and status != 422:
+        elif outcome == v.CONFLICT and status is not None and status != 422:
             violations.append(Violation(
                 name, inst, step,
                 f"key {key!r} reused with another intent got conflict with status {status}, "
@@ -466,7 +447,7 @@ def retry_budget(history: History) -> Result:
     violations: list[Violation] = []
     checked = False
     for e in history.of_workers("call"):
-        if e.type != "invoke":
+        if e.type != v.INVOKE:
             continue
         attempt = e.data.get("attempt")
         if attempt is None:
@@ -548,16 +529,16 @@ def stuck_detected(history: History) -> Result:
     deaths: dict[Any, list[Event]] = defaultdict(list)
     owners: dict[StepId, list[Event]] = defaultdict(list)  # events that set or clear the lease
     identity: dict[Any, Any] = {}  # worker incarnation (A.2) -> the identity the store saw (A)
-    for e in history.of("harness"):
-        if e.kind in ("kill", "exit"):
+    for e in history.of(v.HARNESS):
+        if e.kind in (v.KILL, v.EXIT):
             deaths[e.data.get("worker")].append(e)
-        elif e.kind == "spawn" and e.data.get("identity") is not None:
+        elif e.kind == v.SPAWN and e.data.get("identity") is not None:
             identity[e.data.get("worker")] = e.data.get("identity")
-    for e in _store(history):
-        if e.kind == "stuck_flagged":
+    for e in history.store_events():
+        if e.kind == v.STUCK_FLAGGED:
             flags[_step_of(e)].append(e)
-        if e.kind in ("created", "claimed", "stuck_flagged") or (
-                e.kind == "committed" and e.data.get("fence") is not None):
+        if e.kind in (v.CREATED, v.CLAIMED, v.STUCK_FLAGGED) or (
+                e.kind == v.COMMITTED and e.data.get("fence") is not None):
             owners[_step_of(e)].append(e)
 
     # Each list is in history order, so in time order: a bisection finds the events around a hang
@@ -572,7 +553,7 @@ def stuck_detected(history: History) -> Result:
             return False  # the store says nothing: judge the hang
         last = owners[sid][n - 1]
         who = identity.get(hang.process, str(hang.process).split(".")[0])
-        return not (last.kind == "claimed" and last.data.get("worker") == who)
+        return not (last.kind == v.CLAIMED and last.data.get("worker") == who)
 
     def first_from(index: dict[Any, list[int]], key: Any, t: int) -> int | None:
         """The time of the first event of ``index[key]`` at or after ``t``."""
@@ -633,10 +614,10 @@ def checkpoints_honoured(history: History) -> Result:
         return _result(name, False, [], "no checkpoint had to be refused")
     # One pass over the store and the ledger (not one per refused instance): instance -> step -> proof.
     proofs: dict[Any, dict[Any, list[Event]]] = {instance: defaultdict(list) for instance in refused}
-    for e in _store(history):
-        if e.kind == "committed" and e.data.get("to_state") == SUCCEEDED and e.data.get("instance") in proofs:
+    for e in history.store_events():
+        if e.kind == v.COMMITTED and e.data.get("to_state") == SUCCEEDED and e.data.get("instance") in proofs:
             proofs[e.data.get("instance")][e.data.get("step")].append(e)
-    for e in _applied(history):
+    for e in history.applied():
         instance, step = _effect_step(e)
         if instance in proofs:
             proofs[instance][step].append(e)
@@ -644,8 +625,8 @@ def checkpoints_honoured(history: History) -> Result:
     for instance, verdict in refused.items():
         for step, proof in proofs[instance].items():
             proof.sort(key=lambda e: e.index)
-            commits = [e for e in proof if e.process == "store"]
-            effects = [e for e in proof if e.process == "downstream"]
+            commits = [e for e in proof if e.process == v.STORE]
+            effects = [e for e in proof if e.process == v.DOWNSTREAM]
             what = []
             if commits:
                 workers = ", ".join(sorted({str(e.data.get("worker")) for e in commits}))
@@ -680,12 +661,12 @@ def lease_fenced(history: History) -> Result:
     violations: list[Violation] = []
     holder: dict[StepId, tuple[Any, Any, Event]] = {}  # step -> (owner, fence, the claim)
     checked = False
-    for e in _store(history):
+    for e in history.store_events():
         sid = _step_of(e)
-        if e.kind == "claimed":
+        if e.kind == v.CLAIMED:
             holder[sid] = (e.get("worker"), e.get("lease_version"), e)
             continue
-        if e.kind in ("renewed", "released"):
+        if e.kind in (v.RENEWED, v.RELEASED):
             checked = True
             worker, fence = e.get("worker"), e.get("fence")
             owner, current, claim = holder.get(sid, (None, None, None))
@@ -696,13 +677,13 @@ def lease_fenced(history: History) -> Result:
             else:
                 why = ""
             if why:
-                verb = "renewed" if e.kind == "renewed" else "released"
+                verb = "renewed" if e.kind == v.RENEWED else "released"
                 violations.append(Violation(
                     name, sid[0], sid[1],
                     f"{worker} {verb} the lease of step {sid[1]} of {sid[0]} with fence {fence}, "
                     f"but {why}: only the current holder with its current fence may", _idx([claim, e])))
                 continue
-        if e.kind in _FREES_LEASE or (e.kind == "committed" and e.get("fence") is not None):
+        if e.kind in _FREES_LEASE or (e.kind == v.COMMITTED and e.get("fence") is not None):
             holder.pop(sid, None)
     return _result(name, checked, violations)
 
@@ -721,8 +702,8 @@ def fence_rises(history: History) -> Result:
     violations: list[Violation] = []
     top: dict[StepId, Event] = {}
     checked = False
-    for e in _store(history):
-        if e.kind != "claimed" or e.get("lease_version") is None:
+    for e in history.store_events():
+        if e.kind != v.CLAIMED or e.get("lease_version") is None:
             continue
         sid = _step_of(e)
         before = top.get(sid)
@@ -755,17 +736,17 @@ def receipt_first(history: History) -> Result:
     compensation key. A target that records no receipt at all is not judged.
     """
     name = "receipt_first"
-    events = _store(history)
-    if not any(e.kind == "receipt_recorded" for e in events):
+    events = history.store_events()
+    if not any(e.kind == v.RECEIPT_RECORDED for e in events):
         return _result(name, False, [], "the target recorded no receipt")
     violations: list[Violation] = []
     receipts: dict[Any, Event] = {}  # key -> its first succeeded receipt
     checked = False
     for e in events:
-        if e.kind == "receipt_recorded" and e.get("status") == "succeeded":
+        if e.kind == v.RECEIPT_RECORDED and e.get("status") == "succeeded":
             receipts.setdefault(e.get("key"), e)
             continue
-        if e.kind != "committed" or e.get("fence") is None:
+        if e.kind != v.COMMITTED or e.get("fence") is None:
             continue
         to_state = e.get("to_state")
         if to_state not in (SUCCEEDED, COMPENSATED):

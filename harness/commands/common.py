@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shlex
 import sys
@@ -13,7 +14,10 @@ from typing import Any, Iterable, Sequence
 
 from killpoint.chaos.points import DB_POINTS, DEFAULT_POINTS, ORDERED_POINTS, POINTS
 from killpoint.errors import BadInput
+from killpoint.harness.colour import Colour
 from killpoint.harness.run import RunConfig, RunResult
+from killpoint.harness.stats import PointStats
+from killpoint.harness.stats import total as total_stats
 from killpoint.harness.worker import Timing
 
 EXIT_VALID, EXIT_VIOLATED, EXIT_BAD_INPUT, EXIT_UNKNOWN = 0, 1, 2, 3
@@ -33,6 +37,32 @@ def add_common(p: argparse.ArgumentParser, *, target: bool = True) -> None:
     p.add_argument("--report-dir", default=None, help="where to write HTML reports")
     p.add_argument("--report", choices=("always", "on-failure", "never"), default="on-failure",
                    help="when to write HTML reports (default: on-failure)")
+    p.add_argument("--debug", action="store_true",
+                   help="print the traceback of an infrastructure failure (store, downstream, disk)")
+    p.add_argument("--timing", type=_timing, default=None, metavar="NAME=MS,...",
+                   help="the worker's timings in milliseconds: lease-ttl-ms, heartbeat-ms, "
+                        "stuck-bound-ms, poll-ms (default: 120, 30, 300, 2)")
+    add_output(p)
+
+
+def add_output(p: argparse.ArgumentParser) -> None:
+    """The options of what a command that runs writes besides its result."""
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="no progress and no closing line on stderr (the result is still printed)")
+    p.add_argument("--junit-xml", default=None, metavar="PATH",
+                   help="write JUnit XML: one test case per run, a violation as its failure")
+    p.add_argument("--stats", action="store_true",
+                   help="print which crash points fired, per run and in total, by worker and action "
+                        "(always in --json)")
+
+
+def _timing(text: str) -> dict[str, float]:
+    from killpoint.harness.settings import parse_timing
+
+    try:
+        return parse_timing(text)
+    except BadInput as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 SHOWN_LIMIT = 200  # characters of a bad value an error message repeats
@@ -168,7 +198,7 @@ def run_config(args: argparse.Namespace, schedule, **overrides: Any) -> RunConfi
                            f"the target does not declare; it declares {', '.join(declared.points)}")
     validate_store(args.store, schedule)
     values = dict(schedule=schedule, target=target, workload=workload, workers=args.workers,
-                  seed=args.seed, store=args.store, timing=Timing())
+                  seed=args.seed, store=args.store, timing=Timing(**(getattr(args, "timing", None) or {})))
     values.update(overrides)
     return RunConfig(**values)
 
@@ -228,6 +258,7 @@ def replay_command(result: RunResult) -> str:
 class Summary:
     results: list[RunResult] = field(default_factory=list)
     report: str | None = None
+    report_error: str | None = None  # why the reports asked for could not be written
 
     @property
     def valid(self) -> bool | None:
@@ -274,43 +305,131 @@ class Summary:
             "invariants": self.invariants(),
             "judged": self.judged()[0],
             "report": self.report,
+            **({"report_error": self.report_error} if self.report_error else {}),
             "unknown": [{"schedule": str(r.config.schedule), "reasons": list(r.verdict.unknown_reasons)}
                         for r in self.results if r.valid is None],
+            "unknown_reasons": list(dict.fromkeys(reason for r in self.results if r.valid is None
+                                                  for reason in r.verdict.unknown_reasons)),
             "results": [{"schedule": str(r.config.schedule), "target": r.config.target_name,
                          "valid": r.valid, "fired": r.fired, "unfired": list(r.unfired),
                          "workers_spawned": r.spawned, "duration_ms": round(r.duration_s * 1000, 1),
-                         "run_id": r.run_id} for r in self.results],
+                         "run_id": r.run_id, "seed": r.config.seed, "store": redact(r.config.store),
+                         "points": s.to_json()}
+                        for r, s in zip(self.results, self.point_stats())],
+            "points": total_stats(self.point_stats()).to_json(),
         }
+
+    def point_stats(self) -> list[PointStats]:
+        """The crash points each run reached and fired (see :mod:`harness.stats`)."""
+        return [PointStats.of(r.history) for r in self.results]
 
 
 class Progress:
-    """A one-line progress bar on a terminal; silent otherwise (and always with --json)."""
+    """The commands' progress (:class:`harness.progress.Progress`, on stderr), fed by ``step``:
+    called with a label as a run starts, and with its result when it ended."""
 
-    def __init__(self, total: int, enabled: bool):
-        self.total = total
-        self.enabled = enabled and sys.stderr.isatty()
-        self.done = 0
+    def __init__(self, total: int | None, enabled: bool = True, *, title: str = "killpoint") -> None:
+        from killpoint.harness.progress import Progress as Display
+
+        self.display = Display(total, title=title, quiet=not enabled)
 
     def step(self, label: str, result: RunResult | None = None) -> None:
-        if result is not None:
-            self.done += 1
-        if not self.enabled:
-            return
-        width = 30
-        filled = int(width * self.done / max(1, self.total))
-        mark = "" if result is None else {True: " ok", False: " VIOLATED", None: " unknown"}[result.valid]
-        sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} "
-                         f"{label[:50]:<50}{mark:<10}")
-        sys.stderr.flush()
+        if result is None:
+            self.display.started(label)
+        else:
+            self.display.finished(result, label)
 
     def close(self) -> None:
-        if self.enabled:
-            sys.stderr.write("\r" + " " * 100 + "\r")
-            sys.stderr.flush()
+        self.display.close()
+
+
+def progress_for(args: argparse.Namespace, total: int | None, title: str) -> Progress:
+    """Progress of a command's runs, on stderr whatever stdout is; off with ``--quiet``."""
+    return Progress(total, not getattr(args, "quiet", False), title=title)
 
 
 def write_reports(args: argparse.Namespace, summary: Summary, title: str) -> None:
-    """Write the HTML index and run reports when asked (reports are optional until built)."""
+    """Write the HTML index and run reports when asked, then the JUnit XML when asked."""
+    write_html(args, summary, title)
+    write_junit(args, summary, title)
+
+
+def write_junit(args: argparse.Namespace, summary: Summary, title: str) -> None:
+    """``--junit-xml PATH``: one test case per run, linking each run's report when one was written."""
+    path = getattr(args, "junit_xml", None)
+    if not path:
+        return
+    from killpoint.reports import junit, run_report_name
+
+    reports = None
+    if summary.report:
+        where = os.path.dirname(summary.report)
+        reports = [os.path.join(where, run_report_name(n)) for n in range(1, len(summary.results) + 1)]
+    try:
+        junit.write(path, summary.results, suite=title, reproduce=replay_command, reports=reports)
+    except OSError as exc:
+        raise BadInput(f"--junit-xml {str(path)[:200]!r}: cannot write it there ({exc.strerror or exc})") from None
+
+
+def print_stats(summary: Summary) -> None:
+    """``--stats``: the points that fired in each run, then the table over all of them."""
+    from killpoint.harness.stats import brief
+
+    stats = summary.point_stats()
+    print("\ncrash points fired, per run:")
+    for n, (r, s) in enumerate(zip(summary.results, stats), start=1):
+        print(f"  {n:>4}. {r.config.schedule or 'no faults'}: {brief(s)}")
+    both = total_stats(stats)
+    print(f"\ncrash points over {both.runs} run(s), {both.total_fired} fired:")
+    for line in both.lines():
+        print(f"  {line}")
+
+
+def report_hint(args: argparse.Namespace, summary: Summary) -> str | None:
+    """What to say when a run failed and no report was written: how to get one."""
+    if summary.valid is True or summary.report or getattr(args, "report", None) == "never":
+        return None
+    return "no HTML report written: add --report-dir DIR to get one for each failing run"
+
+
+REPORT_MARKER = ".killpoint-report"  # in a report directory: its pages are killpoint's to replace
+_OWN_PAGE = re.compile(r"^(index|run-\d{4,})\.html$")
+
+
+def prepare_report_dir(args: argparse.Namespace) -> None:
+    """Before the first run: make sure ``--report-dir`` can take this command's reports, and clear
+    the pages an earlier command left there, so the directory shows this command's runs only.
+
+    Refused (bad input) when it is a file, cannot be written, or holds an ``index.html`` that
+    killpoint did not write (a user's own page is never replaced).
+    """
+    where = getattr(args, "report_dir", None)
+    if where is None or getattr(args, "report", "on-failure") == "never":
+        return
+    if os.path.exists(where) and not os.path.isdir(where):
+        raise BadInput(f"--report-dir {shown(where)} is a file: name a directory to write into")
+    try:
+        os.makedirs(where, exist_ok=True)
+        names = os.listdir(where)
+        ours = REPORT_MARKER in names
+        if "index.html" in names and not ours:
+            raise BadInput(f"--report-dir {shown(where)} holds an index.html that killpoint did not "
+                           f"write: name an empty directory, or one killpoint writes to")
+        with open(os.path.join(where, REPORT_MARKER), "w", encoding="utf-8") as fh:
+            fh.write("killpoint replaces the index.html and run-NNNN.html pages of this directory\n")
+        for name in names:
+            if ours and _OWN_PAGE.match(name):
+                os.unlink(os.path.join(where, name))
+    except OSError as exc:
+        raise BadInput(f"--report-dir {shown(where)}: cannot write reports there "
+                       f"({exc.strerror or exc})") from None
+
+
+def write_html(args: argparse.Namespace, summary: Summary, title: str) -> None:
+    """The HTML index and run reports, when ``--report-dir`` and ``--report`` ask for them.
+
+    A report that cannot be written never hides the verdict: the command says so on stderr and
+    goes on to print its verdict and exit with its code."""
     if args.report == "never" or args.report_dir is None:
         return
     if args.report == "on-failure" and summary.valid is True:
@@ -320,12 +439,14 @@ def write_reports(args: argparse.Namespace, summary: Summary, title: str) -> Non
     try:
         summary.report = write(summary.results, args.report_dir, title=title)
     except OSError as exc:
-        raise BadInput(f"--report-dir {shown(args.report_dir)}: cannot write reports there "
-                       f"({exc.strerror or exc})") from None
+        summary.report_error = (f"cannot write reports to {shown(args.report_dir)} "
+                                f"({exc.strerror or exc})")
+        print(f"killpoint: warning: {summary.report_error}; the verdict stands", file=sys.stderr)
 
 
 def print_judgement(summary: Summary, results: Sequence[RunResult], *, reproduce: bool = True) -> None:
     """The invariants table, then each violation (with its replay line) and each unknown reason."""
+    paint = Colour.for_stream(sys.stdout)
     print()
     table = summary.invariants()
     na_column = any(c["not_applicable"] for c in table.values())
@@ -339,13 +460,13 @@ def print_judgement(summary: Summary, results: Sequence[RunResult], *, reproduce
     for r in results:
         where = r.config.schedule or "no faults"
         for v in r.verdict.violations:
-            print(f"\nVIOLATED {v.invariant} at {v.instance}:{v.step} under {where}")
+            print(f"\n{paint.verdict('VIOLATED')} {v.invariant} at {v.instance}:{v.step} under {where}")
             print(f"  {v.detail}")
             if reproduce:
                 print(f"  reproduce: {replay_command(r)}")
         if r.valid is None:
             for reason in r.verdict.unknown_reasons:
-                print(f"\nUNKNOWN {where}: {reason}")
+                print(f"\n{paint.verdict('UNKNOWN')} {where}: {reason}")
 
 
 def finish(args: argparse.Namespace, summary: Summary, title: str, lines: Sequence[str] = ()) -> int:
@@ -357,7 +478,13 @@ def finish(args: argparse.Namespace, summary: Summary, title: str, lines: Sequen
     for line in lines:
         print(line)
     print_judgement(summary, summary.results)
-    verdict = {True: "valid", False: "INVALID", None: "unknown"}[summary.valid]
+    if getattr(args, "stats", False):
+        print_stats(summary)
+    hint = report_hint(args, summary)
+    if hint:
+        print(f"\n{hint}")
+    paint = Colour.for_stream(sys.stdout)
+    verdict = paint.verdict({True: "valid", False: "INVALID", None: "unknown"}[summary.valid])
     fired = sum(1 for r in summary.results for n in r.fired.values() if n)
     scheduled = sum(len(r.fired) for r in summary.results)
     judged, total = summary.judged()

@@ -10,7 +10,7 @@ import argparse
 
 from killpoint import chaos
 from killpoint.harness.commands.common import Summary, add_common, finish, run_config, workload_of
-from killpoint.harness.narrate import narrate
+from killpoint.harness.narrate import story
 from killpoint.harness.run import Session
 
 HELP = "a short guided tour: crash the reference worker at five telling points and check the invariants"
@@ -60,19 +60,7 @@ def run(args: argparse.Namespace) -> int:
             out()
             out(f"{n}. {config.schedule}")
             out(f"   {why}")
-            for text in narrate(result.history):
+            for text in story(result):
                 out(f"   {text}")
-            steps = sorted({(e.get('instance'), e.get('step')) for e in result.history.events
-                            if e.kind == 'point' and e.get('action')})
-            for instance, step in steps:
-                effects = [e for e in result.history.events if e.process == "downstream" and e.get("applied")
-                           and (e.get("meta") or {}).get("instance") == instance
-                           and (e.get("meta") or {}).get("step") == step]
-                out(f"   => {instance}:{step} ended {result.history.final_state(instance, step)} with "
-                    f"{len(effects)} applied effect(s) in the downstream ledger")
-            judged = [r for r in result.verdict.results if r.checked]
-            word = {True: "valid", False: "VIOLATED", None: "unknown"}[result.valid]
-            out(f"   verdict: {word} ({len(judged)} of {len(result.verdict.results)} invariants had "
-                f"something to judge; {result.duration_s * 1000:.0f} ms)")
     lines.append("\nWhat next: `killpoint matrix` runs every crash point at every step; add --json for CI.")
     return finish(args, summary, "killpoint demo", lines)

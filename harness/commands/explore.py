@@ -24,9 +24,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from killpoint.harness.commands.common import (EXIT_UNKNOWN, EXIT_VALID, EXIT_VIOLATED, BadInput, Progress,
-                                     add_common, parse_points, replay_command, run_config,
-                                     target_points)
+from killpoint.harness.commands.common import (EXIT_UNKNOWN, EXIT_VALID, EXIT_VIOLATED, BadInput, Summary,
+                                               add_common, parse_points, progress_for, replay_command,
+                                               report_hint, run_config, target_points, write_html,
+                                               write_junit)
+from killpoint.harness.history import History
 
 HELP = ("search schedules with Hypothesis (several faults per run); shrink a failure to a minimal "
         "schedule and print how to replay it")
@@ -71,6 +73,7 @@ class Search:
     last: tuple[Experiment, Any] | None = None  # Hypothesis's final one: the shrunk counterexample
     smallest: tuple[Experiment, Any] | None = None  # the fallback when the last did not reproduce
     invariants: dict[str, dict[str, int]] = field(default_factory=dict)
+    seen: list[Any] = field(default_factory=list)  # every run, without its history (for JUnit)
 
     def failed(self, experiment: Experiment, result: Any) -> None:
         self.failures += 1
@@ -80,6 +83,7 @@ class Search:
 
     def record(self, result: Any) -> None:
         self.runs += 1
+        self.seen.append(dataclasses.replace(result, history=History(())))
         for res in result.verdict.results:
             counts = self.invariants.setdefault(res.invariant, {"checked": 0, "violated": 0})
             counts["checked"] += res.checked
@@ -141,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
     database = None if args.database == "none" else \
         DirectoryBasedExampleDatabase(os.path.join(home, "examples"))
     search = Search()
-    progress = Progress(args.budget, enabled=not args.json)
+    progress = progress_for(args, None, f"killpoint explore {args.target}")  # shrinking goes past the budget
     started = time.monotonic()
 
     with Session() as session:
@@ -203,6 +207,12 @@ def _report(args: argparse.Namespace, search: Search, minimal: tuple[Experiment,
     else:
         code = EXIT_VALID
     found = None
+    # The reports: the counterexample's, and those of runs that could not be judged; JUnit: every run.
+    shown = Summary(results=([minimal[1]] if minimal is not None else []) + list(search.unknown))
+    title = f"killpoint explore {args.target}"
+    if shown.results:
+        write_html(args, shown, title)
+    write_junit(args, Summary(results=list(search.seen)), title)
     if minimal is not None:
         experiment, result = minimal
         found = {"schedule": str(experiment.schedule), "faults": len(experiment.schedule.faults),
@@ -218,7 +228,7 @@ def _report(args: argparse.Namespace, search: Search, minimal: tuple[Experiment,
             "valid": False if minimal else (None if search.unknown else True),
             "runs": search.runs, "budget": args.budget, "seed": args.seed, "target": args.target,
             "duration_s": round(elapsed, 1), "violations": violations,
-            "invariants": search.invariants, "report": None, "minimal": found,
+            "invariants": search.invariants, "report": shown.report, "minimal": found,
             "counterexamples_seen": search.failures, "unfired_only": search.unfired,
             "unknown": [{"schedule": r.schedule, "reasons": list(r.verdict.unknown_reasons)}
                         for r in search.unknown],
@@ -230,6 +240,7 @@ def _report(args: argparse.Namespace, search: Search, minimal: tuple[Experiment,
         print(f"\nUNKNOWN under {r.schedule}: {'; '.join(r.verdict.unknown_reasons)}")
     if minimal is None:
         print("\nno violation found" + ("" if not search.unknown else "; some runs could not be judged"))
+        _where_report(args, shown)
         return code
     experiment, result = minimal
     print(f"\ncounterexample found and shrunk ({search.failures} failing run(s) in all) to "
@@ -243,4 +254,13 @@ def _report(args: argparse.Namespace, search: Search, minimal: tuple[Experiment,
         print(f"\nVIOLATED {v.invariant} at {v.instance}:{v.step}")
         print(f"  {v.detail}")
     print(f"\nreproduce: {found['reproduce']}")
+    _where_report(args, shown)
     return code
+
+
+def _where_report(args: argparse.Namespace, shown: Summary) -> None:
+    hint = report_hint(args, shown)
+    if shown.report:
+        print(f"report: {shown.report}")
+    elif hint and shown.results:
+        print(hint)

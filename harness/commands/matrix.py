@@ -26,8 +26,8 @@ import sys
 from killpoint.chaos.points import DB_POINTS, ORDERED_POINTS
 from killpoint.chaos.schedule import Fault, Schedule
 from killpoint.chaos.actions import parse as parse_actions
-from killpoint.harness.commands.common import (Progress, Summary, add_common, finish, parse_points, parse_steps,
-                                               run_config, target_points, workload_of)
+from killpoint.harness.commands.common import (Summary, add_common, finish, parse_points, parse_steps,
+                                               progress_for, run_config, target_points, workload_of)
 from killpoint.harness.run import Session
 
 HELP = ("run every single-fault schedule (each point x each step, killed or paused past its lease), "
@@ -168,7 +168,10 @@ def run(args: argparse.Namespace) -> int:
             raise BadInput(f"--actions terminate: ending a worker's database sessions needs a "
                            f"postgresql:// store, not --store {redact(args.store)}")
         # Unless --points narrows it, terminate also runs inside the PostgreSQL store's COMMIT.
-        terminate_points = points if args.points is not None else parse_points(None, default=ORDERED_POINTS)
+        # (for a target that declares its own points: those, and the store's own)
+        terminate_points = points if args.points is not None else \
+            parse_points(None, default=ORDERED_POINTS) if set(points) <= set(ORDERED_POINTS) \
+            else points + DB_POINTS
         configs = [run_config(args, s)
                    for s in single_fault_schedules(steps, points, actions, terminate_points)]
     else:
@@ -185,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
                   f"{' x ' + str(len(steps)) + ' steps' if args.cross_steps else ''}, forms "
                   f"{', '.join(forms)}); choose with --steps, --points or --forms", file=sys.stderr)
     summary = Summary()
-    progress = Progress(len(configs), enabled=not args.json)
+    progress = progress_for(args, len(configs), f"killpoint matrix{' --depth 2' if args.depth == 2 else ''}")
     with Session() as session:
         for config in configs:
             progress.step(str(config.schedule))

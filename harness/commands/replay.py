@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
-from killpoint.harness.commands.common import (EXIT_VIOLATED, BadInput, one_line, shown, Summary, add_common,
-                                     replay_command, run_config, write_reports)
+from killpoint.harness.colour import Colour
+from killpoint.harness.commands.common import (EXIT_UNKNOWN, EXIT_VIOLATED, BadInput, Summary, add_common, one_line,
+                                               print_stats, progress_for, replay_command, report_hint,
+                                               run_config, shown, write_reports)
+from killpoint.harness.narrate import story
 
 HELP = "run one schedule again (as printed by matrix, explore or selftest) and give its verdict"
 DEFAULT_SAME_IDENTITY = 0.5
@@ -25,6 +29,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"(default: {DEFAULT_SAME_IDENTITY})")
     p.add_argument("--repeat", type=int, default=1, metavar="N",
                    help="run it N times and check that every verdict is the same (default: 1)")
+    p.add_argument("--narrate", action="store_true",
+                   help="tell the story of the run, as the demo does: who claimed what with which "
+                        "fence, what the downstream answered, who was killed or refused")
 
 
 def parse_schedule(text: str, args: argparse.Namespace | None = None):
@@ -53,15 +60,24 @@ def run(args: argparse.Namespace) -> int:
     config = run_config(args, schedule, same_identity=args.same_identity,
                         **overrides_for(args.target))
     summary = Summary()
+    title = f"killpoint replay {schedule or 'no faults'}"
+    progress = progress_for(args, args.repeat, title)
     with Session() as session:
         for _ in range(args.repeat):
+            progress.step(str(schedule))
             summary.results.append(session.run(config))
-    write_reports(args, summary, f"killpoint replay {schedule}")
+            progress.step(str(schedule), summary.results[-1])
+    progress.close()
+    write_reports(args, summary, title)
     verdicts = [(r.valid, tuple(sorted({v.invariant for v in r.verdict.violations})))
                 for r in summary.results]
     agree = len(set(verdicts)) == 1
     reproduce = replay_command(summary.results[0])
-    code = summary.exit_code() if agree else EXIT_VIOLATED
+    broken = any(reason.startswith("infrastructure failure") for r in summary.results
+                 for reason in r.verdict.unknown_reasons)
+    # Verdicts that differ say the outcome depends on timing -- unless the infrastructure broke
+    # under one of the runs: that says nothing about the schedule (exit 3, the cause printed).
+    code = summary.exit_code() if agree else EXIT_UNKNOWN if broken else EXIT_VIOLATED
     if args.json:
         out = summary.to_json()
         for v in out["violations"]:
@@ -72,20 +88,31 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=2))
         return code
     word = {True: "valid", False: "INVALID", None: "unknown"}
+    paint = Colour.for_stream(sys.stdout)
     first = summary.results[0]
     print(f"replay of {schedule or 'no faults'} on {first.config.target_name}, seed {first.config.seed}")
+    if args.narrate:
+        for n, result in enumerate(summary.results, start=1):
+            print(f"\nrun {n} of {len(summary.results)}:" if len(summary.results) > 1 else "")
+            for text in story(result):
+                print(f"  {text}")
     for v in first.verdict.violations:
-        print(f"\nVIOLATED {v.invariant} at {v.instance}:{v.step}")
+        print(f"\n{paint.verdict('VIOLATED')} {v.invariant} at {v.instance}:{v.step}")
         print(f"  {v.detail}")
     for reason in first.verdict.unknown_reasons:
-        print(f"\nUNKNOWN: {reason}")
+        print(f"\n{paint.verdict('UNKNOWN')}: {reason}")
     if args.repeat > 1:
         print()
         for n, (valid, names) in enumerate(verdicts, start=1):
             print(f"{n:>3}. {word[valid]}{': ' + ', '.join(names) if names else ''}")
         print("every verdict the same" if agree else
               "VERDICTS DIFFER: the outcome of this schedule depends on timing")
-    print(f"\nverdict: {word[summary.valid]} ({len(summary.results)} run(s)"
+    if args.stats:
+        print_stats(summary)
+    hint = report_hint(args, summary)
+    if hint:
+        print(f"\n{hint}")
+    print(f"\nverdict: {paint.verdict(word[summary.valid])} ({len(summary.results)} run(s)"
           + (f"; report: {summary.report}" if summary.report else "") + ")")
     print(f"reproduce: {reproduce}")
     return code

@@ -10,7 +10,8 @@ from __future__ import annotations
 import argparse
 import os
 
-from killpoint.harness.commands.common import BadInput, Summary, add_common, finish, one_line, run_config, shown
+from killpoint.harness.commands.common import (BadInput, Summary, add_common, finish, one_line, progress_for,
+                                               run_config, shown)
 
 HELP = "run one schedule and write its HTML report (verdict, violations, timeline, ledger)"
 DEFAULT_DIR = "killpoint-report"
@@ -29,8 +30,11 @@ def run(args: argparse.Namespace) -> int:
     from killpoint.harness.run import Session
     from killpoint.reports import run_report_name
 
-    try:
-        schedule = chaos.parse(args.schedule)
+    from killpoint.harness.commands.common import declared_target
+    from killpoint.chaos.points import DB_POINTS
+
+    try:  # the target's declared points are names too (A@before_ack:kill)
+        schedule = chaos.parse(args.schedule, points=frozenset(declared_target(args).points) | frozenset(DB_POINTS))
     except chaos.InvalidSchedule as exc:
         raise BadInput(f"--schedule {shown(args.schedule)}: {one_line(str(exc), 400)}") from None
     if os.path.exists(args.report_dir) and not os.path.isdir(args.report_dir):
@@ -38,8 +42,12 @@ def run(args: argparse.Namespace) -> int:
     config = run_config(args, schedule)
     args.report = "always"
     summary = Summary()
+    title = f"killpoint report {schedule or 'no faults'}"
+    progress = progress_for(args, 1, title)
     with Session() as session:
+        progress.step(str(schedule))
         summary.results.append(session.run(config))
+        progress.step(str(schedule), summary.results[-1])
+    progress.close()
     run_page = os.path.join(args.report_dir, run_report_name(1))
-    return finish(args, summary, f"killpoint report {schedule or 'no faults'}",
-                  [f"run report: {run_page}"])
+    return finish(args, summary, title, [f"run report: {run_page}"])

@@ -14,7 +14,7 @@ import json
 import shlex
 from typing import TYPE_CHECKING, Any
 
-from killpoint.harness.commands.common import (EXIT_UNKNOWN, EXIT_VALID, EXIT_VIOLATED, BadInput, Summary,
+from killpoint.harness.commands.common import (EXIT_UNKNOWN, EXIT_VALID, EXIT_VIOLATED, BadInput, Summary, add_output,
                                      print_judgement, redact, validate_store, write_reports)
 
 if TYPE_CHECKING:
@@ -39,6 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--report-dir", default=None, help="where to write HTML reports")
     p.add_argument("--report", choices=("always", "on-failure", "never"), default="on-failure",
                    help="when to write HTML reports (default: on-failure)")
+    add_output(p)
 
 
 def reproduce(args: argparse.Namespace) -> str:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from killpoint import chaos
-from killpoint.harness.commands.common import (EXIT_VALID, EXIT_VIOLATED, BadInput, shown, Progress,
+from killpoint.harness.commands.common import (EXIT_VALID, EXIT_VIOLATED, BadInput, progress_for, shown,
                                      Summary, replay_command, run_config, validate_store)
 
 if TYPE_CHECKING:
@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
         steps = WORKLOADS[args.workload](args.seed).step_names
         reference_configs += [run_config(args, s)
                               for s in single_crash_schedules(steps, chaos.DEFAULT_POINTS)]
-    progress = Progress(len(mutant_configs) + len(reference_configs), enabled=not args.json)
+    progress = progress_for(args, len(mutant_configs) + len(reference_configs), "killpoint selftest")
     outcomes: list[MutantOutcome] = []
     reference = Summary()
     with Session() as session:

@@ -11,9 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 from urllib.parse import quote, urlsplit
 
-
-class LostResponse(Exception):
-    """The request may or may not have been applied: the answer never arrived (indeterminate)."""
+from killpoint.errors import LostResponse as LostResponse
 
 
 @dataclass(frozen=True)
@@ -38,6 +36,7 @@ class DownstreamClient:
         self.run = run
         self.timeout = timeout
         self._host, self._port = parts.hostname, parts.port
+        # The URL's path is the session's secret (the server answers nothing without it).
         self._prefix = f"{parts.path.rstrip('/')}/runs/{quote(run, safe='')}"
         self._local = threading.local()  # this thread's connection
         self._owner = threading.current_thread()
@@ -179,4 +178,5 @@ class DownstreamClient:
         status, body = self._idempotent("GET", "/ledger")
         if status != 200:
             raise RuntimeError(f"downstream ledger: {status} {body}")
-        return body["rows"]
+        rows: list[dict[str, Any]] = body["rows"]
+        return rows

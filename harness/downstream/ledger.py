@@ -238,6 +238,7 @@ class Ledger:
                 raise
         if reply is not None:
             return reply
+        assert delay_ms is not None  # Invariant: no reply yet means the key is in flight
         time.sleep(delay_ms / 1000.0)  # the key is in flight; the lock is not held
         with self.lock:
             try:

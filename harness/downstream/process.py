@@ -10,6 +10,7 @@ import weakref
 from typing import Any
 from urllib.parse import urlsplit
 
+from killpoint.errors import InfrastructureError
 from killpoint.harness.downstream.server import START_TIMEOUT, serve
 from killpoint.harness.signals import sigint_deferred
 
@@ -52,21 +53,29 @@ class DownstreamProcess:
         proc = ctx.Process(target=serve, args=(self.ledger_path, writer, os.getpid(), self._secret, port),
                            name="killpoint-downstream", daemon=False)
         with sigint_deferred():
-            proc.start()
+            try:
+                proc.start()
+            except OSError as e:
+                reader.close()
+                writer.close()
+                raise InfrastructureError(f"cannot start the downstream: {type(e).__name__}: {e}") from e
         writer.close()
         try:
             if not reader.poll(START_TIMEOUT):
-                raise RuntimeError("downstream did not start in time")
+                raise InfrastructureError("downstream did not start in time")
             kind, value = reader.recv()
-        except (EOFError, RuntimeError) as e:
+        except EOFError as e:
             _reap(proc, os.getpid())
-            raise RuntimeError(
+            raise InfrastructureError(
                 f"downstream failed to start (exit code {proc.exitcode}): {e}") from e
+        except BaseException:  # a timeout, or a Ctrl-C while it starts: it must not outlive us
+            _reap(proc, os.getpid())
+            raise
         finally:
             reader.close()
         if kind != "ready":
             _reap(proc, os.getpid())
-            raise RuntimeError(f"downstream failed to start: {value}")
+            raise InfrastructureError(f"downstream failed to start: {value}")
         self._proc = proc
         self.pid = proc.pid
         self.url = f"http://127.0.0.1:{value}/{self._secret}"

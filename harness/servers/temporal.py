@@ -35,7 +35,7 @@ import dataclasses
 import functools
 from typing import TYPE_CHECKING, Any, Callable
 
-from killpoint import chaos
+from killpoint import chaos, vocab
 from killpoint.harness import states
 from killpoint.harness.downstream import LostResponse
 from killpoint.harness.intent import intent_hash
@@ -87,7 +87,7 @@ def make_activity(ctx: WorkerContext, *, keyed: bool) -> Callable[[dict[str, Any
         meta = {"instance": info.workflow_id, "step": request["step"], "worker": ctx.worker_id,
                 "attempt": info.attempt, "direction": request["direction"],
                 "activity_id": info.activity_id}
-        ctx.journal.write("activity", instance=info.workflow_id, step=request["step"],
+        ctx.journal.write(vocab.ACTIVITY, instance=info.workflow_id, step=request["step"],
                           activity_id=info.activity_id, attempt=info.attempt, key=key)
         chaos.point("before_call")
         op = ctx.journal.invoke("call", instance=info.workflow_id, step=request["step"],
@@ -233,7 +233,7 @@ def _run_activities(ctx: WorkerContext, *, keyed: bool, replays: tuple[dict[str,
     # What this deployment's workflow code does with the histories recorded from earlier runs (as
     # a new worker would when it picks an open workflow up); judged by replay_compatible.
     for event in replays:
-        ctx.journal.write("replay", **event)
+        ctx.journal.write(vocab.REPLAYED, **event)
     ActivityWorker(ctx, keyed=keyed).run()
 
 

@@ -60,6 +60,7 @@ import psycopg
 from psycopg import conninfo, pq
 
 from killpoint import chaos
+from killpoint import vocab
 from killpoint.harness import states
 from killpoint.harness.store.base import Claim, OutcomeUnknown, StoreError, StoreUnavailable
 from killpoint.harness.store.sql import SqlStore, event_args
@@ -380,7 +381,7 @@ class PostgresStore(SqlStore):
                                   inst["data"], inst["integrity"]))
                 for idx, step in enumerate(inst["steps"]):
                     step_rows.append((inst["id"], step, idx, states.PENDING))
-                    event_rows.append(event_args("created", inst["id"], step, to_state=states.PENDING,
+                    event_rows.append(event_args(vocab.CREATED, inst["id"], step, to_state=states.PENDING,
                                                  state_version=1, lease_version=0, attempt=0))
             cur.executemany(f"INSERT INTO {s}.instances (id, seq, format_version, fingerprint, data, "
                             f"integrity) VALUES (%s, %s, %s, %s, %s, %s)", inst_rows)

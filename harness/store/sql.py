@@ -13,6 +13,7 @@ import json
 import time
 from typing import Any, Callable, TypeVar
 
+from killpoint import vocab
 from killpoint.harness import states
 from killpoint.harness.store.base import Claim, Store, StoreError, row_dict
 
@@ -137,7 +138,7 @@ class SqlStore(Store):
             if row is None:
                 return None
             fence, sv, attempt = row
-            self._event(cur, "claimed", instance, step, worker=worker, from_state=from_state,
+            self._event(cur, vocab.CLAIMED, instance, step, worker=worker, from_state=from_state,
                         to_state=to_state, state_version=sv, fence=fence, lease_version=fence,
                         attempt=attempt)
             return Claim(instance, step, worker, fence, sv, attempt, from_state, to_state)
@@ -164,12 +165,12 @@ class SqlStore(Store):
                                   (claim.instance, claim.step)).fetchone()
                 if now is None:
                     raise StoreError(f"no step {claim.instance}:{claim.step} in the store")
-                self._event(cur, "commit_rejected", claim.instance, claim.step, worker=claim.worker,
+                self._event(cur, vocab.COMMIT_REJECTED, claim.instance, claim.step, worker=claim.worker,
                             from_state=claim.state, to_state=to_state, state_version=now[0],
                             fence=claim.fence, lease_version=now[1], attempt=claim.attempt,
                             expected_state_version=claim.state_version, current_owner=now[2], **detail)
                 return False
-            self._event(cur, "committed", claim.instance, claim.step, worker=claim.worker,
+            self._event(cur, vocab.COMMITTED, claim.instance, claim.step, worker=claim.worker,
                         from_state=claim.state, to_state=to_state, state_version=row[0], fence=claim.fence,
                         lease_version=row[1], attempt=claim.attempt, **detail)
             return True
@@ -189,7 +190,7 @@ class SqlStore(Store):
                 (to_state, instance, step, expected_state_version, from_state)).fetchone()
             if row is None:
                 return False
-            self._event(cur, "committed", instance, step, worker=worker, from_state=from_state,
+            self._event(cur, vocab.COMMITTED, instance, step, worker=worker, from_state=from_state,
                         to_state=to_state, state_version=row[0], lease_version=row[1], **detail)
             return True
         return self._write(do)
@@ -205,7 +206,7 @@ class SqlStore(Store):
                 (ttl_ms / 1000.0, claim.instance, claim.step, claim.fence, claim.worker)).fetchone()
             if row is None:
                 return False
-            self._event(cur, "renewed", claim.instance, claim.step, worker=claim.worker,
+            self._event(cur, vocab.RENEWED, claim.instance, claim.step, worker=claim.worker,
                         fence=claim.fence, lease_version=row[0])
             return True
         return self._write(do, points=False)
@@ -221,7 +222,7 @@ class SqlStore(Store):
                 (claim.instance, claim.step, claim.fence, claim.worker)).fetchone()
             if row is None:
                 return False
-            self._event(cur, "released", claim.instance, claim.step, worker=claim.worker,
+            self._event(cur, vocab.RELEASED, claim.instance, claim.step, worker=claim.worker,
                         fence=claim.fence, lease_version=row[0], state_version=row[1])
             return True
         return self._write(do, points=False)
@@ -243,7 +244,7 @@ class SqlStore(Store):
             cur.execute(self._q("UPDATE {steps} SET progress_at = CASE WHEN lease_version = ? "
                                 "THEN {now} ELSE progress_at END WHERE instance = ? AND step = ?"),
                         (claim.fence, claim.instance, claim.step))
-            self._event(cur, "receipt_recorded", claim.instance, claim.step, worker=claim.worker,
+            self._event(cur, vocab.RECEIPT_RECORDED, claim.instance, claim.step, worker=claim.worker,
                         fence=claim.fence, key=key, status=status)
         self._write(do)
 
@@ -266,7 +267,7 @@ class SqlStore(Store):
                 cur.execute(self._q("UPDATE {steps} SET owner_worker = NULL, expires_at = NULL "
                                     "WHERE instance = ? AND step = ? AND lease_version = ?"),
                             (inst, step, fence))
-                self._event(cur, "stuck_flagged", inst, step, worker=worker, state_version=sv,
+                self._event(cur, vocab.STUCK_FLAGGED, inst, step, worker=worker, state_version=sv,
                             lease_version=fence, from_state=state, stuck_owner=owner,
                             idle_ms=round(idle_ms, 1))
                 found.append((inst, step))
@@ -289,7 +290,7 @@ class SqlStore(Store):
                               (to_state, instance, step, now[1])).fetchone()
             if row is None:
                 return False
-            self._event(cur, "operator_resolved", instance, step, worker=None, from_state=now[0],
+            self._event(cur, vocab.OPERATOR_RESOLVED, instance, step, worker=None, from_state=now[0],
                         to_state=to_state, state_version=row[0], lease_version=row[1], actor=actor,
                         evidence=evidence)
             return True

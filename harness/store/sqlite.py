@@ -12,6 +12,7 @@ import os
 import sqlite3
 from typing import Any, Callable, Iterable, Mapping, TypeVar
 
+from killpoint import vocab
 from killpoint.harness import states
 from killpoint.harness.store.sql import SqlStore
 
@@ -141,6 +142,6 @@ class SQLiteStore(SqlStore):
                 for idx, step in enumerate(inst["steps"]):
                     c.execute("INSERT INTO steps (instance, step, idx, state, state_version) "
                               "VALUES (?, ?, ?, ?, 1)", (inst["id"], step, idx, states.PENDING))
-                    self._event(c, "created", inst["id"], step, to_state=states.PENDING, state_version=1,
+                    self._event(c, vocab.CREATED, inst["id"], step, to_state=states.PENDING, state_version=1,
                                 lease_version=0, attempt=0)
         self._write(insert)

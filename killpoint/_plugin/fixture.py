@@ -191,8 +191,11 @@ class Killpoint:
                   "target": target, "seed": seed, "count": count,
                   "violated": sorted({v.invariant for v in run.violations}),
                   "reproduce": run.reproduce, "page": page,
-                  "light": _light(result) if (result is not None and page) else None}
+                  "light": _light(result) if (result is not None and page) else None,
+                  "points": _points_fired(result) if result is not None else None}
         self._item.stash.setdefault(_RUNS, []).append(record)
+        if page:  # linked from the test: pytest's JUnit XML carries user_properties
+            self._item.user_properties.append(("killpoint_report", page))
 
 
 def _schedules(steps: Sequence[str], points: Sequence[str], depth: int) -> list[tuple[Any, dict[str, Any]]]:
@@ -210,6 +213,14 @@ def _schedules(steps: Sequence[str], points: Sequence[str], depth: int) -> list[
         # Each pair comes with the restart rule its second fault needs.
         return [(s, {"same_identity": same}) for s, same in pairs(steps, points)]
     raise ValueError(f"killpoint.matrix(depth={depth!r}): depth is 1 (single crashes) or 2 (pairs)")
+
+
+def _points_fired(result: "RunResult") -> dict[str, Any]:
+    """The crash points a run reached and fired, plain enough to travel from an xdist worker."""
+    from killpoint.harness.stats import PointStats
+
+    stats = PointStats.of(result.history)
+    return {"reached": dict(stats.reached), "fired": [[*key, n] for key, n in sorted(stats.fired.items())]}
 
 
 def _assert_children_only(result: "RunResult") -> None:

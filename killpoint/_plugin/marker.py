@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any, Mapping, NoReturn
 
 import pytest
 
@@ -26,7 +26,7 @@ class _Case:
 _MARKER_KEYS = ("points", "target", "workers", "steps", "action", "workload", "seed", "check")
 
 
-def _marker_kwargs(name: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+def _marker_kwargs(name: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """Check a marker's keywords at collection, so a typo is a collection error naming it."""
     unknown = sorted(set(kwargs) - set(_MARKER_KEYS))
     if unknown:

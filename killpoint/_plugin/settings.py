@@ -9,6 +9,8 @@ from typing import Any, Sequence
 
 import pytest
 
+from killpoint.errors import KillpointUnavailable as KillpointUnavailable
+
 # Every option: its name after the --killpoint- prefix (the ini key is killpoint_NAME), metavar, help.
 _OPTIONS = (
     ("store", "STORE", "where runs keep their state: sqlite (default, a file per run) or a "
@@ -22,10 +24,6 @@ _OPTIONS = (
                      "tests, of each killpoint.matrix() and of each exploration's budget"),
 )
 DEFAULT_BUDGET = 100
-
-
-class KillpointUnavailable(RuntimeError):
-    """Asked for a part of killpoint this installation does not have (e.g. exploration)."""
 
 
 @dataclass(frozen=True)
@@ -57,31 +55,53 @@ def add_options(parser: pytest.Parser) -> None:
         parser.addini(ini, help_text, default=None)
 
 
-def _raw(config: pytest.Config, name: str) -> tuple[str | None, str]:
-    """The value of one option and where it came from (for error messages and relative paths)."""
+# The options [tool.killpoint] of pyproject.toml sets too (the table's key, the same as the CLI's).
+_TABLE = {"store": "store", "report-dir": "report_dir", "seed": "seed"}
+
+
+def _raw(config: pytest.Config, name: str, table: Any = None) -> tuple[str | None, str]:
+    """The value of one option and where it came from (for error messages and relative paths):
+    the command line, else the ini key, else ``[tool.killpoint]`` (``table``), the one the CLI reads."""
     key = "killpoint_" + name.replace("-", "_")
     value = config.getoption(key)
     if value is not None:
         return str(value), f"--killpoint-{name}"
     value = config.getini(key)
-    return (str(value).strip() or None) if value is not None else None, f"ini {key}"
+    if value is not None and str(value).strip():
+        return str(value).strip(), f"ini {key}"
+    if table is not None and name in _TABLE and _TABLE[name] in table.values:
+        return str(table.values[_TABLE[name]]), f"[tool.killpoint] {name} in {table.path}"
+    return None, f"ini {key}"
+
+
+def _table(config: pytest.Config) -> Any:
+    """``[tool.killpoint]`` of the nearest pyproject.toml above where pytest was started."""
+    from killpoint.errors import BadInput
+    from killpoint.harness.settings import load
+
+    try:
+        return load(str(config.invocation_params.dir))
+    except BadInput as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 def _settings(config: pytest.Config) -> Settings:
     """Read and check every option once, at configure time: bad values stop the session early."""
     values: dict[str, Any] = {}
-    store, where = _raw(config, "store")
+    table = _table(config)
+    store, where = _raw(config, "store", table)
     if store is not None:
         if store != "sqlite" and not store.startswith(("postgresql://", "postgres://")):
             raise pytest.UsageError(f"{where} {store!r}: expected 'sqlite' or a postgresql:// URL")
         values["store"] = store
-    report_dir, where = _raw(config, "report-dir")
+    report_dir, where = _raw(config, "report-dir", table)
     if report_dir is not None:
         base = config.invocation_params.dir if where.startswith("--") else \
+            os.path.dirname(table.path) if where.startswith("[tool.killpoint]") else \
             (config.inipath.parent if config.inipath else config.rootpath)
         values["report_dir"] = os.path.abspath(os.path.join(base, report_dir))
     for name, low in (("seed", 0), ("budget", 1)):
-        text, where = _raw(config, name)
+        text, where = _raw(config, name, table)
         if text is None:
             continue
         try:

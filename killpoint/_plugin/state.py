@@ -5,11 +5,14 @@ from __future__ import annotations
 import base64
 import os
 import pickle
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from killpoint._plugin.settings import Settings
+
+if TYPE_CHECKING:
+    from killpoint._plugin.fixture import Killpoint
 
 INDEX = "index.html"
 
@@ -47,7 +50,8 @@ class _State:
 
         results = [pickle.loads(base64.b64decode(r["light"])) for r in lights]
         model = build_index(results, [os.path.basename(r["page"]) for r in lights],
-                            title="killpoint: pytest session", reproduce=[r["reproduce"] for r in lights])
+                            title="killpoint: pytest session", reproduce=[r["reproduce"] for r in lights],
+                            tests=[r["nodeid"] for r in lights])
         self.index = write_text(os.path.join(self.settings.report_dir, INDEX), render_index(model))
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
@@ -81,6 +85,8 @@ def _summary(tr: Any, state: _State) -> None:
         tr.write_line("violations by invariant (runs):")
         for name, n in sorted(by_invariant.items(), key=lambda kv: (-kv[1], kv[0])):
             tr.write_line(f"  {name:<24} {n}")
+    if tr.config.option.verbose > 0:
+        _point_stats(tr, records)
     if state.index:
         tr.write_line(f"HTML report: {state.index}")
     elif state.index_error:
@@ -98,3 +104,23 @@ def _summary(tr: Any, state: _State) -> None:
             tr.write_line(f"  {r['nodeid']} ({', '.join(r['violated']) or 'unknown'}): {r['reproduce']}")
         if len(bad) > 20:
             tr.write_line(f"  ... and {len(bad) - 20} more")
+
+
+def _point_stats(tr: Any, records: list[dict[str, Any]]) -> None:
+    """With -v: the crash points that fired over the session's runs, by action and worker."""
+    from collections import Counter
+
+    from killpoint.harness.stats import PointStats
+
+    stats = PointStats()
+    for r in records:
+        points = r.get("points")
+        if points:
+            stats = stats + PointStats(1, Counter(points["reached"]),
+                                       Counter({(p, w, a): n for p, w, a, n in points["fired"]}))
+    if not stats.runs:
+        return
+    tr.write_line(f"crash points over {stats.runs} run{'s' if stats.runs != 1 else ''}, "
+                  f"{stats.total_fired} fired:")
+    for line in stats.lines():
+        tr.write_line(f"  {line}")

@@ -1,0 +1,88 @@
+"""The words of a history: process names, event types, event kinds and the downstream's outcomes.
+
+Every writer of a history (the worker's journal, the store's event table, the downstream's ledger,
+the harness) and every reader (checkers, narration, reports, scenarios) names these strings through
+the constants below, so a writer and a reader cannot drift apart: a reader that tests for a kind
+no writer ever writes is a branch that never runs. The strings themselves are the history's file
+format (journals and ledgers are JSON), so they never change; only the names in code are shared.
+
+This module imports nothing, so the lowest layer (``chaos``) can use it as well as the harness.
+"""
+
+from __future__ import annotations
+
+# -- processes (``Event.process``) --------------------------------------------------------------------
+# Three fixed sources; every other process name is a worker incarnation ("A", "B", "A.2").
+STORE = "store"
+DOWNSTREAM = "downstream"
+HARNESS = "harness"
+NON_WORKERS = frozenset({STORE, DOWNSTREAM, HARNESS})
+
+# -- types (``Event.type``): an operation is invoked, then completes ok / fail / info ------------------
+INVOKE = "invoke"
+OK = "ok"  # took effect
+FAIL = "fail"  # certainly did not take effect
+INFO = "info"  # unknown: it may or may not have taken effect (indeterminate)
+EVENT = "event"  # a plain fact, not an operation
+COMPLETIONS = frozenset({OK, FAIL, INFO})
+
+# -- worker journal kinds --------------------------------------------------------------------------------
+# Operations (invoke, then a completion sharing its ``op``).
+CLAIM = "claim"
+CALL = "call"
+RECEIPT = "receipt"
+COMMIT = "commit"
+OP_KINDS = frozenset({CLAIM, CALL, RECEIPT, COMMIT})
+# Plain events.
+POINT = "point"  # a failpoint hit; ``action`` is None when nothing fired
+RECOVER = "recover"  # the evidence about earlier attempts and the action decided
+CHECKPOINT = "checkpoint"  # an instance's checkpoint not read as is: migrated or refused
+HEARTBEAT_LOST = "heartbeat_lost"  # the heartbeat found the lease gone
+STORE_UNAVAILABLE = "store_unavailable"  # the store connection died; the worker goes on
+START = "start"  # the worker process began (pid)
+FINISH = "finish"  # the target returned
+# Written by the Temporal targets.
+ACTIVITY = "activity"  # a Temporal activity began
+REPLAYED = "replay"  # a workflow history replayed against the code (``outcome``, ``detail``)
+
+# -- store event kinds ---------------------------------------------------------------------------------
+CREATED = "created"
+CLAIMED = "claimed"
+COMMITTED = "committed"
+COMMIT_REJECTED = "commit_rejected"
+RENEWED = "renewed"
+RELEASED = "released"
+RECEIPT_RECORDED = "receipt_recorded"
+STUCK_FLAGGED = "stuck_flagged"
+OPERATOR_RESOLVED = "operator_resolved"
+APPROVED = "approved"
+# The store events that changed a step; ``commit_rejected`` changed nothing.
+ACCEPTED_TRANSITIONS = frozenset({CLAIMED, COMMITTED, OPERATOR_RESOLVED, APPROVED})
+
+# -- the downstream ledger -------------------------------------------------------------------------------
+REQUEST = "request"  # the one kind of a ledger row
+# Outcomes (``outcome`` of a request).
+APPLIED = "applied"  # a new effect happened
+DECLINED = "declined"  # a new, permanent refusal (402), recorded under the key
+REPLAY = "replay"  # the stored answer for the key, sent again
+CONFLICT = "conflict"  # the key was reused with another intent (422)
+IN_FLIGHT = "in_flight"  # the key's first request is still being applied (409)
+MISSING_KEY = "missing_key"  # a keyed resource got no key (400)
+STALE_FENCE = "stale_fence"  # a fence lower than one already seen in the scope (409)
+ERROR = "error"  # a bad request or an injected failure
+DROPPED = "dropped"  # applied, but the answer was never sent
+OUTCOMES = frozenset({APPLIED, DECLINED, REPLAY, CONFLICT, IN_FLIGHT, MISSING_KEY, STALE_FENCE, ERROR,
+                      DROPPED})
+
+# -- harness kinds -------------------------------------------------------------------------------------
+SPAWN = "spawn"
+KILL = "kill"
+STOP = "stop"
+CONT = "cont"
+EXIT = "exit"
+BOUND_HIT = "bound_hit"
+DOWNSTREAM_RESTART = "downstream_restart"
+STORE_RESTART = "store_restart"
+AFTER_QUIESCENT = "after_quiescent"
+TERMINATE_BACKEND = "terminate_backend"
+INFRASTRUCTURE_FAILURE = "infrastructure_failure"  # phase, error: the run ended unknown

@@ -1,0 +1,128 @@
+"""When the infrastructure breaks, or the command is told to stop: DESIGN section 10.
+
+A store lost mid-run, a full disk, a dead downstream: exit 3 with the JSON object printed and the
+cause in ``unknown_reasons``, never exit 1 and never a bare traceback. SIGTERM ends like Ctrl-C:
+exit 143, every process, run folder and PostgreSQL schema gone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from killpoint import chaos
+from killpoint.harness.run import RunConfig, Session
+
+from test_processes import ROOT, children_of, wait_until_gone
+
+
+def _cli(*argv: str, marker: str, tmpdir: str) -> subprocess.Popen:
+    env = {**os.environ, "KILLPOINT_TEST_MARK": marker, "PYTHONPATH": ROOT, "TMPDIR": tmpdir}
+    return subprocess.Popen([sys.executable, "-m", "killpoint.harness.cli", *argv], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+
+
+def _schemas_of(pg_dsn: str, pid: int) -> list[str]:
+    from killpoint.harness.store.postgres import connect
+
+    with connect(pg_dsn) as admin:
+        return [r[0] for r in admin.execute(
+            "SELECT nspname FROM pg_namespace WHERE nspname LIKE %s", (f"killpoint\\_%\\_p{pid}\\_%",))]
+
+
+def _wait(predicate, seconds: float, what: str, proc: subprocess.Popen):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        found = predicate()
+        if found:
+            return found
+        if proc.poll() is not None:
+            break
+        time.sleep(0.01)
+    proc.kill()
+    out, err = proc.communicate()
+    raise AssertionError(f"never saw {what} (exit {proc.returncode}): {err.decode(errors='replace')[-2000:]}")
+
+
+def test_a_store_lost_mid_run_is_exit_3_with_the_json_and_the_cause_and_no_traceback(pg_dsn, tmp_path):
+    from killpoint.harness.store.postgres import connect
+
+    marker = f"kp-{uuid.uuid4().hex}"
+    cli = _cli("matrix", "--steps", "charge", "--store", pg_dsn, "--json", marker=marker,
+               tmpdir=str(tmp_path))
+    schema = _wait(lambda: _schemas_of(pg_dsn, cli.pid), 60, "a run's schema", cli)[0]
+    # The store goes away under the run: every session of its schema ended, the schema dropped.
+    with connect(pg_dsn, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                      "WHERE application_name = %s", (f"killpoint {schema}"[:63],))
+        admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    out, err = cli.communicate(timeout=300)
+    text = err.decode(errors="replace")
+    assert cli.returncode == 3, text[-3000:]
+    report = json.loads(out)
+    assert report["valid"] is None and report["violations"] == []
+    assert any("infrastructure failure" in r for r in report["unknown_reasons"]), report["unknown_reasons"]
+    # No traceback of the command's own. (A worker whose store vanished under it dies of the error,
+    # and a worker's crash is the target's finding, reported with its traceback.)
+    assert text.count("Traceback") == text.count("Process killpoint-worker-"), text[-3000:]
+    assert _schemas_of(pg_dsn, cli.pid) == [] and wait_until_gone(marker) == []
+
+
+def test_a_dead_downstream_makes_the_run_unknown_with_its_cause_never_an_exception():
+    with Session() as session:
+        os.kill(session.downstream.pid, signal.SIGKILL)
+        result = session.run(RunConfig(schedule=chaos.parse("A@charge.after_call:kill")))
+    assert result.valid is None and result.verdict.violations == ()
+    (reason,) = result.verdict.unknown_reasons
+    assert reason.startswith("infrastructure failure while configuring the downstream"), reason
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A real 600 kB filesystem (tmpfs): the run's folder fills it up."""
+    where = tmp_path / "tiny"
+    where.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=600k", "tmpfs", str(where)],
+                             capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here (needs root): {mounted.stderr.decode().strip()}")
+    try:
+        yield str(where)
+    finally:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+def test_a_full_disk_is_exit_3_naming_it_with_the_json_and_no_traceback(tiny_disk):
+    marker = f"kp-{uuid.uuid4().hex}"
+    cli = _cli("replay", "A@charge.after_call:kill", "--json", marker=marker, tmpdir=tiny_disk)
+    out, err = cli.communicate(timeout=300)
+    text = err.decode(errors="replace")
+    assert cli.returncode == 3, text[-3000:]
+    report = json.loads(out)
+    assert report["valid"] is None
+    assert any("No space left on device" in r for r in report["unknown_reasons"]), report
+    # None of the command's own; a worker the full disk failed ends quietly, but one whose
+    # downstream answered 500 (its ledger shares the disk) dies of it, with its traceback.
+    assert text.count("Traceback") == text.count("Process killpoint-worker-"), text[-3000:]
+    assert wait_until_gone(marker) == []
+
+
+def test_sigterm_ends_like_ctrl_c_exit_143_with_no_process_folder_or_schema_left(pg_dsn, tmp_path):
+    marker = f"kp-{uuid.uuid4().hex}"
+    cli = _cli("matrix", "--store", pg_dsn, "--json", marker=marker, tmpdir=str(tmp_path))
+    _wait(lambda: len(children_of(cli.pid)) >= 2 and _schemas_of(pg_dsn, cli.pid), 60,
+          "a worker and a schema", cli)
+    cli.send_signal(signal.SIGTERM)
+    out, err = cli.communicate(timeout=60)
+    assert cli.returncode == 143, err.decode(errors="replace")[-2000:]
+    assert "terminated" in err.decode()
+    assert wait_until_gone(marker) == []
+    assert _schemas_of(pg_dsn, cli.pid) == []
+    assert os.listdir(tmp_path) == []  # the session's folder (run files, journals, ledger) is gone
