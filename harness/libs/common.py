@@ -17,7 +17,6 @@ import time
 from typing import Any, Mapping
 from urllib.parse import urlsplit
 
-from killpoint import chaos
 from killpoint.harness.workload import IDEMPOTENT, InstanceSpec, StepSpec, Workload
 
 # The resources the workflow calls: keyed, no fencing (none of these libraries has a fence to send).
@@ -122,12 +121,10 @@ class PauseGuard:
             self._cond.notify_all()
 
 
-def install_guard() -> PauseGuard:
+def install_guard(ctx: Any) -> PauseGuard:
     """A guard that this worker's pauses take (see the module docstring)."""
     guard = PauseGuard()
-    failpoints = chaos.points.installed()
-    if failpoints is not None:
-        failpoints.pause_locks.append(guard)
+    ctx.pause_waits_for(guard)
     return guard
 
 

@@ -29,7 +29,6 @@ import os
 import shutil
 import sqlite3
 import tempfile
-import threading
 import time
 import uuid
 from typing import Any
@@ -102,7 +101,7 @@ def _launch(ctx: Any, keyed: bool) -> None:
     """Launch DBOS in this worker process, once: executor id = the killpoint worker id."""
     if _worker.get("ctx") is ctx:
         return
-    guard_sqlalchemy(install_guard())
+    guard_sqlalchemy(install_guard(ctx))
     _worker.update(ctx=ctx, keyed=keyed, http=Downstream(ctx.downstream_url, ctx.worker_id))
     DBOS(config={"name": APP_NAME, "system_database_url": _url(ctx.run_dir), "executor_id": ctx.worker_id,
                  "application_version": APP_VERSION, "log_level": "WARNING", "run_migrations": False,

@@ -34,7 +34,6 @@ from datetime import datetime
 from typing import Annotated, Any, Iterator, TypedDict
 
 import killpoint
-from killpoint import chaos
 from killpoint.harness.libs.common import Downstream, monotonic_ns, order_workload
 
 # Imported in the parent, before any fork: LangGraph costs about a second to import.
@@ -203,9 +202,7 @@ def _all_done(saver: FencedSaver) -> bool:
 
 def _work(ctx: Any, keyed: bool, durability: str) -> None:
     saver = FencedSaver(_connect(os.path.join(ctx.run_dir, DB_FILE)))
-    failpoints = chaos.points.installed()
-    if failpoints is not None:
-        failpoints.pause_locks.append(saver.lock)
+    ctx.pause_waits_for(saver.lock)  # a pause never freezes a checkpoint write (or a lease's)
     graph = build_graph(ctx.workload).compile(checkpointer=saver)
     _worker.update(ctx=ctx, keyed=keyed, http=Downstream(ctx.downstream_url, ctx.worker_id))
     ttl_s = ctx.timing.lease_ttl_ms / 1000.0
@@ -216,7 +213,7 @@ def _work(ctx: Any, keyed: bool, durability: str) -> None:
             continue
         _worker["lease"] = lease
         saver.holding = (lease.thread_id, lease.owner, lease.fence)
-        config = {"configurable": {"thread_id": lease.thread_id}}
+        config: Any = {"configurable": {"thread_id": lease.thread_id}}
         try:
             started = saver.get_tuple(config) is not None
             # Resume by thread id, as LangGraph does: from the last checkpoint, or from the input.

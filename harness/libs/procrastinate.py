@@ -114,7 +114,7 @@ app.add_tasks_from(blueprint, namespace="killpoint")
 def _work(ctx: Any, keyed: bool) -> None:
     state = ctx.run.state
     conninfo, schema, queue = state["conninfo"], state["schema"], state["queue"]
-    guard = install_guard()
+    guard = install_guard(ctx)
     connector = _GuardedConnector(guard, conninfo=conninfo, kwargs=_options(schema), min_size=1, max_size=3)
     _worker.update(ctx=ctx, keyed=keyed, http=Downstream(ctx.downstream_url, ctx.worker_id))
     ttl_s = ctx.timing.lease_ttl_ms / 1000.0
