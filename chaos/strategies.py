@@ -12,8 +12,11 @@ Actions are chosen so that a correct worker stays correct and the verdict stays 
 * ``1*hang`` -- the business thread blocks for good while the heartbeat goes on (once: a bare
   ``hang`` is not spent like a kill, so every restart under the same identity would hang again
   and the run could never finish);
-* ``1*sleep(MS)`` -- a short delay, at most :data:`MAX_SLEEP_MS`. A sleep never reaches the stuck
-  bound, so it is timing noise, not a fault a correct worker must be flagged for.
+* ``1*sleep(MS)`` -- a stall of the business thread while the heartbeat goes on. Given the run's
+  lease TTL and stuck bound (:func:`stall_durations`), stalls are drawn below the lease, past it,
+  and well past the stuck bound: the long ones are what leases and the stuck-worker monitor exist
+  for (the monitor frees the lease, another worker takes over, the sleeper wakes up stale).
+  Without them, a short delay of at most :data:`MAX_SLEEP_MS`.
 """
 
 from __future__ import annotations
@@ -33,35 +36,46 @@ MAX_HIT = 3
 _PLAIN_ACTIONS = ("kill", "1*pause", "1*hang")
 
 
-def actions() -> st.SearchStrategy[Chain]:
-    """A failpoint action chain: kill, or a one-off pause, hang or short sleep."""
+def stall_durations(lease_ttl_ms: float, stuck_bound_ms: float) -> tuple[int, ...]:
+    """Stalls relative to a run's bounds, shortest first: a quarter and a half of the lease, twice
+    the lease, and one and a half and three times the stuck bound."""
+    wanted = (lease_ttl_ms / 4, lease_ttl_ms / 2, lease_ttl_ms * 2, stuck_bound_ms * 1.5,
+              stuck_bound_ms * 3)
+    return tuple(sorted({max(1, int(round(ms))) for ms in wanted}))
+
+
+def actions(stalls_ms: Sequence[int] | None = None) -> st.SearchStrategy[Chain]:
+    """A failpoint action chain: kill, or a one-off pause, hang or sleep (one of ``stalls_ms``, or
+    a short one of at most :data:`MAX_SLEEP_MS`)."""
     plain = st.sampled_from(_PLAIN_ACTIONS)
-    sleep = st.integers(1, MAX_SLEEP_MS).map(lambda ms: f"1*sleep({ms})")
+    durations = st.sampled_from(tuple(stalls_ms)) if stalls_ms else st.integers(1, MAX_SLEEP_MS)
+    sleep = durations.map(lambda ms: f"1*sleep({ms})")
     return st.one_of(plain, sleep).map(parse_actions)
 
 
 def faults(workers: Sequence[str], steps: Sequence[str],
-           points: Sequence[str] = DEFAULT_POINTS) -> st.SearchStrategy[Fault]:
+           points: Sequence[str] = DEFAULT_POINTS,
+           stalls_ms: Sequence[int] | None = None) -> st.SearchStrategy[Fault]:
     """One fault: a worker, a point at a named step (or at any step), a hit number, an action."""
     if not workers or not points:
         raise ValueError("a fault needs at least one worker name and one crash point")
     step = st.one_of(st.sampled_from(tuple(steps)), st.none()) if steps else st.none()
     return st.builds(lambda worker, point, chain, step, hit: Fault(worker, point, chain, step, hit),
-                     st.sampled_from(tuple(workers)), st.sampled_from(tuple(points)), actions(),
+                     st.sampled_from(tuple(workers)), st.sampled_from(tuple(points)), actions(stalls_ms),
                      step, st.integers(1, MAX_HIT))
 
 
 def schedules(workers: Sequence[str], steps: Sequence[str], *, points: Sequence[str] = DEFAULT_POINTS,
-              max_faults: int = 3) -> st.SearchStrategy[Schedule]:
+              max_faults: int = 3, stalls_ms: Sequence[int] | None = None) -> st.SearchStrategy[Schedule]:
     """A schedule of one to ``max_faults`` faults, no two at the same worker, step, point and hit.
 
     Two faults at the same place would compete for one hit, and only the first could ever fire.
     """
     if max_faults < 1:
         raise ValueError(f"max_faults must be at least 1, not {max_faults}")
-    return st.lists(faults(workers, steps, points), min_size=1, max_size=max_faults,
+    return st.lists(faults(workers, steps, points, stalls_ms), min_size=1, max_size=max_faults,
                     unique_by=lambda f: (f.worker, f.step, f.point, f.hit)).map(
         lambda fs: Schedule(tuple(fs)))
 
 
-__all__ = ["MAX_HIT", "MAX_SLEEP_MS", "actions", "faults", "schedules"]
+__all__ = ["MAX_HIT", "MAX_SLEEP_MS", "actions", "faults", "schedules", "stall_durations"]

@@ -10,7 +10,8 @@ is one clock for every process on a Linux machine):
   a failpoint hit, ``data`` = point, instance, step, hit, action -- ``action`` is ``None`` when
   nothing fired), ``recover`` (type ``event``: evidence and the action decided), ``heartbeat_lost``,
   ``checkpoint`` (type ``event``: instance, outcome, reason, fingerprint; written when a worker
-  did not read an instance's checkpoint as is: migrated or refused).
+  did not read an instance's checkpoint as is: migrated or refused), ``raised`` (type ``event``:
+  error, exception, where, traceback -- the target raised an exception nobody injected).
   ``call`` invoke data: instance, step, resource, key, intent_hash, fence, attempt, direction.
 * **store events** (``process`` = ``"store"``, type ``event``): the append-only event table.
   ``kind`` is one of ``created``, ``claimed``, ``committed``, ``commit_rejected``,
@@ -21,7 +22,8 @@ is one clock for every process on a Linux machine):
   version the writer held), lease_version (the step's current one after the event), attempt,
   actor and evidence (operator events) and any extra detail.
   Accepted transitions are ``claimed``, ``committed``, ``operator_resolved``, ``approved``;
-  ``commit_rejected`` changes nothing.
+  ``commit_rejected`` changes nothing. For a target that owns its state (``History.owns_state``)
+  these are the events its ``history()`` hook gave, in the same vocabulary.
 * **the downstream ledger** (``process`` = ``"downstream"``, kind ``request``, type ``event``): one
   row per request, applied or not. ``data``: seq, resource, key (``None`` for legacy), scope,
   fence, intent_hash, params, meta (instance, step, worker, attempt, direction), status (HTTP
@@ -35,7 +37,8 @@ is one clock for every process on a Linux machine):
   workers killed with their connections), ``after_quiescent`` (an outside actor, such as an operator,
   acts before judging), ``terminate_backend`` (worker, pid, point, instance, step, fault,
   backend_pids: the worker's PostgreSQL sessions ended by ``pg_terminate_backend``, states: the
-  state each was in -- ``idle`` at ``in_db_commit`` means its COMMIT had been processed).
+  state each was in -- ``idle`` at ``in_db_commit`` means its COMMIT had been processed),
+  ``replacements_stopped`` (worker, error: the target raised the same exception again).
 
 Checkers only ever see a :class:`History`; they never do I/O.
 """

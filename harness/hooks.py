@@ -17,11 +17,12 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
+from killpoint import vocab
 from killpoint.chaos.journal import Journal
 from killpoint.harness.declaration import Target, TargetRun, normalize_final_states
 
-# The first line of a worker's message to the harness when its target raised.
-RAISED = "raised"
+# The journal kind, and the key of a worker's message to the harness, when its target raised.
+RAISED = vocab.RAISED
 
 
 def signature(exc: BaseException) -> str:
@@ -158,6 +159,16 @@ class Hooks:
 
     def teardown(self) -> None:
         self._call("teardown", None, self.run)
+
+    def restart(self) -> bool:
+        """Restart the target's own server; False when it has no ``restart`` hook or the hook raised."""
+        if self.target.hook("restart") is None:
+            self.errors.append("a fault asked to restart the target's server, but the target has no "
+                               "restart() hook")
+            return False
+        before = len(self.errors)
+        self._call("restart", None, self.run)
+        return len(self.errors) == before
 
 
 def _rows(raw: Any, errors: list[str]) -> Iterable[dict[str, Any]]:

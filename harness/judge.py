@@ -57,7 +57,7 @@ def gather_history(*, workload: Workload, store: Store, client: ds.DownstreamCli
     owns = hooks is not None and hooks.target.owns_state
     checkpoints = () if owns else checkpoint_verdicts(workload, store)
     store_events = store.events()
-    final = tuple(store.steps())
+    final: tuple[Mapping[str, Any], ...] = tuple(store.steps())
     if owns:
         assert hooks is not None
         store_events = [e for e in store_events if e.get("kind") != "created"]

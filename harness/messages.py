@@ -25,6 +25,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from killpoint import vocab
+
 RESUME = b"r"  # the byte that lets a waiting worker go on
 
 __all__ = ["RESUME", "FaultTally", "Handler", "Inbox", "dispatch"]
@@ -91,5 +93,5 @@ def dispatch(handler: Handler, w: Any, msg: dict[str, Any]) -> None:
         handler.on_paused(w, msg["paused"], msg.get("instance"), msg.get("step"))
     elif "terminate" in msg:
         handler.on_terminate(w, msg)
-    elif "raised" in msg:
-        handler.on_raised(w, msg["raised"], msg.get("error") or "an exception")
+    elif vocab.RAISED in msg:
+        handler.on_raised(w, msg[vocab.RAISED], msg.get("error") or "an exception")

@@ -65,7 +65,8 @@ class RunConfig:
     # Called once the run is quiescent, before judging: an outside actor (an operator resolving a
     # step in manual review) acts on the store or the downstream, and the history records it.
     after_quiescent: "Callable[[Store, ds.DownstreamClient], None] | None" = None
-    # What the harness restarts when a fault fires, by the fault's text: ``downstream`` (same
+    # What the harness restarts when a fault fires, by the fault's text: ``target`` (the target's own
+    # server, through its restart() hook), ``downstream`` (same
     # ledger, same port) and/or ``store`` (every connection to it cut: the live workers are killed
     # and replaced, the harness reopens its handle). A worker paused by that fault is released at
     # once, without SIGSTOP: it only waited for the restart.
@@ -167,9 +168,9 @@ class _Run:
         self.workload: Workload = config.workload_spec or _workload(config.workload_name, config.seed)
         known = {str(f) for f in config.schedule.faults}
         for fault, services in config.restarts.items():
-            if fault not in known or not set(services) <= {"downstream", "store"}:
+            if fault not in known or not set(services) <= {"downstream", "store", "target"}:
                 raise ValueError(f"restarts {fault!r}: {services!r}: name a fault of the schedule "
-                                 f"and any of 'downstream', 'store'")
+                                 f"and any of 'downstream', 'store', 'target'")
         check_faults(config.store, config.schedule)  # InvalidStore, a ValueError
         self.target = self.declared
         self.target_run = TargetRun(run_id, self.run_dir, schema_name(f"{run_id}_target"), self.workload,
@@ -221,7 +222,8 @@ class _Run:
                                     target=self.target, workload=self.workload, store=store,
                                     downstream=self.s.downstream, registry=self.s._live, note=self.note,
                                     target_run=self.target_run,
-                                    finished=self.hooks.done if self.declared.owns_state else None)
+                                    finished=self.hooks.done if self.declared.owns_state else None,
+                                    restart_target=self.hooks.restart)
         self.phase = "setting up the target's own state"
         if not self.hooks.setup():
             sup.halted = True  # the target could not set up its own state: no worker starts

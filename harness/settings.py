@@ -4,7 +4,7 @@ The command line and the pytest plugin read the same table, from the first ``pyp
 found walking up from the current directory (as pytest and most tools find theirs). A flag given
 on the command line wins over the table; the table wins over killpoint's own defaults. A key the
 table does not know, or a value of the wrong kind, is an error naming it -- a misspelt ``sed = 7``
-must not silently run seed 0.
+must not silently run seed 0. Paths in the table are relative to the ``pyproject.toml``.
 
     [tool.killpoint]
     store = "postgresql://postgres@127.0.0.1:5432/test"
@@ -49,6 +49,7 @@ KEYS: dict[str, tuple[type, str]] = {
     "workload": (str, "workload"),
     "junit-xml": (str, "junit_xml"),
 }
+PATH_DESTS = ("report_dir", "junit_xml")
 TIMING_KEYS = {"lease-ttl-ms": "lease_ttl_ms", "heartbeat-ms": "heartbeat_ms",
                "stuck-bound-ms": "stuck_bound_ms", "poll-ms": "poll_ms"}
 
@@ -101,7 +102,11 @@ def load(start: str | None = None, *, path: str | None = None) -> Settings:
     table = data.get("tool", {}).get("killpoint")
     if table is None:
         return Settings(path)
-    return dataclasses.replace(parse(table, where=f"{path} [tool.killpoint]"), path=path)
+    settings = parse(table, where=f"{path} [tool.killpoint]")
+    # Paths in the table are relative to the pyproject.toml, wherever the command is started.
+    values = {k: (os.path.join(os.path.dirname(os.path.abspath(path)), v) if k in PATH_DESTS else v)
+              for k, v in settings.values.items()}
+    return dataclasses.replace(settings, path=path, values=values)
 
 
 def parse(table: Any, *, where: str = "[tool.killpoint]") -> Settings:

@@ -177,8 +177,10 @@ class Supervisor:
     def __init__(self, config: "RunConfig", *, run_id: str, run_dir: str, target: Declared,
                  workload: Workload, store: Store, downstream: ds.DownstreamProcess,
                  registry: dict[int, WorkerProcess], note: Note, target_run: TargetRun | None = None,
-                 finished: Callable[[], bool] | None = None) -> None:
+                 finished: Callable[[], bool] | None = None,
+                 restart_target: Callable[[], bool] | None = None) -> None:
         self.config = config
+        self.restart_target = restart_target
         self.target_run = target_run
         # Is the work done? By default killpoint's store says; a target that owns its state says.
         self.finished = finished or self._store_done
@@ -313,7 +315,7 @@ class Supervisor:
                   signal=signal.Signals(sig).name if sig else None)
         if w.raised is not None and self.raised.add(w.raised[0], w.raised[1], w.label) and not self.halted:
             self.halted = True
-            self.note("replacements_stopped", worker=w.label, error=w.raised[1],
+            self.note(vocab.REPLACEMENTS_STOPPED, worker=w.label, error=w.raised[1],
                       reason="the target raised the same exception again")
         for fd in (w.events, w.control):
             try:
@@ -388,6 +390,12 @@ class Supervisor:
                 self.downstream.restart()
                 self.note(vocab.DOWNSTREAM_RESTART, fault=fault, pid_before=before,
                           pid=self.downstream.pid, url=self.downstream.url)
+                continue
+            if service == "target":
+                # The target's own server (its restart() hook), e.g. a Restate server killed and
+                # started again on the same data.
+                ok = self.restart_target() if self.restart_target is not None else False
+                self.note("target_restart", fault=fault, ok=ok)
                 continue
             killed = self.live()
             for w in killed:

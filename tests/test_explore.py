@@ -70,6 +70,7 @@ def test_explore_on_the_reference_with_a_small_budget_finds_nothing(capsys, in_t
     assert code == 0, report
     assert report["valid"] is True and report["minimal"] is None and report["violations"] == []
     assert report["runs"] == 12 and report["unknown"] == []
+    assert report["points"]["runs"] == 12 and report["points"]["fired_total"] >= 1  # always in the JSON
 
 
 @pytest.mark.parametrize("name", ["retry-unsafe", "no-fence-check"])
@@ -90,6 +91,8 @@ def test_explore_finds_a_mutants_bug_and_shrinks_it_to_at_most_two_faults(capsys
     # not fail again ("flaky"); the smallest example that did fail is reported, and it must still
     # be small and caught by the mutant's named invariant.
     assert minimal["faults"] <= 2
+    # Confirmed: the schedule printed failed every one of its replays, never once by timing.
+    assert minimal["confirmed"] is True and minimal["replays_failed"] == minimal["replays"] >= 5
     assert MUTANTS[name].caught_by in minimal["violated"]
     assert minimal["reproduce"].startswith("killpoint replay ")
     assert f"--target mutant:{name}" in minimal["reproduce"]
@@ -181,3 +184,42 @@ def test_matrix_depth_2_defaults_to_the_steps_more_than_one_instance_runs():
 def test_matrix_depth_2_refuses_an_unknown_form(capsys):
     code, out, err = cli(capsys, "matrix", "--depth", "2", "--forms", "triples")
     assert code == 2 and "triples" in err
+
+
+# ---------------------------------------------------------------------------------------------
+# confirmation and stalls
+
+
+def test_stalls_are_drawn_below_and_well_past_the_lease_and_the_stuck_bound():
+    from killpoint.chaos.strategies import stall_durations
+
+    stalls = stall_durations(120, 300)
+    assert min(stalls) < 120 and any(120 < s < 300 for s in stalls) and max(stalls) >= 2 * 300
+
+
+def test_confirmation_keeps_only_a_schedule_that_fails_every_replay_and_shrinks_it():
+    """The run is a pure function of the schedule here, so the test is about the rule alone:
+    'B' fails every time, 'C' only every other time (timing), anything without them passes."""
+    import itertools
+
+    from killpoint import chaos
+    from killpoint.harness.checkers.base import Verdict
+    from killpoint.harness.confirm import confirm
+    from killpoint.harness.history import History
+    from killpoint.harness.run import RunConfig, RunResult
+
+    flip = itertools.count()
+
+    def run(config: RunConfig) -> RunResult:
+        text = str(config.schedule)
+        bad = "B@" in text or ("C@" in text and next(flip) % 2 == 0)
+        return RunResult(config, "r", History(()), Verdict(False if bad else True), {}, (), 1, 0.0, "")
+
+    flaky = RunConfig(schedule=chaos.parse("C@charge.after_call:kill"))
+    reliable = RunConfig(schedule=chaos.parse("A@reserve.after_call:kill,B@charge.after_call:1*pause,"
+                                              "A@notify.before_call:kill"))
+    best, tried = confirm(run, [reliable, flaky])
+    assert str(best.config.schedule) == "B@charge.after_call:1*pause"  # shrunk to the one that matters
+    assert best.failed == best.replays == 5
+    assert any(str(t.config.schedule) == "C@charge.after_call:kill" and not t.reliable for t in tried)
+    assert confirm(run, [flaky])[0] is None  # a flaky schedule is never printed as confirmed

@@ -3,8 +3,11 @@
 Each example is a schedule of one to a few faults (kills anywhere, including inside the call,
 pauses past the lease, hangs, short sleeps), plus the rule for restarting killed workers (under a
 fresh identity, or under their own). A run whose verdict is invalid is a counterexample; Hypothesis
-shrinks it to a minimal schedule, which is printed with the one-line ``killpoint replay`` command
-that reproduces it.
+shrinks it, and the smallest counterexamples are then *confirmed* (:mod:`killpoint.harness.confirm`):
+replayed five times, shrunk further one fault at a time, and only a schedule that failed every
+replay is printed as the counterexample, with how many replays failed and the one-line ``killpoint
+replay`` command that reproduces it. Stalls are drawn relative to the run's lease TTL and stuck
+bound, below and well past them.
 
 Every draw flows from ``--seed``. Hypothesis keeps what it found under ``.killpoint/hypothesis`` in
 the working directory (laid out as pytest's ``.hypothesis/``, examples under ``examples/``), so
@@ -29,6 +32,7 @@ from killpoint.harness.commands.common import (EXIT_UNKNOWN, EXIT_VALID, EXIT_VI
                                                report_hint, run_config, target_points, write_html,
                                                write_junit)
 from killpoint.harness.history import History
+from killpoint.harness.stats import PointStats
 
 HELP = ("search schedules with Hypothesis (several faults per run); shrink a failure to a minimal "
         "schedule and print how to replay it")
@@ -74,9 +78,12 @@ class Search:
     smallest: tuple[Experiment, Any] | None = None  # the fallback when the last did not reproduce
     invariants: dict[str, dict[str, int]] = field(default_factory=dict)
     seen: list[Any] = field(default_factory=list)  # every run, without its history (for JUnit)
+    points: PointStats = field(default_factory=PointStats)  # crash points reached and fired, all runs
+    failing: list[Experiment] = field(default_factory=list)  # every counterexample, in order
 
     def failed(self, experiment: Experiment, result: Any) -> None:
         self.failures += 1
+        self.failing.append(experiment)
         self.last = (experiment, result)
         if self.smallest is None or _size(experiment) < _size(self.smallest[0]):
             self.smallest = self.last
@@ -84,6 +91,7 @@ class Search:
     def record(self, result: Any) -> None:
         self.runs += 1
         self.seen.append(dataclasses.replace(result, history=History(())))
+        self.points = self.points + PointStats.of(result.history)
         for res in result.verdict.results:
             counts = self.invariants.setdefault(res.invariant, {"checked": 0, "violated": 0})
             counts["checked"] += res.checked
@@ -126,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
     from hypothesis.database import DirectoryBasedExampleDatabase
     from hypothesis.errors import Flaky
 
-    from killpoint.chaos.strategies import schedules
+    from killpoint.chaos.strategies import schedules, stall_durations
     from killpoint.harness.mutants import overrides_for
     from killpoint.harness.run import Session
 
@@ -138,8 +146,9 @@ def run(args: argparse.Namespace) -> int:
     steps = _steps(args)
     base = run_config(args, None, **overrides_for(args.target))  # validates target, store, workers
     workers = [chr(ord("A") + i) for i in range(args.workers)]
+    stalls = stall_durations(base.timing.lease_ttl_ms, base.timing.stuck_bound_ms)
     experiments = st.builds(Experiment, schedules(workers, steps, points=points,
-                                                  max_faults=args.max_faults),
+                                                  max_faults=args.max_faults, stalls_ms=stalls),
                             st.sampled_from(SAME_IDENTITY))
     home = DEFAULT_DATABASE if args.database == "none" else args.database
     database = None if args.database == "none" else \
@@ -173,12 +182,31 @@ def run(args: argparse.Namespace) -> int:
             except _Found:
                 pass
             except Flaky:
-                flaky = True  # the shrunk example did not fail again: report the smallest that did
+                flaky = True  # the shrunk example did not fail again: confirmation decides
+        confirmed, tried = _confirm(session, base, search)
     progress.close()
     elapsed = time.monotonic() - started
 
     minimal = search.smallest if flaky else search.last
-    return _report(args, search, minimal, flaky, elapsed)
+    if confirmed is not None:
+        minimal = (Experiment(confirmed.config.schedule, confirmed.config.same_identity), confirmed.result)
+    return _report(args, search, minimal, confirmed, tried, elapsed)
+
+
+CANDIDATES = 4  # the smallest distinct counterexamples a search hands to confirmation
+
+
+def _confirm(session: Any, base: Any, search: Search) -> tuple[Any, list[Any]]:
+    """Replay the smallest counterexamples seen (see :mod:`killpoint.harness.confirm`)."""
+    from killpoint.harness.confirm import confirm
+
+    if not search.failing:
+        return None, []
+    distinct = {(str(e.schedule), e.same_identity): e for e in search.failing}
+    smallest = sorted(distinct.values(), key=_size)[:CANDIDATES]
+    configs = [dataclasses.replace(base, schedule=e.schedule, same_identity=e.same_identity)
+               for e in smallest]
+    return confirm(session.run, configs)
 
 
 @contextlib.contextmanager
@@ -199,7 +227,7 @@ def _hypothesis_home(path: str) -> Iterator[None]:
 
 
 def _report(args: argparse.Namespace, search: Search, minimal: tuple[Experiment, Any] | None,
-            flaky: bool, elapsed: float) -> int:
+            confirmed: Any, tried: list[Any], elapsed: float) -> int:
     if minimal is not None:
         code = EXIT_VIOLATED
     elif search.unknown:
@@ -215,10 +243,14 @@ def _report(args: argparse.Namespace, search: Search, minimal: tuple[Experiment,
     write_junit(args, Summary(results=list(search.seen)), title)
     if minimal is not None:
         experiment, result = minimal
+        best_try = max(tried, key=lambda t: t.failed / t.replays, default=None)
         found = {"schedule": str(experiment.schedule), "faults": len(experiment.schedule.faults),
                  "same_identity": experiment.same_identity,
                  "violated": list(dict.fromkeys(v.invariant for v in result.verdict.violations)),
-                 "reproduce": replay_command(result), "flaky": flaky}
+                 "reproduce": replay_command(result), "confirmed": confirmed is not None,
+                 "flaky": confirmed is None,
+                 "replays": confirmed.replays if confirmed else (best_try.replays if best_try else 0),
+                 "replays_failed": confirmed.failed if confirmed else (best_try.failed if best_try else 0)}
     if args.json:
         violations = []
         if minimal is not None:
@@ -230,6 +262,7 @@ def _report(args: argparse.Namespace, search: Search, minimal: tuple[Experiment,
             "duration_s": round(elapsed, 1), "violations": violations,
             "invariants": search.invariants, "report": shown.report, "minimal": found,
             "counterexamples_seen": search.failures, "unfired_only": search.unfired,
+            "points": search.points.to_json(),
             "unknown": [{"schedule": r.schedule, "reasons": list(r.verdict.unknown_reasons)}
                         for r in search.unknown],
         }, indent=2))
@@ -238,18 +271,25 @@ def _report(args: argparse.Namespace, search: Search, minimal: tuple[Experiment,
           f"seed {args.seed}); {search.valid} valid, {search.unfired} with a drawn fault that never fired")
     for r in search.unknown:
         print(f"\nUNKNOWN under {r.schedule}: {'; '.join(r.verdict.unknown_reasons)}")
+    if args.stats:
+        print(f"\ncrash points over {search.points.runs} run(s), {search.points.total_fired} fired:")
+        for line in search.points.lines():
+            print(f"  {line}")
     if minimal is None:
         print("\nno violation found" + ("" if not search.unknown else "; some runs could not be judged"))
         _where_report(args, shown)
         return code
     experiment, result = minimal
-    print(f"\ncounterexample found and shrunk ({search.failures} failing run(s) in all) to "
-          f"{found['faults']} fault(s): {experiment.schedule}"
-          + ("" if experiment.same_identity == 0.5 else
-             f" (killed workers restart under {'their own' if experiment.same_identity else 'a fresh'} identity)"))
-    if flaky:
-        print("warning: the shrunk schedule did not fail again when Hypothesis re-ran it; "
-              "this one failed once, so its verdict may depend on timing", file=sys.stderr)
+    restart = ("" if experiment.same_identity == 0.5 else
+               f" (killed workers restart under {'their own' if experiment.same_identity else 'a fresh'} identity)")
+    if confirmed is not None:
+        print(f"\ncounterexample found ({search.failures} failing run(s) in all), shrunk and confirmed: "
+              f"{found['faults']} fault(s), failed {confirmed.failed}/{confirmed.replays} replays: "
+              f"{experiment.schedule}{restart}")
+    else:
+        print(f"\nviolation found ({search.failures} failing run(s) in all), but no schedule failed "
+              f"every one of its replays (the best failed {found['replays_failed']}/{found['replays']}): "
+              f"its outcome depends on timing; the smallest failing run: {experiment.schedule}{restart}")
     for v in result.verdict.violations:
         print(f"\nVIOLATED {v.invariant} at {v.instance}:{v.step}")
         print(f"  {v.detail}")

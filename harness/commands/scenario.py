@@ -14,8 +14,9 @@ import json
 import shlex
 from typing import TYPE_CHECKING, Any
 
-from killpoint.harness.commands.common import (EXIT_UNKNOWN, EXIT_VALID, EXIT_VIOLATED, BadInput, Summary, add_output,
-                                     print_judgement, redact, validate_store, write_reports)
+from killpoint.harness.commands.common import (EXIT_UNKNOWN, EXIT_VALID, EXIT_VIOLATED, BadInput, Summary,
+                                               add_output, print_judgement, print_stats, redact,
+                                               validate_store, write_reports)
 
 if TYPE_CHECKING:
     from killpoint.scenarios import Scenario
@@ -157,6 +158,8 @@ def _text(args: argparse.Namespace, scenario: Scenario, stories: list[Story], su
         if not c.held:
             print(f"         expected that, found: {c.found or 'nothing'}")
     print_judgement(summary, first.results, reproduce=False)  # a scenario's reproduce line follows
+    if args.stats:
+        print_stats(summary)
     if len(stories) > 1:
         print()
         for n, s in enumerate(stories, start=1):

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from killpoint import chaos
-from killpoint.harness.commands.common import (EXIT_VALID, EXIT_VIOLATED, BadInput, progress_for, shown,
-                                     Summary, replay_command, run_config, validate_store)
+from killpoint.harness.commands.common import (EXIT_VALID, EXIT_VIOLATED, BadInput, Summary, add_output,
+                                               print_stats, progress_for, replay_command, run_config, shown,
+                                               validate_store)
 
 if TYPE_CHECKING:
     from killpoint.harness.run import RunResult
@@ -34,6 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="run the reference only on the mutants' schedules, not the full matrix")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.set_defaults(workers=2, workload="orders", target="reference")
+    add_output(p)
 
 
 @dataclass(frozen=True)
@@ -111,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
 
     caught = sum(o.caught for o in outcomes)
     ok = caught == len(outcomes) and reference.valid is True
+    _junit(args, outcomes, reference)
     if args.json:
         out = reference.to_json()
         out.pop("results", None)
@@ -134,9 +137,26 @@ def run(args: argparse.Namespace) -> int:
             print(f"    reproduce: {replay_command(r)}")
         if r.valid is None:
             print(f"  UNKNOWN under {r.schedule or 'no faults'}: {'; '.join(r.verdict.unknown_reasons)}")
+    if args.stats:
+        print_stats(Summary(results=[o.result for o in outcomes] + reference.results))
     print(f"\nmutation score: {caught}/{len(outcomes)} mutants caught by their named invariant"
           f"{'' if ok else '  -- SELFTEST FAILED'}")
     return EXIT_VALID if ok else EXIT_VIOLATED
+
+
+def _junit(args: argparse.Namespace, outcomes: list[MutantOutcome], reference: Summary) -> None:
+    """``--junit-xml``: a case per run; a mutant's passes when its named invariant caught it."""
+    if not args.junit_xml:
+        return
+    from killpoint.reports import junit
+
+    try:
+        junit.write(args.junit_xml, [o.result for o in outcomes] + reference.results,
+                    suite="killpoint selftest", reproduce=replay_command,
+                    expect=[o.caught_by for o in outcomes] + [None] * len(reference.results))
+    except OSError as exc:
+        raise BadInput(f"--junit-xml {shown(args.junit_xml)}: cannot write it there "
+                       f"({exc.strerror or exc})") from None
 
 
 def table(outcomes: list[MutantOutcome]) -> str:
