@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import os
 import secrets
+import shlex
 import shutil
 import sys
 import tempfile
@@ -29,6 +30,7 @@ from killpoint.harness.checkers.base import Verdict
 from killpoint.harness.judge import gather_history, judge
 from killpoint.harness.declaration import TargetRun
 from killpoint.harness.hooks import Hooks
+from killpoint.harness.redact import redact
 from killpoint.harness.store import check_faults, open_store, schema_name
 from killpoint.harness.store.base import Store
 from killpoint.errors import InfrastructureError
@@ -91,6 +93,21 @@ class RunConfig:
     def target_name(self) -> str:
         t = self.target
         return t if isinstance(t, str) else f"{getattr(t, '__module__', '?')}:{getattr(t, '__qualname__', '?')}"
+
+    def reproduce_command(self) -> str:
+        """The one ``killpoint replay`` line that runs this configuration again: shell-quoted, the
+        store's password hidden (:func:`killpoint.harness.redact.redact`)."""
+        parts = ["killpoint", "replay", str(self.schedule), "--target", self.target_name,
+                 "--seed", str(self.seed)]
+        if self.workers != 2:
+            parts += ["--workers", str(self.workers)]
+        if self.workload_name != RunConfig(target=self.target).workload_name:  # not the target's default
+            parts += ["--workload", self.workload_name]
+        if self.store != "sqlite":
+            parts += ["--store", redact(self.store)]  # before quoting: '***' must be quoted
+        if self.same_identity != 0.5:  # the restart rule decides who recovers: it is part of the run
+            parts += ["--same-identity", f"{self.same_identity:g}"]
+        return redact(" ".join(shlex.quote(p) for p in parts))
 
 
 @dataclass

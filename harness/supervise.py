@@ -187,6 +187,7 @@ class Supervisor:
         self.raised = hooks.Raised()
         self.halted = False  # replacements stopped: the target raised the same exception twice
         self.replaces: dict[str, str] = {}  # identity about to start -> the dead worker id it replaces
+        self._next_done_poll = 0.0
         self.schedule = config.schedule
         self.run_id = run_id
         self.run_dir = run_dir
@@ -426,6 +427,22 @@ class Supervisor:
             w.state = "running"
             w.paused = None
 
+    def owned_done(self) -> bool:
+        """For a target that owns its state, whose workers may serve forever (a library's worker
+        loop): its ``done()``, asked while workers run -- at most every 50 ms, and only once every
+        scheduled fault has fired and no worker is paused or hung, so no fault is cut short."""
+        if self.finished == self._store_done or self.halted or self.deferred:
+            return False
+        now = time.monotonic()
+        if now < self._next_done_poll:
+            return False
+        self._next_done_poll = now + 0.05
+        live = self.live()
+        if not live or any(w.state != "running" for w in live) or self.pending_faults() or \
+                len(self.tally.fired) < len(self.schedule.faults):
+            return False
+        return self.finished()
+
     def _store_done(self) -> bool:
         now, rows = self.store.snapshot()
         return plan(rows, now, self.workload) == DONE
@@ -480,3 +497,7 @@ class Supervisor:
                 if w.state == "paused":
                     self.maybe_resume(w, others_active=any(o.state == "running" for o in self.live()
                                                            if o is not w))
+            if self.owned_done():
+                for w in self.live():
+                    self.kill_worker(w, "quiescent: the target's done() says the work is finished")
+                return False, True

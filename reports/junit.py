@@ -17,6 +17,8 @@ import xml.etree.ElementTree as ET
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Callable, Sequence
 
+from killpoint.harness.redact import redact
+
 if TYPE_CHECKING:
     from killpoint.harness.run import RunResult
 
@@ -26,8 +28,9 @@ _NOT_XML = re.compile("[^\t\n\r\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]"
 
 
 def clean(text: object) -> str:
-    """Text that XML can carry: every character it cannot is replaced by U+FFFD."""
-    return _NOT_XML.sub("\ufffd", str(text))
+    """Text that XML can carry, with no password in it: every character XML cannot carry is
+    replaced by U+FFFD."""
+    return _NOT_XML.sub("\ufffd", redact(str(text)))
 
 
 def build(results: Sequence[RunResult], *, suite: str, reproduce: Callable[[RunResult], str],

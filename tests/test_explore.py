@@ -175,7 +175,7 @@ def test_matrix_depth_2_runs_every_ordered_pair_of_two_workers_and_two_hits(caps
 def test_matrix_depth_2_defaults_to_the_steps_more_than_one_instance_runs():
     # After a crash, recovery skips the points it does not need; a second fault at the same step
     # is reached on a later instance, which the amendment (order-3 only) does not have.
-    from killpoint.harness.commands.matrix import repeated_steps
+    from killpoint.chaos.generator import repeated_steps
     from killpoint.harness.workload import default_workload
 
     assert repeated_steps(default_workload(0)) == ("reserve", "charge", "notify")

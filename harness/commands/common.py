@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
-import shlex
+import os
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
@@ -15,6 +14,7 @@ from typing import Any, Iterable, Sequence
 from killpoint.chaos.points import DB_POINTS, DEFAULT_POINTS, ORDERED_POINTS, POINTS
 from killpoint.errors import BadInput
 from killpoint.harness.colour import Colour
+from killpoint.harness.redact import redact  # noqa: F401 (the commands' one redaction)
 from killpoint.harness.run import RunConfig, RunResult
 from killpoint.harness.stats import PointStats
 from killpoint.harness.stats import total as total_stats
@@ -234,24 +234,9 @@ def validate_store(spec: str, schedule=None) -> None:
         raise BadInput(str(exc)) from None
 
 
-def redact(url: str) -> str:
-    """A store URL with its password replaced, for anything printed or saved."""
-    return re.sub(r"(://[^:/@]+:)[^@/]*@", r"\1***@", url)
-
-
 def replay_command(result: RunResult) -> str:
-    """The one line that reproduces a run: shell-quoted, the store password redacted."""
-    c = result.config
-    parts = ["killpoint", "replay", str(c.schedule), "--target", c.target_name, "--seed", str(c.seed)]
-    if c.workers != 2:
-        parts += ["--workers", str(c.workers)]
-    if c.workload_name != RunConfig(target=c.target).workload_name:  # not the target's default
-        parts += ["--workload", c.workload_name]
-    if c.store != "sqlite":
-        parts += ["--store", redact(c.store)]
-    if c.same_identity != 0.5:  # the restart rule decides who recovers: it is part of the run
-        parts += ["--same-identity", f"{c.same_identity:g}"]
-    return " ".join(shlex.quote(p) for p in parts)
+    """The one line that reproduces a run (:meth:`RunConfig.reproduce_command`)."""
+    return result.config.reproduce_command()
 
 
 @dataclass

@@ -77,9 +77,9 @@ def _chosen(text: str | None) -> list[Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from killpoint.harness.commands.matrix import single_crash_schedules
+    from killpoint.chaos.generator import single_crash_schedules
+    from killpoint.harness.commands.common import workload_of
     from killpoint.harness.run import Session
-    from killpoint.harness.workload import WORKLOADS
 
     validate_store(args.store)
     mutants = _chosen(args.mutants)
@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     reference_configs = [run_config(args, chaos.parse(m.schedule), **m.run_overrides())
                          for m in mutants]
     if not args.quick:
-        steps = WORKLOADS[args.workload](args.seed).step_names
+        steps = workload_of(args).step_names
         reference_configs += [run_config(args, s)
                               for s in single_crash_schedules(steps, chaos.DEFAULT_POINTS)]
     progress = progress_for(args, len(mutant_configs) + len(reference_configs), "killpoint selftest")

@@ -123,6 +123,9 @@ class _Querier:
             ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: end with the harness
         except (OSError, AttributeError):
             pass
+        # The harness's handlers came with the fork; this helper just ends when told to.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         loop = asyncio.new_event_loop()
         clients: dict[tuple[str, str], Any] = {}
         while True:
@@ -174,7 +177,7 @@ async def _describe_async(cfg: dict[str, Any], clients: dict[tuple[str, str], An
         clients[key] = await Client.connect(cfg["address"], namespace=cfg["namespace"],
                                             runtime=_quiet_runtime())
     client = clients[key]
-    out = {}
+    out: dict[str, Any] = {}
     for wid in cfg["workflows"]:
         handle = client.get_workflow_handle(wid)
         try:
@@ -237,7 +240,8 @@ def _activities(ctx: "WorkerContext", *, keyed: bool, instances: dict[str, str])
         @activity.defn(name=name)
         async def step(request: dict[str, Any]) -> dict[str, Any]:
             info = activity.info()
-            instance = instances.get(info.workflow_id, info.workflow_id)
+            workflow_id = str(info.workflow_id)
+            instance = instances.get(workflow_id, workflow_id)
             step_name = request["step"]
             key = f"{info.workflow_id}:{info.activity_id}" if keyed else random_key()
             _point(instance, step_name, "before_call")

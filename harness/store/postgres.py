@@ -62,6 +62,7 @@ from psycopg import conninfo, pq
 from killpoint import chaos
 from killpoint import vocab
 from killpoint.harness import states
+from killpoint.harness.redact import redact
 from killpoint.harness.store.base import Claim, OutcomeUnknown, StoreError, StoreUnavailable
 from killpoint.harness.store.sql import SqlStore, event_args
 
@@ -136,12 +137,6 @@ def _reason(exc: BaseException) -> str:
     """The first line of a driver error, for a one-line message."""
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
-
-
-def redact(dsn: str) -> str:
-    """The DSN with any password replaced, for messages and URLs that may be printed."""
-    dsn = re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", dsn)
-    return re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", dsn)
 
 
 class PostgresStore(SqlStore):

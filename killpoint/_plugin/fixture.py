@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable, Generator, Sequence
 import pytest
 
 from killpoint._plugin.marker import _Case, _marker_kwargs
-from killpoint._plugin.settings import KillpointUnavailable, Settings, _points
+from killpoint._plugin.settings import Settings, _points
 from killpoint._plugin.state import _HANDLE, _RUNS, _STATE, INDEX, _State
 from killpoint._plugin.verdict import CrashVerdict, _Run, _verdict
 
@@ -93,17 +93,23 @@ class Killpoint:
         bad = [s for s in steps if s not in known]
         if bad:
             raise ValueError(f"steps {bad!r}: the {built.name} workload's steps are {', '.join(known)}")
-        schedules = _schedules(steps, _points(points, self.settings, declared.points), depth)
-        mine = [s for i, s in enumerate(schedules) if self.settings.in_shard(i)]
-        if schedules and not mine:
-            k, n = self.settings.shard
-            pytest.skip(f"shard {k}/{n} has no share of this matrix of {len(schedules)} schedules")
-        return self._judge([self._config(s, target, workload, workers, seed, {**needs, **config})
-                            for s, needs in mine])
+        from killpoint.chaos import generator
 
-    def explore(self, *, target: str = "reference", budget: int | None = None, seed: int | None = None,
-                workload: str | None = None, workers: int = 2) -> CrashVerdict:
-        """Schedules drawn with Hypothesis (``killpoint explore``), a failure shrunk to a minimal one.
+        if depth not in (1, 2):
+            raise ValueError(f"killpoint.matrix(depth={depth!r}): depth is 1 (single crashes) or 2 (pairs)")
+        plans = generator.matrix(steps, _points(points, self.settings, declared.points), depth=depth)
+        k, n = self.settings.shard
+        mine = generator.shard(plans, k, n)
+        if plans and not mine:
+            pytest.skip(f"shard {k}/{n} has no share of this matrix of {len(plans)} schedules")
+        # Each pair of depth 2 comes with the restart rule its second fault needs.
+        return self._judge([self._config(p.schedule, target, workload, workers, seed,
+                                         {**p.overrides(), **config}) for p in mine])
+
+    def explore(self, *, target: "str | Callable[..., None]" = "reference", budget: int | None = None,
+                seed: int | None = None, workload: str | None = None, workers: int = 2) -> CrashVerdict:
+        """Schedules drawn with Hypothesis (``killpoint explore``), a failure shrunk to a minimal one;
+        the verdict's ``results`` hold that counterexample's run and every run that was unknown.
 
         ``budget`` defaults to ``--killpoint-budget``. Under ``--killpoint-shard K/N`` this job draws
         its share of the budget from a seed of its own, so N jobs together draw the whole budget.
@@ -150,26 +156,29 @@ class Killpoint:
                                "scheduled kill would kill pytest; only worker processes may install them")
 
     def _judge(self, configs: Sequence["RunConfig"]) -> CrashVerdict:
-        from killpoint.harness.commands.common import replay_command
-
         session = self._session_getter()
         results, runs = [], []
         for config in configs:
             self._guard()
             result = session.run(config)
-            _assert_children_only(result)
-            page = self._write_page(result)
-            note = "" if "<locals>" not in config.target_name else \
-                "a target defined inside a test cannot be named on the command line: name it " \
-                "as pkg.module:function to replay it"
-            run = _Run(str(config.schedule), result.valid, result.verdict.violations,
-                       tuple(result.verdict.unknown_reasons), replay_command(result), page, note)
             results.append(result)
-            runs.append(run)
-            self._record(run, result, target=config.target_name, seed=config.seed, page=page)
+            runs.append(self._keep(result))
         target = configs[0].target_name if configs else "none"
         seed = configs[0].seed if configs else self.settings.seed
         return _verdict(runs, results, target, seed)
+
+    def _keep(self, result: "RunResult") -> _Run:
+        """Check that a run crashed only children, write its page, record it; what the verdict keeps."""
+        _assert_children_only(result)
+        page = self._write_page(result)
+        config = result.config
+        note = "" if "<locals>" not in config.target_name else \
+            "a target defined inside a test cannot be named on the command line: name it " \
+            "as pkg.module:function to replay it"
+        run = _Run(str(config.schedule), result.valid, result.verdict.violations,
+                   tuple(result.verdict.unknown_reasons), config.reproduce_command(), page, note)
+        self._record(run, result, target=config.target_name, seed=config.seed, page=page)
+        return run
 
     def _write_page(self, result: "RunResult") -> str | None:
         """The run's HTML report, written by the process that holds its history (xdist-safe names)."""
@@ -196,23 +205,6 @@ class Killpoint:
         self._item.stash.setdefault(_RUNS, []).append(record)
         if page:  # linked from the test: pytest's JUnit XML carries user_properties
             self._item.user_properties.append(("killpoint_report", page))
-
-
-def _schedules(steps: Sequence[str], points: Sequence[str], depth: int) -> list[tuple[Any, dict[str, Any]]]:
-    """The matrix as ``killpoint matrix`` builds it: (schedule, RunConfig fields it needs) pairs."""
-    from killpoint.harness.commands import matrix
-
-    if depth == 1:
-        return [(s, {}) for s in matrix.single_crash_schedules(steps, points)]
-    pairs = getattr(matrix, "double_crash_schedules", None)
-    if depth == 2 and pairs is None:
-        raise KillpointUnavailable("killpoint.matrix(depth=2) needs the double-crash matrix "
-                                   "(`killpoint matrix --depth 2`), which this installation does not "
-                                   "have yet; use depth=1")
-    if depth == 2:
-        # Each pair comes with the restart rule its second fault needs.
-        return [(s, {"same_identity": same}) for s, same in pairs(steps, points)]
-    raise ValueError(f"killpoint.matrix(depth={depth!r}): depth is 1 (single crashes) or 2 (pairs)")
 
 
 def _points_fired(result: "RunResult") -> dict[str, Any]:

@@ -38,12 +38,12 @@ class Settings:
     shard: tuple[int, int] = (1, 1)  # (K, N), 1 <= K <= N
 
     def in_shard(self, position: int) -> bool:
-        """Whether the ``position``-th (0-based) member of a deterministic list is this shard's.
+        """Whether the ``position``-th (0-based) member of a deterministic list is this shard's
+        (:func:`killpoint.chaos.generator.in_shard`: round robin)."""
+        from killpoint.chaos.generator import in_shard
 
-        Round robin, so shares differ by at most one member and together cover the list.
-        """
         k, n = self.shard
-        return position % n == k - 1
+        return in_shard(position, k, n)
 
 
 def add_options(parser: pytest.Parser) -> None:
