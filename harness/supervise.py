@@ -49,6 +49,8 @@ _FORK = multiprocess.get_context("fork")
 # Errors that say the disk the run writes to is full or unusable: infrastructure, not the target.
 DISK_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO})
 EXIT_DISK = 75  # EX_TEMPFAIL: a worker that ended because the disk failed it
+POLL_S = 0.02  # the loop's wait for a message or an exit
+STARVED_S = 0.05  # a wait that overran by more than this: the machine starved the harness
 
 
 def disk_failed(exc: BaseException) -> bool:
@@ -426,7 +428,14 @@ class Supervisor:
                 return True, False
             fds = {w.events: w for w in live}
             sentinels = {w.proc.sentinel: w for w in live}
-            ready, _, _ = select.select(list(fds) + list(sentinels), [], [], 0.02)
+            asked = time.monotonic()
+            ready, _, _ = select.select(list(fds) + list(sentinels), [], [], POLL_S)
+            late = time.monotonic() - asked - POLL_S
+            if not ready and late > STARVED_S:
+                # The machine did not run the harness for a while (a loaded CI runner): the
+                # workers' monitors were most likely held back as well, and stuck_detected
+                # gives a hang this much more time to be flagged.
+                self.note(vocab.STARVED, ms=round(late * 1000, 1))
             for fd in ready:
                 if fd in fds and fds[fd].state != "exited":
                     self.read_messages(fds[fd])
