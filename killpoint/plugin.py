@@ -30,7 +30,7 @@ import pytest
 
 # The fixtures are found by pytest as attributes of this module, the plugin it loads.
 from killpoint._plugin.fixture import Killpoint, _killpoint_session, killpoint  # noqa: F401 (pytest finds them here)
-from killpoint._plugin.marker import _Case, _case_of, _collection_error, _marker_kwargs
+from killpoint._plugin.marker import _Case, _case_of, _cases, _collection_error, _marker_kwargs
 from killpoint._plugin.settings import KillpointUnavailable, Settings, _points, _settings, add_options
 from killpoint._plugin.state import _HANDLE, _RUNS, _STATE, _State
 from killpoint._plugin.verdict import CrashVerdict
@@ -46,9 +46,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        "killpoint(points=None, target='reference', workers=2, steps=None, action=None, "
-        "workload='orders', seed=None, check=True): run the test once per crash point, each item "
-        "with that single crash; the test gets the verdict as killpoint.verdict and fails when it "
+        "killpoint(points=None, target='reference', workers=2, steps=None, actions=('kill', 'pause'), "
+        "action=None, workload='orders', seed=None, check=True): run the test once per schedule "
+        "killpoint matrix runs for the same points, steps and actions, each item with that single fault; the test gets the verdict as killpoint.verdict and fails when it "
         "is not valid (check=False: judge it yourself)")
     settings = _settings(config)
     workerinput = getattr(config, "workerinput", None)  # set on pytest-xdist workers only
@@ -75,8 +75,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
                                 f"as in @pytest.mark.killpoint(points=['after_call'])")
     kwargs = _marker_kwargs(name, marker.kwargs)
     settings = metafunc.config.stash[_STATE].settings
-    cases = [_Case(point, step) for step in (kwargs["steps"] or (None,))
-             for point in _points(kwargs["points"], settings)]
+    cases = _cases(_points(kwargs["points"], settings), kwargs["steps"], kwargs["actions"],
+                   kwargs["action"])
     metafunc.parametrize("killpoint", cases, ids=[c.id for c in cases], indirect=True)
 
 

@@ -64,9 +64,12 @@ class Killpoint:
     def matrix(self, *, target: "str | Callable[..., None]" = "reference",
                points: Sequence[str] | None = None, steps: Sequence[str] | None = None, depth: int = 1,
                workload: str = "orders", workers: int = 2, seed: int | None = None,
-               **config: Any) -> CrashVerdict:
-        """Every single crash at each point of each step, as ``killpoint matrix`` runs them; with
-        ``depth=2`` every ordered pair of crashes on a step (``killpoint matrix --depth 2``).
+               actions: "Sequence[str] | str" = ("kill", "pause"), **config: Any) -> CrashVerdict:
+        """The schedules ``killpoint matrix`` runs for the same arguments, in its order: worker A
+        killed at each point of each step (hung at the heartbeat) and, with ``actions`` (as
+        ``--actions``; default kill and pause), frozen past its lease at each point where it holds
+        one; with ``depth=2`` every ordered pair of crashes on a step, by default on the steps
+        more than one instance runs (``killpoint matrix --depth 2``).
 
         Points default to all (narrowed by ``--killpoint-points``); under ``--killpoint-shard K/N``
         this runs the K-th share of the list, which is the same in every job.
@@ -78,11 +81,15 @@ class Killpoint:
             raise ValueError(f"workload {workload!r}: known workloads are {', '.join(WORKLOADS)}")
         known = WORKLOADS[workload](seed).step_names
         points = [points] if isinstance(points, str) else points
+        if steps is None and depth == 2:
+            from killpoint.harness.commands.matrix import repeated_steps
+
+            steps = repeated_steps(WORKLOADS[workload](seed))
         steps = (steps,) if isinstance(steps, str) else tuple(steps) if steps is not None else known
         bad = [s for s in steps if s not in known]
         if bad:
             raise ValueError(f"steps {bad!r}: the {workload} workload's steps are {', '.join(known)}")
-        schedules = _schedules(steps, _points(points, self.settings), depth)
+        schedules = _schedules(steps, _points(points, self.settings), depth, _actions(actions))
         mine = [s for i, s in enumerate(schedules) if self.settings.in_shard(i)]
         if schedules and not mine:
             k, n = self.settings.shard
@@ -175,12 +182,25 @@ class Killpoint:
             self._item.user_properties.append(("killpoint_report", page))
 
 
-def _schedules(steps: Sequence[str], points: Sequence[str], depth: int) -> list[tuple[Any, dict[str, Any]]]:
+def _actions(actions: "Sequence[str] | str") -> tuple[str, ...]:
+    """``actions=`` as ``--actions`` reads it: a comma-separated string or a sequence of names."""
+    from killpoint.harness.commands.matrix import ACTIONS
+
+    chosen = tuple(a.strip() for a in (actions.split(",") if isinstance(actions, str) else actions)
+                   if a.strip())
+    bad = [a for a in chosen if a not in ACTIONS]
+    if bad or not chosen:
+        raise ValueError(f"actions={actions!r}: use any of {', '.join(ACTIONS)}")
+    return chosen
+
+
+def _schedules(steps: Sequence[str], points: Sequence[str], depth: int,
+               actions: Sequence[str] = ("kill", "pause")) -> list[tuple[Any, dict[str, Any]]]:
     """The matrix as ``killpoint matrix`` builds it: (schedule, RunConfig fields it needs) pairs."""
     from killpoint.harness.commands import matrix
 
     if depth == 1:
-        return [(s, {}) for s in matrix.single_crash_schedules(steps, points)]
+        return [(s, {}) for s in matrix.single_fault_schedules(steps, points, tuple(actions))]
     pairs = getattr(matrix, "double_crash_schedules", None)
     if depth == 2 and pairs is None:
         raise KillpointUnavailable("killpoint.matrix(depth=2) needs the double-crash matrix "
@@ -262,7 +282,7 @@ def killpoint(request: pytest.FixtureRequest) -> Killpoint:
         from killpoint.chaos.actions import parse as parse_actions
         from killpoint.chaos.schedule import Fault, Schedule
 
-        action = kw["action"] or ("hang" if case.point == "heartbeat" else "kill")
+        action = kw["action"] or case.action
         schedule = Schedule((Fault("A", case.point, parse_actions(action), case.step),))
         handle._marked_check = bool(kw["check"])
         handle._verdict = handle.run(schedule, target=kw["target"], workload=kw["workload"],
