@@ -72,7 +72,7 @@ class Shop:
         ctx.heartbeat.hold(claim)  # renews the lease from a thread of its own while we work
         try:
             ctx.point("heartbeat")
-            outcome = self.earlier_outcome(key) if claim.attempt > 1 else None
+            outcome = self.earlier_outcome(claim, key) if claim.attempt > 1 else None
             if outcome is None:
                 ctx.point("before_call")
                 op = ctx.journal.invoke("call", instance=claim.instance, step=claim.step, key=key,
@@ -101,12 +101,16 @@ class Shop:
         finally:
             ctx.heartbeat.release()
 
-    def earlier_outcome(self, key: str) -> str | None:
-        """What an earlier, crashed attempt achieved: our own receipt, else the payment service's."""
+    def earlier_outcome(self, claim: Any, key: str) -> str | None:
+        """What an earlier, crashed attempt achieved: our own receipt, else the payment service's
+        (recorded as our receipt before anything is committed on it)."""
         receipt = self.ctx.store.receipt(key)
         if receipt is not None:
             return receipt["status"]
         remote = self.ctx.downstream.receipt(key)
         if remote is not None and remote["status"] < 500:
-            return "succeeded" if remote["status"] < 300 else "failed_permanent"
+            outcome = "succeeded" if remote["status"] < 300 else "failed_permanent"
+            self.ctx.store.record_receipt(claim, key, remote.get("intent_hash"), outcome,
+                                          remote.get("response") or {})
+            return outcome
         return None  # nothing happened downstream: calling again with the same key is safe

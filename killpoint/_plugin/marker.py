@@ -18,11 +18,12 @@ class _Case:
     point: str
     step: str | None
     action: str = "kill"  # the failpoint action, as ``killpoint matrix`` schedules it
+    label: str = ""  # told apart in the id: "pause" for the matrix's pause past the lease
 
     @property
     def id(self) -> str:
         where = f"{self.step}.{self.point}" if self.step else self.point
-        return where if self.action in ("kill", "hang") else f"{where}-{self.action.split('*')[-1]}"
+        return f"{where}-{self.label}" if self.label else where
 
 
 def _cases(points: Sequence[str], steps: Sequence[str] | None, actions: Sequence[str],
@@ -36,7 +37,8 @@ def _cases(points: Sequence[str], steps: Sequence[str] | None, actions: Sequence
     from killpoint.harness.commands.matrix import single_fault_schedules
 
     faults = [s.faults[0] for s in single_fault_schedules(steps_or_any, points, tuple(actions))]
-    return [_Case(f.point, f.step, str(f.actions)) for f in faults]
+    return [_Case(f.point, f.step, str(f.actions), "pause" if "pause" in str(f.actions) else "")
+            for f in faults]
 
 
 _MARKER_KEYS = ("points", "target", "workers", "steps", "action", "actions", "workload", "seed", "check")
