@@ -17,6 +17,7 @@ import sys
 from killpoint.harness import signals
 from killpoint.harness.commands.common import (EXIT_BAD_INPUT, EXIT_UNKNOWN, BadInput, one_line,
                                                prepare_report_dir)
+from killpoint.harness.redact import RedactingStream
 
 # name -> module under harness.commands; each has HELP, add_arguments(parser) and run(args) -> int.
 COMMANDS = {
@@ -32,14 +33,9 @@ COMMANDS = {
 
 
 def _available() -> dict[str, object]:
-    found = {}
-    for name, module in COMMANDS.items():
-        try:
-            found[name] = importlib.import_module(f"killpoint.harness.commands.{module}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"killpoint.harness.commands.{module}":
-                raise
-    return found
+    """Every command's module; a missing one is an ImportError naming it, never a command quietly gone."""
+    return {name: importlib.import_module(f"killpoint.harness.commands.{module}")
+            for name, module in COMMANDS.items()}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -75,6 +71,14 @@ def build_parser(settings=None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; everything it prints passes through :func:`killpoint.harness.redact.redact`."""
+    if not isinstance(sys.stdout, RedactingStream):
+        out, err = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = RedactingStream(out), RedactingStream(err)
+        try:
+            return main(argv)
+        finally:
+            sys.stdout, sys.stderr = out, err
     from killpoint.harness.settings import load
 
     try:

@@ -17,13 +17,16 @@ and optionally gives hooks, each called with a :class:`TargetRun` (``recover`` w
 the worker that replaces a dead one):
 
 ``setup(run)``         create its own tables or files for ``run.workload``
-``done(run) -> bool``  is the work finished? (quiescence, when it owns its state)
+``done(run) -> bool``  is the work finished? (quiescence, when it owns its state; asked while
+                       workers run too, so workers that serve forever are ended once it says so)
 ``final_states(run)``  ``{(instance, step): state}`` in DESIGN's state names, for ``effects_accounted``
                        and ``terminates``
 ``history(run)``       its own records as store events (``claimed``, ``committed``, ...) so that the
                        store-based invariants can judge them
 ``recover(ctx, dead)`` in a replacement worker, before its body: recovery beyond "start again"
 ``teardown(run)``      drop what ``setup`` made (always called, also after a failed run)
+``restart(run)``       restart the server the target's state lives in (a workflow server), when a
+                       fault ``RunConfig.restarts`` maps to ``"target"`` fires
 
 Only the harness calls hooks; none is required.
 """
@@ -43,7 +46,7 @@ if TYPE_CHECKING:
 
 __all__ = ["InvalidPoint", "InvalidTarget", "Target", "TargetRun", "target"]
 
-HOOKS = ("setup", "done", "final_states", "history", "recover", "teardown")
+HOOKS = ("setup", "done", "final_states", "history", "recover", "teardown", "restart")
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 
 
@@ -130,6 +133,9 @@ class Target:
 
     def teardown(self, fn: Callable[[TargetRun], None]) -> Callable[[TargetRun], None]:
         return self._hook("teardown", fn)
+
+    def restart(self, fn: Callable[[TargetRun], None]) -> Callable[[TargetRun], None]:
+        return self._hook("restart", fn)
 
     def hook(self, name: str) -> Callable[..., Any] | None:
         return self.hooks.get(name)

@@ -10,7 +10,8 @@ is one clock for every process on a Linux machine):
   a failpoint hit, ``data`` = point, instance, step, hit, action -- ``action`` is ``None`` when
   nothing fired), ``recover`` (type ``event``: evidence and the action decided), ``heartbeat_lost``,
   ``checkpoint`` (type ``event``: instance, outcome, reason, fingerprint; written when a worker
-  did not read an instance's checkpoint as is: migrated or refused).
+  did not read an instance's checkpoint as is: migrated or refused), ``raised`` (type ``event``:
+  error, exception, where, traceback -- the target raised an exception nobody injected).
   ``call`` invoke data: instance, step, resource, key, intent_hash, fence, attempt, direction.
 * **store events** (``process`` = ``"store"``, type ``event``): the append-only event table.
   ``kind`` is one of ``created``, ``claimed``, ``committed``, ``commit_rejected``,
@@ -21,7 +22,8 @@ is one clock for every process on a Linux machine):
   version the writer held), lease_version (the step's current one after the event), attempt,
   actor and evidence (operator events) and any extra detail.
   Accepted transitions are ``claimed``, ``committed``, ``operator_resolved``, ``approved``;
-  ``commit_rejected`` changes nothing.
+  ``commit_rejected`` changes nothing. For a target that owns its state (``History.owns_state``)
+  these are the events its ``history()`` hook gave, in the same vocabulary.
 * **the downstream ledger** (``process`` = ``"downstream"``, kind ``request``, type ``event``): one
   row per request, applied or not. ``data``: seq, resource, key (``None`` for legacy), scope,
   fence, intent_hash, params, meta (instance, step, worker, attempt, direction), status (HTTP
@@ -35,7 +37,8 @@ is one clock for every process on a Linux machine):
   workers killed with their connections), ``after_quiescent`` (an outside actor, such as an operator,
   acts before judging), ``terminate_backend`` (worker, pid, point, instance, step, fault,
   backend_pids: the worker's PostgreSQL sessions ended by ``pg_terminate_backend``, states: the
-  state each was in -- ``idle`` at ``in_db_commit`` means its COMMIT had been processed).
+  state each was in -- ``idle`` at ``in_db_commit`` means its COMMIT had been processed),
+  ``replacements_stopped`` (worker, error: the target raised the same exception again).
 
 Checkers only ever see a :class:`History`; they never do I/O.
 """
@@ -46,7 +49,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from killpoint import vocab as v
 # Re-exported: the names the checkers and reports have always imported from here.
@@ -58,7 +61,7 @@ from killpoint.vocab import OP_KINDS as OP_KINDS
 @dataclass(frozen=True)
 class Event:
     index: int
-    time: int  # CLOCK_MONOTONIC nanoseconds
+    time: int  # CLOCK_MONOTONIC nanoseconds, plus the run clock's offset then in force (harness.clock)
     process: str
     kind: str
     type: str  # invoke | ok | fail | info | event
@@ -280,12 +283,14 @@ def read_journal(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 def merge(journals: Mapping[str, list[dict[str, Any]]], store_events: Iterable[Mapping[str, Any]],
           ledger: Iterable[Mapping[str, Any]], harness: Iterable[Mapping[str, Any]],
-          dead: Iterable[str] = (), **meta: Any) -> History:
+          dead: Iterable[str] = (), at: "Callable[[int], int] | None" = None, **meta: Any) -> History:
     """Merge the four sources into one history.
 
     Journal entries are ``{"t": ns, "kind": ..., "type": ..., "op": id, ...data}``; an op's
     invoke and completion share ``op``. Every invoke of a worker in ``dead`` that has no
     completion gets an ``info`` completion at the worker's death (its last harness ``exit``).
+    ``at`` turns each CLOCK_MONOTONIC reading into the run's time (the run clock's offset then in
+    force, see :mod:`harness.clock`); it never changes their order.
     """
     raw: list[tuple[int, str, str, str, dict[str, Any]]] = []
     harness = list(harness)
@@ -315,4 +320,6 @@ def merge(journals: Mapping[str, list[dict[str, Any]]], store_events: Iterable[M
     for h in harness:
         data = {k: x for k, x in h.items() if k not in ("t", "kind")}
         raw.append((h["t"], v.HARNESS, h["kind"], v.EVENT, data))
+    if at is not None:
+        raw = [(at(t), p, k, ty, d) for t, p, k, ty, d in raw]
     return build(raw, **meta)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 from killpoint.chaos.schedule import Schedule
 from killpoint.harness import checkpoint
@@ -21,6 +21,9 @@ from killpoint.harness.checkers.base import Verdict
 from killpoint.harness.store.base import Store
 from killpoint.harness.worker import Timing
 from killpoint.harness.workload import Workload, policy_of
+
+if TYPE_CHECKING:
+    from killpoint.harness.hooks import Hooks
 
 __all__ = ["Judgement", "checkpoint_verdicts", "gather_history", "judge"]
 
@@ -40,22 +43,36 @@ def checkpoint_verdicts(workload: Workload, store: Store) -> tuple[dict[str, Any
 
 def gather_history(*, workload: Workload, store: Store, client: ds.DownstreamClient,
                    workers: Iterable[Any], harness_events: Sequence[Mapping[str, Any]],
-                   schedule: Schedule, timing: Timing, quiescent: bool, bound_hit: bool) -> hist.History:
+                   schedule: Schedule, timing: Timing, quiescent: bool, bound_hit: bool,
+                   hooks: "Hooks | None" = None,
+                   at: Callable[[int], int] | None = None) -> hist.History:
     """One history from the journals of ``workers`` (label, journal path, exit code), the store,
-    the downstream's ledger and the harness's events."""
+    the downstream's ledger and the harness's events; ``at`` puts each time on the run's clock.
+
+    With the ``hooks`` of a target that owns its state, killpoint's store (which then holds only
+    the rows it was set up with) gives way to what the target's ``history()`` and ``final_states()``
+    say; with neither, the invariants that read them say "not applicable"."""
     workers = list(workers)
     journals = {w.label: hist.read_journal(w.journal) for w in workers if os.path.exists(w.journal)}
     dead = {w.label for w in workers if w.exitcode != 0}
-    checkpoints = checkpoint_verdicts(workload, store)
+    owns = hooks is not None and hooks.target.owns_state
+    checkpoints = () if owns else checkpoint_verdicts(workload, store)
+    store_events = store.events()
+    final: tuple[Mapping[str, Any], ...] = tuple(store.steps())
+    if owns:
+        assert hooks is not None
+        store_events = [e for e in store_events if e.get("kind") != "created"]
+        end = max([h["t"] for h in harness_events] or [0])
+        store_events += hooks.history(end)
+        final = hooks.final_states()
     steps = tuple(hist.StepConfig(inst.id, s.name, s.resource, s.key(inst.id), not s.retry_safe,
                                   s.max_attempts, s.compensation_key(inst.id))
                   for inst in workload.instances for s in inst.steps)
-    return hist.merge(journals, store.events(), client.ledger(), list(harness_events),
-                      dead=dead, steps=steps, final=tuple(store.steps()),
-                      checkpoints=checkpoints,
+    return hist.merge(journals, store_events, client.ledger(), list(harness_events),
+                      dead=dead, steps=steps, final=final, checkpoints=checkpoints, owns_state=owns,
                       schedule=str(schedule), quiescent=quiescent, bound_hit=bound_hit,
-                      stuck_bound_ms=timing.stuck_bound_ms,
-                      stuck_slack_ms=max(250.0, 2 * timing.heartbeat_ms + 20 * timing.poll_ms))
+                      stuck_bound_ms=timing.stuck_bound_ms, stuck_slack_ms=timing.stuck_slack_ms,
+                      at=at)
 
 
 @dataclass(frozen=True)
@@ -65,13 +82,15 @@ class Judgement:
     unfired: tuple[str, ...]
 
 
-def judge(history: hist.History, schedule: Schedule, fired: Mapping[int, int]) -> Judgement:
-    """Every invariant on ``history``; a scheduled fault that never fired makes it unknown at best."""
+def judge(history: hist.History, schedule: Schedule, fired: Mapping[int, int],
+          findings: Sequence[str] = ()) -> Judgement:
+    """Every invariant on ``history``; a scheduled fault that never fired, or a ``finding`` (the
+    target raised, a hook failed), makes it unknown at best."""
     verdict = check_all(history, schedule=str(schedule))
     unfired = tuple(str(f) for i, f in enumerate(schedule.faults) if i not in fired)
-    if unfired:
-        reasons = verdict.unknown_reasons + tuple(f"scheduled fault {u} never fired" for u in unfired)
+    extra = tuple(findings) + tuple(f"scheduled fault {u} never fired" for u in unfired)
+    if extra:
         valid = False if verdict.valid is False else None
-        verdict = Verdict(valid, verdict.results, reasons)
+        verdict = Verdict(valid, verdict.results, verdict.unknown_reasons + extra)
     counts = {str(f): fired.get(i, 0) for i, f in enumerate(schedule.faults)}
     return Judgement(verdict, counts, unfired)

@@ -10,7 +10,9 @@ A worker writes one JSON object per line on its events pipe (the writer is
 - ``{"paused": i, "instance": I, "step": S}`` -- the worker waits for :data:`RESUME` and may be
   stopped (SIGSTOP) meanwhile;
 - ``{"terminate": i, "point": P, "instance": I, "step": S, "backend_pids": [...], ...}`` -- the
-  worker waits while the harness ends its database sessions.
+  worker waits while the harness ends its database sessions;
+- ``{"raised": SIGNATURE, "error": "Type: message"}`` -- the target raised an exception nobody
+  injected (written by :func:`killpoint.harness.hooks.worker_body`); the worker then exits 1.
 
 This module decodes the stream and keeps the tally of faults; what the harness does on each message
 is :class:`killpoint.harness.supervise.Supervisor`'s business (it implements :class:`Handler`).
@@ -22,6 +24,8 @@ import json
 import os
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from killpoint import vocab
 
 RESUME = b"r"  # the byte that lets a waiting worker go on
 
@@ -76,6 +80,8 @@ class Handler(Protocol):
 
     def on_terminate(self, w: Any, msg: dict[str, Any]) -> None: ...
 
+    def on_raised(self, w: Any, signature: str, error: str) -> None: ...
+
 
 def dispatch(handler: Handler, w: Any, msg: dict[str, Any]) -> None:
     """Call the handler's method for one message."""
@@ -87,3 +93,5 @@ def dispatch(handler: Handler, w: Any, msg: dict[str, Any]) -> None:
         handler.on_paused(w, msg["paused"], msg.get("instance"), msg.get("step"))
     elif "terminate" in msg:
         handler.on_terminate(w, msg)
+    elif vocab.RAISED in msg:
+        handler.on_raised(w, msg[vocab.RAISED], msg.get("error") or "an exception")

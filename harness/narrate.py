@@ -58,6 +58,8 @@ def _harness(e: Event) -> str:
                 f"{d.get('step')}.{d.get('point')}: {ended}")
     if e.kind == v.AFTER_QUIESCENT:
         return "the run is quiescent; an outside actor acts before the history is judged"
+    if e.kind == v.REPLACEMENTS_STOPPED:
+        return f"no more replacements: the target raised {d.get('error')} again (in {worker})"
     if e.kind == v.EXIT:
         how = f"killed by {d['signal']}" if d.get("signal") else f"exit code {d.get('code')}"
         return f"worker {worker}{_pid(pid)} ended, {how}"
@@ -135,6 +137,8 @@ def _worker(e: Event) -> str:
         return f"started{_pid(d.get('pid'), ' as pid {}')}"
     if e.kind == v.FINISH:
         return "finished"
+    if e.kind == v.RAISED:
+        return f"the target raised {d.get('error')} (a finding: its traceback is in this event)"
     return f"{e.kind} {where}" if d.get("instance") is not None else e.kind
 
 
@@ -155,7 +159,7 @@ def describe(e: Event) -> str:
 # lost lease). The rest (claims invoked, leases renewed...) is in the report's event table.
 _TOLD_STORE = frozenset({v.CLAIMED, v.COMMITTED, v.COMMIT_REJECTED, v.STUCK_FLAGGED, v.RECEIPT_RECORDED,
                          v.OPERATOR_RESOLVED})
-_TOLD_WORKER = frozenset({v.RECOVER, v.CHECKPOINT, v.HEARTBEAT_LOST})
+_TOLD_WORKER = frozenset({v.RECOVER, v.CHECKPOINT, v.HEARTBEAT_LOST, v.RAISED})
 
 
 def tells(e: Event) -> bool:

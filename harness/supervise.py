@@ -31,8 +31,10 @@ from killpoint import chaos, vocab
 from killpoint.chaos.journal import Journal
 from killpoint.chaos import seeds
 from killpoint.chaos.points import Failpoints
+from killpoint.harness import clock as run_clock
 from killpoint.harness import downstream as ds
-from killpoint.harness import messages
+from killpoint.harness import hooks, messages
+from killpoint.harness.declaration import Target as Declared, TargetRun
 from killpoint.harness.messages import RESUME, FaultTally, Inbox
 from killpoint.errors import InfrastructureError
 from killpoint.harness import signals
@@ -93,6 +95,8 @@ class WorkerProcess:
     state: str = "running"  # running | paused | hung | exited
     paused: tuple[str, str, int] | None = None  # (instance, step, state_version) at pause
     exitcode: int | None = None
+    clock: int | None = None  # its block on the run clock's page (None: untracked)
+    raised: tuple[str, str] | None = None  # (signature, "Type: message") when its target raised
 
     @property
     def events(self) -> int:
@@ -120,25 +124,34 @@ def worker_main(target: Target, ctx_args: dict[str, Any], faults, hits, seed: in
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the harness decides when workers end
     unblock_sigint()
     threading.excepthook = _thread_hook
+    clock = ctx_args["clock"]
+    run_clock.install(clock)
     try:
         journal = Journal(ctx_args["journal"])
         journal.write(vocab.START, pid=os.getpid(), worker=ctx_args["worker_id"])
         store: Store = ctx_args["store"]
         chaos.points.install(Failpoints(list(faults), journal, seed, events_fd, control_fd, dict(hits),
-                                        backends=store.backends))
+                                        backends=store.backends, clock=clock))
         client = ds.DownstreamClient(ctx_args["url"], ctx_args["run_id"])
+        declared: Declared = target  # type: ignore[assignment]
         ctx = WorkerContext(ctx_args["worker_id"], store, client, journal, ctx_args["workload"],
-                            ctx_args["timing"])
-        ctx.heartbeat = Heartbeat(store, journal, ctx.timing)
-        target(ctx)
-        journal.write(vocab.FINISH)
+                            ctx_args["timing"], run_dir=ctx_args["run_dir"],
+                            downstream_url=f"{ctx_args['url']}/runs/{ctx_args['run_id']}",
+                            points=declared.points, run=ctx_args["target_run"],
+                            replaces=ctx_args["replaces"], clock=clock)
+        ctx.heartbeat = Heartbeat(store, journal, ctx.timing, clock)
+        # An exception of the target is a finding (journaled with its traceback, told to the
+        # harness); a full disk is the infrastructure's, and is passed on to be named as such.
+        code = hooks.worker_body(declared, ctx, journal, events_fd, passes=disk_failed)
+        if code == 0:
+            journal.write(vocab.FINISH)
     except Exception as exc:
         if not disk_failed(exc):
             raise
         # The disk under the run is full (or gone): the harness finds it and names it; a traceback
         # from each of the workers it keeps replacing would only bury that.
         os._exit(EXIT_DISK)
-    os._exit(0)
+    os._exit(code)
 
 
 def kill(w: WorkerProcess) -> None:
@@ -167,10 +180,21 @@ class Supervisor:
     worker a run left); ``note`` records a harness event in the run's history.
     """
 
-    def __init__(self, config: "RunConfig", *, run_id: str, run_dir: str, target: Target,
+    def __init__(self, config: "RunConfig", *, run_id: str, run_dir: str, target: Declared,
                  workload: Workload, store: Store, downstream: ds.DownstreamProcess,
-                 registry: dict[int, WorkerProcess], note: Note) -> None:
+                 registry: dict[int, WorkerProcess], note: Note, target_run: TargetRun | None = None,
+                 finished: Callable[[], bool] | None = None,
+                 restart_target: Callable[[], bool] | None = None,
+                 clock: "run_clock.RunClock | None" = None) -> None:
         self.config = config
+        self.restart_target = restart_target
+        self.target_run = target_run
+        # Is the work done? By default killpoint's store says; a target that owns its state says.
+        self.finished = finished or self._store_done
+        self.raised = hooks.Raised()
+        self.halted = False  # replacements stopped: the target raised the same exception twice
+        self.replaces: dict[str, str] = {}  # identity about to start -> the dead worker id it replaces
+        self._next_done_poll = 0.0
         self.schedule = config.schedule
         self.run_id = run_id
         self.run_dir = run_dir
@@ -192,6 +216,13 @@ class Supervisor:
         self.incarnations: dict[str, int] = {}
         self.next_fresh = config.workers
         self.spawn_cap = spawn_cap(config.workers, len(self.schedule.faults))
+        self.clock = clock or run_clock.RunClock(virtual=False, capacity=self.spawn_cap + 2,
+                                                 set_store_offset=lambda s: self.store.set_clock(s))
+        self.moved = False  # a worker reported a step moved (or died): wake those waiting for it
+
+    @staticmethod
+    def spawn_cap_for(config: "RunConfig") -> int:
+        return spawn_cap(config.workers, len(config.schedule.faults))
 
     # -- processes --------------------------------------------------------------------------------
     def spawn(self, worker_id: str) -> WorkerProcess:
@@ -201,9 +232,11 @@ class Supervisor:
         events_r, events_w = os.pipe()
         control_r, control_w = os.pipe()
         journal = os.path.join(self.run_dir, f"journal-{label}.jsonl")
-        ctx_args = {"worker_id": worker_id, "store": self.store, "url": self.downstream.url,
+        slot = self.clock.add_worker()
+        ctx_args = {"clock": self.clock.worker_clock(slot), "worker_id": worker_id, "store": self.store, "url": self.downstream.url,
                     "run_id": self.run_id, "workload": self.workload, "timing": self.config.timing,
-                    "journal": journal}
+                    "journal": journal, "target_run": self.target_run, "run_dir": self.run_dir,
+                    "replaces": self.replaces.pop(worker_id, None)}
         seed = seeds.derive(self.config.seed, f"worker:{label}")
         proc = _FORK.Process(target=worker_main, name=f"killpoint-worker-{label}",
                              args=(self.target, ctx_args, faults, self.tally.hits, seed, events_w,
@@ -220,7 +253,8 @@ class Supervisor:
                                           f"{exc}") from exc
             os.close(events_w)
             os.close(control_r)
-            w = WorkerProcess(label, worker_id, proc, Inbox(events_r), control_w, journal)
+            self.clock.forked(slot)
+            w = WorkerProcess(label, worker_id, proc, Inbox(events_r), control_w, journal, clock=slot)
             self.workers.append(w)
             self.registry[proc.pid] = w
         self.note(vocab.SPAWN, worker=label, identity=worker_id, pid=proc.pid)
@@ -245,6 +279,8 @@ class Supervisor:
         a faulted worker has not reached its fault, nobody else can take its work away, so the
         fault lands where the schedule put it.
         """
+        if self.halted:
+            return
         for name in self.names:
             if name in self.started_names:
                 continue
@@ -256,6 +292,8 @@ class Supervisor:
             self.spawn(self.deferred.pop(0))
 
     def replace(self, dead: WorkerProcess) -> None:
+        if self.halted:
+            return
         if self.rng.random() < self.config.same_identity:
             identity = dead.worker_id
         else:
@@ -263,6 +301,7 @@ class Supervisor:
             self.next_fresh += 1
         faulted = any(f.worker == identity and i not in self.tally.spent
                       for i, f in enumerate(self.schedule.faults))
+        self.replaces[identity] = dead.worker_id
         if faulted or not self.pending_faults():
             self.spawn(identity)
         else:
@@ -291,11 +330,17 @@ class Supervisor:
         sig = -code if code is not None and code < 0 else None
         self.note(vocab.EXIT, worker=w.label, pid=w.proc.pid, code=code,
                   signal=signal.Signals(sig).name if sig else None)
+        if w.raised is not None and self.raised.add(w.raised[0], w.raised[1], w.label) and not self.halted:
+            self.halted = True
+            self.note(vocab.REPLACEMENTS_STOPPED, worker=w.label, error=w.raised[1],
+                      reason="the target raised the same exception again")
         for fd in (w.events, w.control):
             try:
                 os.close(fd)
             except OSError:
                 pass
+        self.clock.exited(w.clock)
+        self.moved = True  # it may have moved a step on its way out: let the waiting look again
         if code != 0 and len(self.workers) < self.spawn_cap:
             self.replace(w)
 
@@ -327,6 +372,9 @@ class Supervisor:
         w.paused = (instance, step, row["state_version"] if row else 0)  # type: ignore[assignment]
         self.note(vocab.STOP, worker=w.label, pid=w.proc.pid, signal="SIGSTOP", instance=instance,
                   step=step, reason="pause")
+
+    def on_raised(self, w: WorkerProcess, signature: str, error: str) -> None:
+        w.raised = (signature, error)  # judged at its exit (it exits 1 right after)
 
     def on_terminate(self, w: WorkerProcess, msg: dict[str, Any]) -> None:
         """End the server sessions a worker reported at a ``terminate``, then let it go on.
@@ -362,6 +410,12 @@ class Supervisor:
                 self.note(vocab.DOWNSTREAM_RESTART, fault=fault, pid_before=before,
                           pid=self.downstream.pid, url=self.downstream.url)
                 continue
+            if service == "target":
+                # The target's own server (its restart() hook), e.g. a Restate server killed and
+                # started again on the same data.
+                ok = self.restart_target() if self.restart_target is not None else False
+                self.note("target_restart", fault=fault, ok=ok)
+                continue
             killed = self.live()
             for w in killed:
                 self.kill_worker(w, "store restart: every connection to the store is cut")
@@ -391,9 +445,31 @@ class Supervisor:
             w.state = "running"
             w.paused = None
 
+    def owned_done(self) -> bool:
+        """For a target that owns its state, whose workers may serve forever (a library's worker
+        loop): its ``done()``, asked while workers run -- at most every 50 ms, and only once every
+        scheduled fault has fired and no worker is paused or hung, so no fault is cut short."""
+        if self.finished == self._store_done or self.halted or self.deferred:
+            return False
+        now = time.monotonic()
+        if now < self._next_done_poll:
+            return False
+        self._next_done_poll = now + 0.05
+        live = self.live()
+        if not live or any(w.state != "running" for w in live) or self.pending_faults() or \
+                len(self.tally.fired) < len(self.schedule.faults):
+            return False
+        return self.finished()
+
+    def _store_done(self) -> bool:
+        now, rows = self.store.snapshot()
+        return plan(rows, now, self.workload) == DONE
+
     # -- the loop ---------------------------------------------------------------------------------
-    def supervise(self, deadline: float) -> tuple[bool, bool]:
+    def supervise(self, deadline: float, run_deadline: float = float("inf")) -> tuple[bool, bool]:
         """Run the workers until the run is done or the bound is hit: ``(bound_hit, quiescent)``.
+        ``deadline`` is CLOCK_MONOTONIC seconds, ``run_deadline`` the run's own time (database
+        time, which the virtual clock moves).
 
         The caller ends the workers afterwards (:meth:`end_workers`), also when this raises.
         """
@@ -408,34 +484,47 @@ class Supervisor:
                     for w in paused:
                         self.maybe_resume(w, others_active=False)
                     continue
-                now, rows = self.store.snapshot()
-                if plan(rows, now, self.workload) == DONE or len(self.workers) >= self.spawn_cap:
+                finished = self.finished()
+                if finished or self.halted or len(self.workers) >= self.spawn_cap:
                     for w in live:  # only hung workers are left: end them
                         self.kill_worker(w, "quiescent: the run is done and this worker hangs")
-                    quiescent = plan(rows, now, self.workload) == DONE
-                    if not quiescent:  # the workers keep dying: the run could not finish
-                        self.note(vocab.BOUND_HIT, reason=f"{len(self.workers)} worker processes spawned, "
+                    if finished or self.halted:  # halted: unknown, for the exception it raised
+                        return False, finished
+                    # the workers keep dying: the run could not finish
+                    self.note(vocab.BOUND_HIT, reason=f"{len(self.workers)} worker processes spawned, "
                                                       f"the cap; the target keeps failing")
-                    return not quiescent, quiescent
+                    return True, False
                 self.start_gated()
                 if not self.live() or all(w.state != "running" for w in self.live()):
                     self.replace(live[-1] if live else self.workers[-1])
                 continue
-            if time.monotonic() > deadline:
-                self.note(vocab.BOUND_HIT, seconds=self.config.bound_s)
+            if time.monotonic() > deadline or self.clock.now() > run_deadline:
+                if time.monotonic() > deadline:
+                    self.note(vocab.BOUND_HIT, seconds=self.config.bound_s)
+                else:
+                    self.note(vocab.BOUND_HIT, seconds=self.config.virtual_bound_s, clock="run")
                 for w in live:
                     self.kill_worker(w, "bound")
                 return True, False
             fds = {w.events: w for w in live}
             sentinels = {w.proc.sentinel: w for w in live}
+            watched = list(fds) + list(sentinels) + [self.clock.notice_r]
+            # Wake the waits that are over; when every live, unfrozen thread waits on the clock,
+            # move the run's time to the first deadline (harness.clock). Not while a message is
+            # unread: what a worker said before it started waiting may change what happens next.
+            timeout = self.clock.service([w.clock for w in live if w.state != "paused"], self.moved,
+                                         quiet=lambda: not select.select(watched, [], [], 0)[0])
+            moved, self.moved = self.moved, False
             asked = time.monotonic()
-            ready, _, _ = select.select(list(fds) + list(sentinels), [], [], POLL_S)
-            late = time.monotonic() - asked - POLL_S
-            if not ready and late > STARVED_S:
+            ready, _, _ = select.select(watched, [], [], timeout)
+            late = time.monotonic() - asked - (timeout if timeout is not None else 0.0)
+            if not ready and timeout is not None and late > STARVED_S:
                 # The machine did not run the harness for a while (a loaded CI runner): the
                 # workers' monitors were most likely held back as well, and stuck_detected
                 # gives a hang this much more time to be flagged.
                 self.note(vocab.STARVED, ms=round(late * 1000, 1))
+            if self.clock.notice_r in ready:
+                self.moved = self.clock.notices()
             for fd in ready:
                 if fd in fds and fds[fd].state != "exited":
                     self.read_messages(fds[fd])
@@ -443,7 +532,13 @@ class Supervisor:
                 if fd in sentinels and sentinels[fd].state != "exited":
                     self.on_exit(sentinels[fd])
             self.start_gated()
+            if not (moved or self.moved or not ready):
+                continue  # nothing moved and no time passed: a paused worker's step did not move on
             for w in self.live():
                 if w.state == "paused":
                     self.maybe_resume(w, others_active=any(o.state == "running" for o in self.live()
                                                            if o is not w))
+            if self.owned_done():
+                for w in self.live():
+                    self.kill_worker(w, "quiescent: the target's done() says the work is finished")
+                return False, True

@@ -50,6 +50,14 @@ def _server_target(name: str) -> Target | None:
             from killpoint.harness.servers.temporal import activity_target
 
             return activity_target(policy)
+        if kind == "temporal":
+            from killpoint.harness.servers.temporal_server import server_target
+
+            return server_target(policy)
+        if kind == "restate":
+            from killpoint.harness.servers.restate import restate_target
+
+            return restate_target(policy)
     except (ValueError, servers.SdkMissing) as exc:
         raise InvalidTarget(f"target {name[:200]!r}: {exc}") from None
     raise InvalidTarget(f"target {name[:200]!r}: {kind} targets are not built yet")

@@ -9,7 +9,10 @@ The public surface. Everything else (``chaos``, ``harness``, ``reports``) is fre
         assert result.valid
 
 Names are imported on first use: the pytest plugin loads this package in every session, and a
-session that never runs a crash must not pay for the harness (multiprocess, HTTP, SQLite).
+session that never runs a crash must not pay for the harness (multiprocess, HTTP, SQLite). At load
+time this module imports only :mod:`killpoint.errors` (which imports nothing); every other name,
+``chaos`` ones included, is looked up on first access. A name whose module is missing is an
+ImportError naming it, never a silent ``None``.
 """
 
 from __future__ import annotations
@@ -17,8 +20,6 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from killpoint.chaos import at as at, point as point
-from killpoint.chaos.schedule import Fault as Fault, Schedule as Schedule, parse as parse_schedule
 # The errors a library caller can meet; the CLI's BadInput stays in killpoint.errors.
 from killpoint.errors import (InfrastructureError as InfrastructureError, InvalidAction as InvalidAction, InvalidPoint as InvalidPoint,
                               InvalidSchedule as InvalidSchedule, InvalidStore as InvalidStore,
@@ -31,6 +32,11 @@ from killpoint.errors import (InfrastructureError as InfrastructureError, Invali
 __version__ = "0.1.0"
 
 _LAZY = {
+    "at": ("killpoint.chaos.points", "at"),
+    "point": ("killpoint.chaos.points", "point"),
+    "Fault": ("killpoint.chaos.schedule", "Fault"),
+    "Schedule": ("killpoint.chaos.schedule", "Schedule"),
+    "parse_schedule": ("killpoint.chaos.schedule", "parse"),
     "INVARIANTS": ("killpoint.harness.checkers", "ALL"),
     "check_all": ("killpoint.harness.checkers", "check_all"),
     "Result": ("killpoint.harness.checkers.base", "Result"),
@@ -58,6 +64,8 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:  # what a type checker and an editor see: the same names, imported eagerly
+    from killpoint.chaos.points import at as at, point as point
+    from killpoint.chaos.schedule import Fault as Fault, Schedule as Schedule, parse as parse_schedule
     from killpoint.harness.checkers import ALL as INVARIANTS, check_all as check_all
     from killpoint.harness.checkers.base import Result as Result, Verdict as Verdict, Violation as Violation
     from killpoint.harness.declaration import Target as Target, TargetRun as TargetRun, target as target

@@ -41,6 +41,7 @@ HEARTBEAT_LOST = "heartbeat_lost"  # the heartbeat found the lease gone
 STORE_UNAVAILABLE = "store_unavailable"  # the store connection died; the worker goes on
 START = "start"  # the worker process began (pid)
 FINISH = "finish"  # the target returned
+RAISED = "raised"  # the target raised (error, exception, where, traceback): a finding, the run unknown
 # Written by the Temporal targets.
 ACTIVITY = "activity"  # a Temporal activity began
 REPLAYED = "replay"  # a workflow history replayed against the code (``outcome``, ``detail``)
@@ -87,3 +88,4 @@ AFTER_QUIESCENT = "after_quiescent"
 TERMINATE_BACKEND = "terminate_backend"
 INFRASTRUCTURE_FAILURE = "infrastructure_failure"  # phase, error: the run ended unknown
 STARVED = "starved"  # ms: the harness's own wait overran by this much (the machine was busy)
+REPLACEMENTS_STOPPED = "replacements_stopped"  # worker, error: the target raised the same exception again

@@ -17,6 +17,8 @@ import xml.etree.ElementTree as ET
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Callable, Sequence
 
+from killpoint.harness.redact import redact
+
 if TYPE_CHECKING:
     from killpoint.harness.run import RunResult
 
@@ -26,22 +28,27 @@ _NOT_XML = re.compile("[^\t\n\r\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]"
 
 
 def clean(text: object) -> str:
-    """Text that XML can carry: every character it cannot is replaced by U+FFFD."""
-    return _NOT_XML.sub("\ufffd", str(text))
+    """Text that XML can carry, with no password in it: every character XML cannot carry is
+    replaced by U+FFFD."""
+    return _NOT_XML.sub("\ufffd", redact(str(text)))
 
 
 def build(results: Sequence[RunResult], *, suite: str, reproduce: Callable[[RunResult], str],
           reports: Sequence[str | None] | None = None, tests: Sequence[str | None] | None = None,
-          elapsed_s: float | None = None) -> ET.ElementTree:
-    """The document: a ``<testsuites>`` with one ``<testsuite>`` of one ``<testcase>`` per run.
+          elapsed_s: float | None = None, expect: Sequence[str | None] | None = None) -> ET.ElementTree:
+    """The document: a ``<testsuites>`` with one ``<testcase>`` per run.
 
     ``reproduce(result)`` gives each run's replay line; ``reports[i]`` the path of its HTML report,
     ``tests[i]`` the pytest node id that made it (both optional, written as properties).
+    ``expect[i]``, when given and not None, names the invariant run ``i`` must violate (a mutant in
+    ``selftest``): the case passes when it is violated, and fails when the mutant got away.
     """
     reports = list(reports) if reports is not None else [None] * len(results)
     tests = list(tests) if tests is not None else [None] * len(results)
-    failures = sum(1 for r in results if r.valid is False)
-    errors = sum(1 for r in results if r.valid is None)
+    expected = list(expect) if expect is not None else [None] * len(results)
+    missed = [r for r, e in zip(results, expected) if e is not None and e not in _violated(r)]
+    failures = sum(1 for r, e in zip(results, expected) if e is None and r.valid is False) + len(missed)
+    errors = sum(1 for r, e in zip(results, expected) if e is None and r.valid is None)
     total_s = sum(r.duration_s for r in results) if elapsed_s is None else elapsed_s
     counts = {"tests": str(len(results)), "failures": str(failures), "errors": str(errors),
               "skipped": "0", "time": f"{total_s:.3f}"}
@@ -49,7 +56,7 @@ def build(results: Sequence[RunResult], *, suite: str, reproduce: Callable[[RunR
     ts = ET.SubElement(root, "testsuite", {
         "name": clean(suite), **counts, "hostname": clean(socket.gethostname()),
         "timestamp": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")})
-    for n, (r, report, test) in enumerate(zip(results, reports, tests), start=1):
+    for n, (r, report, test, must) in enumerate(zip(results, reports, tests, expected), start=1):
         schedule = str(r.config.schedule) or "no faults"
         case = ET.SubElement(ts, "testcase", {
             "classname": clean(f"killpoint.{r.config.target_name}"),
@@ -61,7 +68,14 @@ def build(results: Sequence[RunResult], *, suite: str, reproduce: Callable[[RunR
                             ("report", report), ("test", test)):
             if value is not None:
                 ET.SubElement(props, "property", {"name": name, "value": clean(value)})
-        if r.valid is False:
+        if must is not None:
+            caught = must in _violated(r)
+            if not caught:
+                got = ", ".join(_violated(r)) or {True: "valid", None: "unknown"}.get(r.valid, "nothing")
+                failure = ET.SubElement(case, "failure", {
+                    "message": clean(_clip(f"not caught: {must} must be violated, got {got}")), "type": "missed"})
+                failure.text = clean(f"reproduce: {line}")
+        elif r.valid is False:
             first = r.verdict.violations[0] if r.verdict.violations else None
             message = (f"{first.invariant} at {first.instance}:{first.step}: {first.detail}" if first
                        else "an invariant was violated")
@@ -86,10 +100,10 @@ def build(results: Sequence[RunResult], *, suite: str, reproduce: Callable[[RunR
 
 def write(path: str, results: Sequence[RunResult], *, suite: str, reproduce: Callable[[RunResult], str],
           reports: Sequence[str | None] | None = None, tests: Sequence[str | None] | None = None,
-          elapsed_s: float | None = None) -> str:
+          elapsed_s: float | None = None, expect: Sequence[str | None] | None = None) -> str:
     """Write the JUnit XML of ``results`` to ``path`` atomically; returns ``path``."""
     tree = build(results, suite=suite, reproduce=reproduce, reports=reports, tests=tests,
-                 elapsed_s=elapsed_s)
+                 elapsed_s=elapsed_s, expect=expect)
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
@@ -103,6 +117,10 @@ def write(path: str, results: Sequence[RunResult], *, suite: str, reproduce: Cal
             pass
         raise
     return path
+
+
+def _violated(r: RunResult) -> list[str]:
+    return list(dict.fromkeys(v.invariant for v in r.verdict.violations))
 
 
 def _clip(text: str, limit: int = 1000) -> str:

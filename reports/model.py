@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
@@ -22,6 +21,7 @@ from killpoint import vocab
 from killpoint.harness.checkers.base import rank
 from killpoint.harness.history import OP_KINDS, Event, History
 from killpoint.harness.narrate import describe as describe_event
+from killpoint.harness.redact import redact
 
 if TYPE_CHECKING:
     from killpoint.harness.run import RunResult
@@ -49,14 +49,6 @@ def verdict_word(valid: bool | None) -> str:
 def clip(text: str, limit: int) -> str:
     """Shorten text for display; a 10 kB name must not make a report unreadable."""
     return text if len(text) <= limit else text[: max(0, limit - 1)] + "\u2026"
-
-
-_URL_PASSWORD = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^:/@\s]*):[^@\s]*@")
-
-
-def redact(text: str) -> str:
-    """Hide the password of any URL (a ``postgresql://`` store): reports travel as CI artefacts."""
-    return _URL_PASSWORD.sub(r"\1:***@", text)
 
 
 # -- the run report -------------------------------------------------------------------------------
@@ -313,9 +305,7 @@ def build_run(result: RunResult, *, max_events: int = DEFAULT_MAX_EVENTS,
     if max_events < 1:
         raise ValueError(f"max_events={max_events}: a report must show at least one event")
     if reproduce is None:
-        from killpoint.harness.commands.common import replay_command
-
-        reproduce = replay_command(result)
+        reproduce = result.config.reproduce_command()
     reproduce = redact(reproduce)
     history: History = result.history
     verdict = result.verdict
@@ -348,7 +338,7 @@ def build_run(result: RunResult, *, max_events: int = DEFAULT_MAX_EVENTS,
     c = result.config
     banner = Banner(
         verdict=verdict_word(verdict.valid), run_id=result.run_id, schedule=schedule,
-        target=c.target_name, seed=c.seed, workers=c.workers, workload=c.workload, store=redact(c.store),
+        target=c.target_name, seed=c.seed, workers=c.workers, workload=c.workload_name, store=redact(c.store),
         duration_ms=round(result.duration_s * 1000, 1), spawned=result.spawned,
         fired=tuple((str(k), int(n)) for k, n in result.fired.items()),
         unfired=tuple(str(u) for u in result.unfired),
@@ -752,9 +742,7 @@ def build_index(results: Sequence[RunResult], hrefs: Sequence[str], *, title: st
         raise ValueError(f"{len(results)} results but {len(tests)} test names: give one per run")
     names_of = list(tests) if tests is not None else [None] * len(results)
     if reproduce is None:
-        from killpoint.harness.commands.common import replay_command
-
-        reproduce = [replay_command(r) for r in results]
+        reproduce = [r.config.reproduce_command() for r in results]
     reproduce = [redact(cmd) for cmd in reproduce]
     names: list[str] = []
     checked: dict[str, int] = {}

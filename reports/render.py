@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import jinja2
 
+from killpoint.harness.redact import redact
 from killpoint.reports.model import IndexReport, Item, Lane, Lease, RunReport, Timeline, clip
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
@@ -35,6 +36,7 @@ GUTTER = 84  # the time column: "+1234.567 ms" fits
 HEAD_H = 24
 LABEL_CHARS = 60  # the most characters of a label drawn; the whole label is its tooltip
 CHAR_W = 6.4  # width of one character of a label (10.5 px monospace)
+HEAD_CHAR_W = 7.4  # and of a lane's heading (12 px, bold)
 PX_PER_MS = 1.5  # height a gap adds, per millisecond
 MAX_GAP = 150  # a longer gap is drawn this tall, with a break in the axis
 FOLD_BELOW = 200  # a first proof further down than this opens the drawing just above it
@@ -75,6 +77,17 @@ class LaneBox:
     x: int
     life_y: int | None  # the span of a worker incarnation's life, if known
     life_h: int
+    head: str = ""  # the lane's heading, cut to its width (the whole is its tooltip)
+
+
+def heading(lane: Lane, lane_w: int) -> str:
+    """``A · pid 123 · SIGKILL``, dropping what does not fit the lane's width, last first."""
+    fits = max(4, int((lane_w - 10) / HEAD_CHAR_W))
+    parts = [clip(lane.name, 14)]
+    for extra in (f"pid {lane.pid}" if lane.pid else "", clip(lane.ended, 12)):
+        if extra and len(" \u00b7 ".join(parts + [extra])) <= fits:
+            parts.append(extra)
+    return clip(" \u00b7 ".join(parts), fits)
 
 
 @dataclass(frozen=True)
@@ -125,16 +138,17 @@ def layout(t: Timeline) -> Layout:
 
     n = max(1, len(t.lanes))
     lane_w = max(MIN_LANE_W, (WIDTH - GUTTER) // n)
-    chars = max(8, min(LABEL_CHARS, int((lane_w - MARK_X - 14) / CHAR_W)))
+    chars = max(8, min(LABEL_CHARS, int((lane_w - MARK_X - 14) / CHAR_W) - 2))  # 2: the glyph
     lane_x = {lane.name: GUTTER + k * lane_w for k, lane in enumerate(t.lanes)}
     boxes = []
     for lane in t.lanes:
         if lane.kind == "worker":
             top = y_of(lane.start) if lane.start is not None else 4
             bottom = (y_of(lane.end) + ROW_H) if lane.end is not None else height - 4
-            boxes.append(LaneBox(lane, lane_x[lane.name], top, max(ROW_H, bottom - top)))
+            boxes.append(LaneBox(lane, lane_x[lane.name], top, max(ROW_H, bottom - top),
+                                 heading(lane, lane_w)))
         else:
-            boxes.append(LaneBox(lane, lane_x[lane.name], None, 0))
+            boxes.append(LaneBox(lane, lane_x[lane.name], None, 0, heading(lane, lane_w)))
     marks = []
     for item in t.items:
         x = lane_x.get(item.lane, GUTTER)
@@ -183,13 +197,14 @@ def render_index(index: IndexReport) -> str:
 
 
 def write_text(path: str, text: str) -> str:
-    """Write a whole file atomically, so a reader never opens half a report."""
+    """Write a whole file atomically, so a reader never opens half a report; no password in it
+    (reports travel as CI artefacts: every file goes through :func:`killpoint.harness.redact.redact`)."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".report-", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
+            fh.write(redact(text))
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:

@@ -105,6 +105,82 @@ def test_the_same_seed_fires_the_same_probabilistic_faults_in_every_process():
     assert len(set(counts)) == 1 and 0 < counts[0], counts
 
 
+# -- your own target and workload ---------------------------------------------------------------
+DECLARED_TARGET = '''
+import killpoint
+from killpoint import InstanceSpec, StepSpec, Workload
+from killpoint.harness.worker import reference
+
+POINTS = ("before_call", "after_call", "after_commit")
+
+
+def two_charges(seed=0):
+    return Workload("two", tuple(InstanceSpec(f"order-{n}", (StepSpec("charge", resource="payment",
+                                                                        params={"amount": n}),))
+                                 for n in (1, 2)))
+
+
+@killpoint.target(points=POINTS, workload="mytarget:two_charges")
+def worker(ctx):
+    reference(ctx)
+
+
+def not_a_workload(seed=0):
+    return {"instances": []}
+'''
+
+
+@pytest.fixture
+def user_project(tmp_path, monkeypatch):
+    (tmp_path / "mytarget.py").write_text(DECLARED_TARGET)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield tmp_path
+
+
+def test_a_declared_target_runs_its_own_workload_and_only_its_declared_points(capsys, user_project):
+    code, out, err = run_cli(capsys, "matrix", "--target", "mytarget:worker", "--actions", "kill", "--json")
+    report = json.loads(out)
+    assert code == 0 and report["valid"] is True and report["runs"] == 3  # one step x three points
+    assert {r["schedule"] for r in report["results"]} == {
+        "A@charge.before_call:kill", "A@charge.after_call:kill", "A@charge.after_commit:kill"}
+    assert "judged" in report and report["judged"] >= 1
+
+
+def test_a_schedule_naming_a_point_the_target_does_not_declare_exits_2_listing_the_declared(capsys, user_project):
+    code, out, err = run_cli(capsys, "replay", "A@charge.before_claim:kill", "--target", "mytarget:worker")
+    assert code == 2 and "before_claim" in err and "after_commit" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("workload, named", [("mytarget:not_a_workload", "dict"),
+                                             ("mytarget:nothing_here", "nothing_here"),
+                                             ("no_such_pkg:jobs", "no_such_pkg")])
+def test_a_bad_user_workload_exits_2_naming_it(capsys, user_project, workload, named):
+    code, out, err = run_cli(capsys, "replay", "", "--workload", workload)
+    assert code == 2 and named in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_user_workload_by_pkg_module_function_on_the_reference(capsys, user_project):
+    code, out, err = run_cli(capsys, "replay", "A@charge.after_call:kill", "--workload", "mytarget:two_charges",
+                             "--json")
+    assert code == 0 and json.loads(out)["valid"] is True
+
+
+def test_a_target_that_raises_on_start_exits_3_within_seconds_naming_the_exception(capsys):
+    import time
+
+    started = time.monotonic()
+    code, out, err = run_cli(capsys, "replay", "", "--target", "os:getcwd", "--json")
+    elapsed = time.monotonic() - started
+    report = json.loads(out)
+    assert code == 3 and report["valid"] is None
+    reasons = " ".join(r for u in report["unknown"] for r in u["reasons"])
+    assert "TypeError" in reasons and "replacements stopped" in reasons and "bound" not in reasons
+    assert report["results"][0]["workers_spawned"] <= 3
+    assert elapsed < 20  # a few seconds; generous for a loaded machine
+
+
 BIG = "x" * 10_000
 
 

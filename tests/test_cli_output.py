@@ -214,3 +214,14 @@ def test_the_readme_tool_killpoint_example_is_a_valid_table():
     (block,) = re.findall(r"```toml\n(\[tool\.killpoint\].*?)```", readme, re.S)
     s = parse(tomllib.loads(block)["tool"]["killpoint"])
     assert s.values["seed"] == 7 and s.timing == {"lease_ttl_ms": 200.0, "heartbeat_ms": 50.0}
+
+
+def test_junit_of_a_selftest_passes_a_mutant_its_invariant_caught_and_fails_one_that_got_away(tmp_path):
+    results = [_result(False), _result(True), _result(True)]
+    root = junit.build(results, suite="killpoint selftest", reproduce=lambda r: "killpoint replay x",
+                       expect=["stale_writes_rejected", "stale_writes_rejected", None]).getroot()
+    suite = root.find("testsuite")
+    assert (suite.get("tests"), suite.get("failures"), suite.get("errors")) == ("3", "1", "0")
+    cases = suite.findall("testcase")
+    assert cases[0].find("failure") is None and cases[2].find("failure") is None
+    assert cases[1].find("failure").get("message") == "not caught: stale_writes_rejected must be violated, got valid"

@@ -311,6 +311,67 @@ def test_stop_kills_and_reaps_the_server_process(tmp_path):
         _pay(c)
 
 
+# -- a plain HTTP client, as a user's own worker calls it -------------------------------------------
+def _plain_post(url: str, body: dict, headers: dict) -> tuple[int, dict, dict]:
+    import json
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json", **headers})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.status, json.loads(answer.read()), dict(answer.headers)
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read()), dict(error.headers)
+
+
+def test_a_plain_http_client_with_the_documented_headers_is_recorded_as_that_step(downstream):
+    run = f"run-{uuid.uuid4().hex[:8]}"
+    base = f"{downstream.url}/runs/{run}"  # what ctx.downstream_url is
+    headers = {"Idempotency-Key": "job-1:charge", "Fencing-Token": "3", "Fencing-Scope": "job-1",
+               "Killpoint-Instance": "job-1", "Killpoint-Step": "charge", "Killpoint-Worker": "B",
+               "Killpoint-Attempt": "2"}
+    status, body, _ = _plain_post(f"{base}/resources/payment", {"params": {"amount": 5}}, headers)
+    assert status == 200 and body["status"] == "applied"
+    status, body, answer_headers = _plain_post(f"{base}/resources/payment", {"params": {"amount": 5}}, headers)
+    assert status == 200 and body["replay"] is True and answer_headers.get("Idempotent-Replayed") == "true"
+    stale = {**headers, "Fencing-Token": "2"}
+    assert _plain_post(f"{base}/resources/payment", {"params": {"amount": 5}}, stale)[0] == 409
+    with DownstreamClient(downstream.url, run) as c:
+        rows = c.ledger()
+    assert [r["outcome"] for r in rows] == ["applied", "replay", "stale_fence"]
+    assert rows[0]["meta"] == {"instance": "job-1", "step": "charge", "worker": "B", "attempt": 2}
+    assert rows[0]["scope"] == "job-1" and rows[0]["fence"] == 3
+
+
+def test_a_bad_attempt_header_is_a_400_naming_it(downstream):
+    base = f"{downstream.url}/runs/run-{uuid.uuid4().hex[:8]}"
+    status, body, _ = _plain_post(f"{base}/resources/payment", {"params": {}},
+                                  {"Idempotency-Key": "k", "Killpoint-Attempt": "two"})
+    assert status == 400 and "Killpoint-Attempt" in body["detail"]
+
+
+def test_one_client_shared_by_threads_gives_each_its_own_connection(client):
+    results: list[int] = []
+    errors: list[BaseException] = []
+
+    def pay(n: int) -> None:
+        try:
+            for i in range(5):
+                results.append(_pay(client, key=f"thread-{n}-{i}").status)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=pay, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors and results == [200] * 40
+    assert _effects(client) == 40
+
+
 def test_a_request_without_the_sessions_secret_gets_403_and_writes_no_ledger_row(downstream, client):
     # Any local process can reach the port; only the harness and the workers it handed the URL to
     # know the secret that is its first path segment. Without it: 403, nothing applied, no row.

@@ -70,6 +70,7 @@ def test_explore_on_the_reference_with_a_small_budget_finds_nothing(capsys, in_t
     assert code == 0, report
     assert report["valid"] is True and report["minimal"] is None and report["violations"] == []
     assert report["runs"] == 12 and report["unknown"] == []
+    assert report["points"]["runs"] == 12 and report["points"]["fired_total"] >= 1  # always in the JSON
 
 
 @pytest.mark.parametrize("name", ["retry-unsafe", "no-fence-check"])
@@ -174,7 +175,7 @@ def test_matrix_depth_2_runs_every_ordered_pair_of_two_workers_and_two_hits(caps
 def test_matrix_depth_2_defaults_to_the_steps_more_than_one_instance_runs():
     # After a crash, recovery skips the points it does not need; a second fault at the same step
     # is reached on a later instance, which the amendment (order-3 only) does not have.
-    from killpoint.harness.commands.matrix import repeated_steps
+    from killpoint.chaos.generator import repeated_steps
     from killpoint.harness.workload import default_workload
 
     assert repeated_steps(default_workload(0)) == ("reserve", "charge", "notify")

@@ -355,7 +355,7 @@ def test_an_unknown_key_in_the_tool_killpoint_table_stops_the_session_naming_it(
 
 @pytest.mark.parametrize("option, value, named", [
     ("--killpoint-store", "mysql://db", "mysql://db"),
-    ("--killpoint-points", "after_cal", "after_cal"),
+    ("--killpoint-points", "after call!", "after call!"),
     ("--killpoint-seed", "seven", "seven"),
     ("--killpoint-budget", "0", "0"),
     ("--killpoint-shard", "3/2", "3/2"),
@@ -366,6 +366,21 @@ def test_a_bad_option_value_stops_the_session_naming_it(pytester, option, value,
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     err = result.stderr.str()
     assert option in err and repr(named) in err
+
+
+def test_a_points_option_that_leaves_a_marked_test_no_declared_point_is_a_collection_error_naming_it(pytester):
+    # Any name is accepted at configure time (a target may declare points of its own), so a typo is
+    # caught where it meets a target: it leaves none of the points the target declares.
+    pytester.makepyfile(test_typo="""
+import pytest
+
+@pytest.mark.killpoint()
+def test_checkout(killpoint):
+    pass
+""")
+    result = inprocess(pytester, "--killpoint-points", "after_cal")
+    assert result.ret != 0
+    result.stdout.fnmatch_lines(["*--killpoint-points after_cal leaves none of the points*"])
 
 
 def test_the_store_option_runs_the_suite_on_postgresql(pytester, pg_dsn):

@@ -243,6 +243,10 @@ def test_timeline_fits_the_design_width_and_scales_down_when_there_are_many_lane
     many = build([ev(n, f"W{n}", "recover", instance="o", step="s", action="retry") for n in range(20)])
     wide = layout(build_timeline(many))
     assert wide.width > WIDTH and all(len(m.text) <= LABEL_CHARS for m in wide.marks)
+    # a narrow lane's heading drops what does not fit rather than running into the next lane
+    boxes = layout(build_timeline(takeover_history())).lanes
+    assert [b.head for b in boxes][:2] == ["A \u00b7 pid 101 \u00b7 SIGKILL", "B \u00b7 pid 102 \u00b7 exit 0"]
+    assert all(len(b.head) * 7.4 <= wide.lane_w for b in layout(build_timeline(many)).lanes)
 
 
 def test_every_timeline_item_and_proof_links_to_a_row_of_the_event_table():

@@ -9,7 +9,7 @@ import pytest
 
 from killpoint import chaos
 from killpoint.harness.run import RunConfig, Session
-from killpoint.harness.worker import ReferenceWorker
+from killpoint.harness.worker import ReferenceWorker, reference
 
 
 @pytest.fixture(scope="module")
@@ -138,10 +138,138 @@ def test_a_blind_commit_worker_defined_in_a_test_is_caught(session):
     assert (v.instance, v.step) == ("order-1", "charge") and v.events
 
 
-def test_a_target_that_always_raises_is_never_judged_valid(session):
+def test_a_target_that_always_raises_is_unknown_naming_it_and_stops_replacing_at_the_first_repeat(session):
     def broken(ctx):
         raise RuntimeError("boom")
 
     result = run(session, target=broken, bound_s=10)
-    assert result.valid is not True
-    assert result.history.bound_hit
+    assert result.valid is None
+    assert not result.history.bound_hit
+    assert result.spawned <= 3  # A, B and A's replacement: the second "boom" stops the loop
+    assert any("RuntimeError: boom" in r and "replacements stopped" in r for r in result.verdict.unknown_reasons)
+    raised = [e for e in result.history.events if e.kind == "raised"]
+    assert raised and all("raise RuntimeError" in e.get("traceback") for e in raised)
+    assert result.history.of("harness", "replacements_stopped")
+
+
+def test_a_target_that_raises_once_is_replaced_and_the_run_still_cannot_be_valid(session, tmp_path):
+    flag = tmp_path / "raised-once"
+
+    def flaky(ctx):
+        try:  # exactly one worker process wins the exclusive create and raises
+            os.close(os.open(flag, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            reference(ctx)
+            return
+        raise TypeError("first start only")
+
+    result = run(session, target=flaky, bound_s=20)
+    assert result.valid is None
+    assert result.history.quiescent  # the replacement finished the work
+    assert [r for r in result.verdict.unknown_reasons if "TypeError: first start only" in r]
+    assert not result.history.of("harness", "replacements_stopped")
+
+
+def test_recover_runs_in_the_replacement_of_a_killed_worker_naming_the_dead_one(session, tmp_path):
+    import killpoint
+
+    seen = tmp_path / "recovered"
+
+    def note_recovery(ctx, dead):
+        with open(seen, "a") as fh:
+            fh.write(f"{ctx.worker_id}<-{dead}:{ctx.replaces}\n")
+
+    target = killpoint.target(reference, recover=note_recovery)
+    result = run(session, "A@charge.after_call:kill", target=target, workload="single", same_identity=1.0)
+    assert result.valid is True
+    assert seen.read_text().splitlines() == ["A<-A:A"]  # A came back as itself, told it replaces A
+
+
+def test_a_target_that_owns_its_state_is_judged_by_its_hooks_and_says_what_it_could_not_judge(session, tmp_path):
+    import killpoint
+
+    def worker(ctx):
+        # a one-step "queue" in a file of the run's folder: charge once with a stable key
+        with ctx.at("order-1", "charge"):
+            ctx.point("before_charge")
+            ctx.downstream.call("payment", key="order-1:charge", params={"amount": 1},
+                                meta={"instance": "order-1", "step": "charge"})
+            ctx.point("after_charge")
+        with open(os.path.join(ctx.run_dir, "done"), "w") as fh:
+            fh.write("succeeded")
+
+    def done(run):
+        return os.path.exists(os.path.join(run.run_dir, "done"))
+
+    def final_states(run):
+        return {("order-1", "charge"): "succeeded" if done(run) else "running"}
+
+    target = killpoint.target(worker, points=("before_charge", "after_charge"), owns_state=True,
+                              done=done, final_states=final_states)
+    schedule = chaos.parse("A@charge.after_charge:kill", points=frozenset(target.points))
+    result = session.run(RunConfig(schedule=schedule, target=target, workload="single"))
+    assert result.valid is True
+    by = {r.invariant: r for r in result.verdict.results}
+    assert by["no_duplicate_effects"].judged and by["effects_accounted"].judged and by["terminates"].judged
+    assert not by["version_chain"].applicable and not by["checkpoints_honoured"].applicable
+    assert result.history.owns_state and not result.history.of("store", "created")
+
+
+def test_an_undeclared_point_raises_at_once_naming_the_declared_ones(session):
+    import killpoint
+
+    def worker(ctx):
+        ctx.point("before_ack")
+
+    result = run(session, target=killpoint.target(worker, points=("before_pay",)), workload="single")
+    assert result.valid is None
+    assert any("InvalidPoint" in r and "'before_ack'" in r and "before_pay" in r
+               for r in result.verdict.unknown_reasons)
+
+
+def test_pause_waits_for_registers_the_lock_among_those_a_pause_takes_before_the_freeze():
+    import threading
+
+    from killpoint.chaos import points as chaos_points
+    from killpoint.chaos.journal import NullJournal
+    from killpoint.harness.worker import WorkerContext
+
+    lock = threading.Lock()
+    failpoints = chaos_points.Failpoints([], NullJournal())
+    chaos_points.install(failpoints)
+    try:
+        ctx = WorkerContext("A", None, None, NullJournal(), None)  # type: ignore[arg-type]
+        ctx.pause_waits_for(lock)
+        assert failpoints.pause_locks[-1] is lock
+    finally:
+        chaos_points.install(None)
+
+
+def test_workers_that_serve_forever_are_ended_once_the_targets_done_says_so(session):
+    import time as _time
+
+    import killpoint
+
+    def serve(ctx):  # a library's worker loop: it never returns by itself
+        marker = os.path.join(ctx.run_dir, "charged")
+        while True:
+            if not os.path.exists(marker):
+                with ctx.at("order-1", "charge"):
+                    ctx.point("before_charge")
+                    ctx.downstream.call("payment", key="order-1:charge", params={"amount": 1},
+                                        meta={"instance": "order-1", "step": "charge"})
+                    ctx.point("after_charge")
+                open(marker, "w").close()
+            _time.sleep(0.005)
+
+    def done(run):
+        return os.path.exists(os.path.join(run.run_dir, "charged"))
+
+    target = killpoint.target(serve, points=("before_charge", "after_charge"), owns_state=True, done=done,
+                              final_states=lambda run: {("order-1", "charge"): "succeeded" if done(run) else "running"})
+    schedule = chaos.parse("A@charge.after_charge:kill", points=frozenset(target.points))
+    result = session.run(RunConfig(schedule=schedule, target=target, workload="single", bound_s=20))
+    assert result.valid is True and result.history.quiescent and not result.history.bound_hit
+    assert result.fired == {"A@charge.after_charge:kill": 1}
+    assert any("done() says" in (e.get("reason") or "") for e in result.history.of("harness", "kill"))
+    assert result.duration_s < 10

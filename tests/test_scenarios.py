@@ -89,7 +89,7 @@ def test_scenario_json_has_the_design_shape_and_the_storys_checks(capsys):
     out = json.loads(capsys.readouterr().out)
     assert {"valid", "runs", "violations", "invariants", "report"} <= set(out)
     assert out["valid"] is True and out["runs"] == 1 and out["violations"] == []
-    assert out["invariants"]["no_duplicate_effects"] == {"checked": 1, "violated": 0}
+    assert out["invariants"]["no_duplicate_effects"] == {"checked": 1, "violated": 0, "not_applicable": 0}
     assert out["scenario"] == "dangerous_window" and out["story_held"] is True
     assert out["checks"] and all(c["held"] for c in out["checks"])
 

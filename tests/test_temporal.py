@@ -158,3 +158,40 @@ def test_a_missing_history_folder_is_an_error_never_a_pass(temporalio, tmp_path)
 
     with pytest.raises(FileNotFoundError, match="record_temporal"):
         histories(str(tmp_path))
+
+
+# ---------------------------------------------------------------------------------------------
+# temporal:* on a real server, given by address (a skip with its reason where none is given)
+
+
+@pytest.fixture(scope="module")
+def temporal_address(temporalio):
+    from killpoint.harness.servers.temporal_server import ADDRESS_ENV
+
+    addr = os.environ.get(ADDRESS_ENV)
+    if not addr:
+        pytest.skip(f"no Temporal server: set {ADDRESS_ENV}=HOST:PORT to run the temporal:* targets "
+                    f"against one (e.g. temporal server start-dev --ip 127.0.0.1)")
+    return addr
+
+
+def test_temporal_server_target_without_an_address_exits_2_saying_how_to_give_one(temporalio, capsys,
+                                                                               monkeypatch):
+    monkeypatch.delenv("KILLPOINT_TEMPORAL_ADDRESS", raising=False)
+    code = main(["matrix", "--target", "temporal:keyed"])
+    _, err = capsys.readouterr()
+    assert code == 2 and "KILLPOINT_TEMPORAL_ADDRESS" in err and len(err.strip().splitlines()) == 1
+
+
+def test_temporal_server_naive_duplicates_after_the_call_and_keyed_does_not(temporal_address, capsys):
+    code, report = run_json(capsys, "matrix", "--target", "temporal:naive", "--actions", "kill",
+                            "--steps", "charge")
+    assert code == 1 and {v["invariant"] for v in report["violations"]} == {"no_duplicate_effects"}
+    duplicated = {r["schedule"] for r in report["results"] if r["valid"] is False}
+    assert {"A@charge.in_call:kill", "A@charge.after_call:kill"} <= duplicated
+    assert "A@charge.before_call:kill" not in duplicated
+    code, report = run_json(capsys, "matrix", "--target", "temporal:keyed", "--actions", "kill",
+                            "--steps", "charge")
+    assert code == 0 and report["violations"] == []
+    assert all(r["unfired"] == [] for r in report["results"])
+    assert report["invariants"]["effects_accounted"]["checked"] == report["runs"]

@@ -10,26 +10,36 @@ nothing did.
 ``run`` is the correct worker. ``run_without_fencing`` makes one classic mistake -- its commit
 trusts the lease it took earlier instead of comparing fence and version -- so the tests can show
 killpoint catching it.
+
+Both are declared with ``@killpoint.target``: the crash points they mark (so the matrix schedules
+exactly these, and a typo in ``ctx.point`` fails at once) and the workload they run, one order with
+one charge. They keep their state in killpoint's own store (``ctx.store``), so every invariant judges
+them; a worker with a store of its own says ``owns_state=True`` (see ``examples/pg_queue``).
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
-from killpoint import WorkerContext, at
+import killpoint
+from killpoint import WorkerContext
 from killpoint.harness.mutants import blind_commit
 
 # States a worker may pick a step up from: never started, or started by a worker that may be dead.
 CLAIMABLE = ("pending", "running")
 FINISHED = ("succeeded", "failed", "manual_intervention", "cancelled", "compensated")
+# Where this worker can be crashed, in the order it passes them on one step.
+POINTS = ("before_claim", "after_claim", "heartbeat", "before_call", "in_call", "after_call",
+          "before_receipt", "after_receipt", "before_commit", "after_commit")
 
 
+@killpoint.target(points=POINTS, workload="single")
 def run(ctx: WorkerContext) -> None:
     """The target: work until every step in the store is finished."""
     Shop(ctx, fenced=True).work()
 
 
+@killpoint.target(points=POINTS, workload="single")
 def run_without_fencing(ctx: WorkerContext) -> None:
     """The same worker with one bug: its commits are not compared against the current lease."""
     Shop(ctx, fenced=False).work()
@@ -52,10 +62,10 @@ class Shop:
                 # Somebody holds a lease. A heartbeat only proves its holder is alive; flag_stuck
                 # frees a lease whose step made no progress for too long, so we can take it over.
                 ctx.store.flag_stuck(ctx.timing.stuck_bound_ms, ctx.worker_id)
-                time.sleep(ctx.timing.poll_ms / 1000.0)
+                ctx.clock.sleep(ctx.timing.poll_ms / 1000.0)  # the run's clock: time can jump past it
                 continue
             row = free[0]
-            with at(row["instance"], row["step"]):  # lets a schedule name the step: A@charge.after_call
+            with ctx.at(row["instance"], row["step"]):  # lets a schedule name the step: A@charge.after_call
                 self.step(row)
 
     def step(self, row: dict[str, Any]) -> None:
@@ -102,8 +112,8 @@ class Shop:
             ctx.heartbeat.release()
 
     def earlier_outcome(self, claim: Any, key: str) -> str | None:
-        """What an earlier, crashed attempt achieved: our own receipt, else the payment service's
-        (recorded as our receipt before anything is committed on it)."""
+        """What an earlier, crashed attempt achieved: our own receipt, else the payment service's,
+        which we record as our receipt before anything is committed on its strength."""
         receipt = self.ctx.store.receipt(key)
         if receipt is not None:
             return receipt["status"]

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-# The shop charges one order: the "single" workload (one order, one charge step).
-SHOP = {"target": "shop_worker:run", "workload": "single"}
+# The shop charges one order: its target declares the "single" workload (one order, one charge step).
+SHOP = {"target": "shop_worker:run"}
 
 
-@pytest.mark.killpoint(**SHOP)  # no points=: one item per crash point, test_every_crash_point[after_call] ...
+@pytest.mark.killpoint(**SHOP)  # no points=: one item per declared crash point, [before_claim] ...
 def test_every_crash_point_is_recovered_without_a_second_charge(killpoint):
     # The crash has run before this body; the test fails if its verdict is not valid.
     assert killpoint.verdict.runs == 1
@@ -24,7 +24,7 @@ def test_a_worker_frozen_past_its_lease_cannot_commit_over_its_successor(killpoi
 
 
 @pytest.mark.killpoint(points=["after_call"], action="1*pause", check=False,
-                       target="shop_worker:run_without_fencing", workload="single")
+                       target="shop_worker:run_without_fencing")
 def test_killpoint_catches_a_commit_without_fencing(killpoint):
     # check=False: this test judges the verdict itself, because this worker must be caught.
     assert killpoint.verdict.valid is False

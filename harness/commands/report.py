@@ -30,8 +30,11 @@ def run(args: argparse.Namespace) -> int:
     from killpoint.harness.run import Session
     from killpoint.reports import run_report_name
 
-    try:
-        schedule = chaos.parse(args.schedule)
+    from killpoint.harness.commands.common import declared_target
+    from killpoint.chaos.points import DB_POINTS
+
+    try:  # the target's declared points are names too (A@before_ack:kill)
+        schedule = chaos.parse(args.schedule, points=frozenset(declared_target(args).points) | frozenset(DB_POINTS))
     except chaos.InvalidSchedule as exc:
         raise BadInput(f"--schedule {shown(args.schedule)}: {one_line(str(exc), 400)}") from None
     if os.path.exists(args.report_dir) and not os.path.isdir(args.report_dir):

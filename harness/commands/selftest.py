@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from killpoint import chaos
-from killpoint.harness.commands.common import (EXIT_VALID, EXIT_VIOLATED, BadInput, progress_for, shown,
-                                     Summary, replay_command, run_config, validate_store)
+from killpoint.harness.commands.common import (add_jobs, jobs_of, EXIT_VALID, EXIT_VIOLATED, BadInput, Summary, add_output,
+                                               print_stats, progress_for, replay_command, run_config, shown,
+                                               validate_store)
 
 if TYPE_CHECKING:
     from killpoint.harness.run import RunResult
@@ -33,7 +34,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true",
                    help="run the reference only on the mutants' schedules, not the full matrix")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    add_jobs(p)
+    p.add_argument("--real-time", action="store_true",
+                   help="turn the run clock off: real waits and short timings (see matrix --help)")
     p.set_defaults(workers=2, workload="orders", target="reference")
+    add_output(p)
 
 
 @dataclass(frozen=True)
@@ -75,9 +80,9 @@ def _chosen(text: str | None) -> list[Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from killpoint.harness.commands.matrix import single_crash_schedules
+    from killpoint.chaos.generator import single_crash_schedules
+    from killpoint.harness.commands.common import workload_of
     from killpoint.harness.run import Session
-    from killpoint.harness.workload import WORKLOADS
 
     validate_store(args.store)
     mutants = _chosen(args.mutants)
@@ -90,27 +95,32 @@ def run(args: argparse.Namespace) -> int:
     reference_configs = [run_config(args, chaos.parse(m.schedule), **m.run_overrides())
                          for m in mutants]
     if not args.quick:
-        steps = WORKLOADS[args.workload](args.seed).step_names
+        steps = workload_of(args).step_names
         reference_configs += [run_config(args, s)
                               for s in single_crash_schedules(steps, chaos.DEFAULT_POINTS)]
     progress = progress_for(args, len(mutant_configs) + len(reference_configs), "killpoint selftest")
     outcomes: list[MutantOutcome] = []
     reference = Summary()
     with Session() as session:
-        for m, config in mutant_configs:
-            progress.step(config.target_name)
-            result = session.run(config)
-            outcomes.append(MutantOutcome(m.name, m.caught_by, result))
-            progress.step(config.target_name, result)
-        for config in reference_configs:
-            progress.step(f"reference {config.schedule}")
-            result = session.run(config)
-            reference.results.append(result)
-            progress.step(f"reference {config.schedule}", result)
+        configs = [c for _, c in mutant_configs] + reference_configs
+        labels = [c.target_name for _, c in mutant_configs] + \
+            [f"reference {c.schedule}" for c in reference_configs]
+        if configs:
+            progress.step(labels[0])  # at once: the first result may take a while
+        for i, result in enumerate(session.run_many(configs, jobs=jobs_of(args))):
+            if i < len(mutant_configs):
+                m = mutant_configs[i][0]
+                outcomes.append(MutantOutcome(m.name, m.caught_by, result))
+            else:
+                reference.results.append(result)
+            progress.step(labels[i], result)
+            if i + 1 < len(configs):
+                progress.step(labels[i + 1])
     progress.close()
 
     caught = sum(o.caught for o in outcomes)
     ok = caught == len(outcomes) and reference.valid is True
+    _junit(args, outcomes, reference)
     if args.json:
         out = reference.to_json()
         out.pop("results", None)
@@ -134,9 +144,26 @@ def run(args: argparse.Namespace) -> int:
             print(f"    reproduce: {replay_command(r)}")
         if r.valid is None:
             print(f"  UNKNOWN under {r.schedule or 'no faults'}: {'; '.join(r.verdict.unknown_reasons)}")
+    if args.stats:
+        print_stats(Summary(results=[o.result for o in outcomes] + reference.results))
     print(f"\nmutation score: {caught}/{len(outcomes)} mutants caught by their named invariant"
           f"{'' if ok else '  -- SELFTEST FAILED'}")
     return EXIT_VALID if ok else EXIT_VIOLATED
+
+
+def _junit(args: argparse.Namespace, outcomes: list[MutantOutcome], reference: Summary) -> None:
+    """``--junit-xml``: a case per run; a mutant's passes when its named invariant caught it."""
+    if not args.junit_xml:
+        return
+    from killpoint.reports import junit
+
+    try:
+        junit.write(args.junit_xml, [o.result for o in outcomes] + reference.results,
+                    suite="killpoint selftest", reproduce=replay_command,
+                    expect=[o.caught_by for o in outcomes] + [None] * len(reference.results))
+    except OSError as exc:
+        raise BadInput(f"--junit-xml {shown(args.junit_xml)}: cannot write it there "
+                       f"({exc.strerror or exc})") from None
 
 
 def table(outcomes: list[MutantOutcome]) -> str:

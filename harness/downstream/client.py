@@ -6,6 +6,7 @@ import http.client
 import json
 import select
 import socket
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 from urllib.parse import quote, urlsplit
@@ -21,9 +22,10 @@ class Answer:
 
 
 class DownstreamClient:
-    """A client of one run on one downstream, over one persistent keep-alive connection.
+    """A client of one run on one downstream, over a persistent keep-alive connection per thread.
 
-    Not thread-safe: give each thread (and each worker process) its own client.
+    Safe to share between threads (a library's own worker threads may call through it at once):
+    each thread gets its own connection. Each process needs its own client.
     """
 
     def __init__(self, url: str, run: str, timeout: float = 10.0) -> None:
@@ -36,7 +38,24 @@ class DownstreamClient:
         self._host, self._port = parts.hostname, parts.port
         # The URL's path is the session's secret (the server answers nothing without it).
         self._prefix = f"{parts.path.rstrip('/')}/runs/{quote(run, safe='')}"
-        self._conn: http.client.HTTPConnection | None = None
+        self._local = threading.local()  # this thread's connection
+        self._owner = threading.current_thread()
+        self._lock = threading.Lock()
+        self._all: set[http.client.HTTPConnection] = set()  # every thread's, for close()
+
+    @property
+    def _conn(self) -> http.client.HTTPConnection | None:
+        return getattr(self._local, "conn", None)
+
+    @_conn.setter
+    def _conn(self, conn: http.client.HTTPConnection | None) -> None:
+        old = getattr(self._local, "conn", None)
+        with self._lock:
+            if old is not None:
+                self._all.discard(old)
+            if conn is not None:
+                self._all.add(conn)
+        self._local.conn = conn
 
     # -- connection --
 
@@ -57,9 +76,15 @@ class DownstreamClient:
         return conn
 
     def close(self) -> None:
+        """Close this thread's connection; from the thread that made the client, every thread's."""
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+        if threading.current_thread() is self._owner:
+            with self._lock:
+                others, self._all = list(self._all), set()
+            for conn in others:
+                conn.close()
 
     def __enter__(self) -> DownstreamClient:
         return self

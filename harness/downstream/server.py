@@ -23,6 +23,28 @@ START_TIMEOUT = 10.0
 _PR_SET_PDEATHSIG = 1
 
 
+# What a plain HTTP client says about a request, as headers: the instance and step it is for (so the
+# ledger can tell which logical intent an effect belongs to, whatever key was sent), who sent it and
+# at which attempt. The body's "meta" object, killpoint's own client's way, wins over them.
+META_HEADERS = {"Killpoint-Instance": "instance", "Killpoint-Step": "step",
+                "Killpoint-Worker": "worker", "Killpoint-Attempt": "attempt"}
+
+
+def _header_meta(headers: Any) -> dict[str, Any]:
+    meta: dict[str, Any] = {}
+    for header, name in META_HEADERS.items():
+        value = headers.get(header)
+        if value in (None, ""):
+            continue
+        if name == "attempt":
+            try:
+                value = int(value)
+            except ValueError:
+                raise BadRequest(f"{header} is not an integer: {value!r}") from None
+        meta[name] = value
+    return meta
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True
@@ -121,6 +143,7 @@ class _Handler(BaseHTTPRequestHandler):
             meta = body.get("meta") or {}
             if not isinstance(params, dict) or not isinstance(meta, dict):
                 raise BadRequest("params and meta must be JSON objects")
+            meta = {**_header_meta(self.headers), **meta}
         except BadRequest as e:
             return ledger.bad_request(run, resource, key, fence, params, meta, str(e))
         return ledger.post(run, resource, key, fence, scope, params, meta)

@@ -31,9 +31,16 @@ RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=100), backoff_coeffi
 
 async def _step(order: dict[str, Any], name: str, *, activity: str | None = None,
                 activity_id: str | None = None) -> Any:
+    # A run may shorten the activity timeout (a killed worker's attempt is retried once it expires)
+    # and set the retry policy's maximum attempts; replay compares neither, so the recorded
+    # histories replay either way.
+    timeout = timedelta(milliseconds=order.get("start_to_close_ms", 10000))
+    retry = RETRY if "max_attempts" not in order else RetryPolicy(
+        initial_interval=RETRY.initial_interval, backoff_coefficient=1.0,
+        maximum_attempts=order["max_attempts"])  # 0: unlimited, Temporal's default
     return await workflow.execute_activity(
         activity or name, order["steps"].get(name, {}), activity_id=activity_id or name,
-        start_to_close_timeout=timedelta(seconds=10), retry_policy=RETRY)
+        start_to_close_timeout=timeout, retry_policy=retry)
 
 
 @workflow.defn(name="order")

@@ -51,7 +51,7 @@ def check_store(spec: str) -> None:
     import psycopg
     from psycopg import conninfo
 
-    from killpoint.harness.store.postgres import redact
+    from killpoint.harness.redact import redact
 
     shown = redact(spec)
     try:

@@ -62,6 +62,7 @@ from psycopg import conninfo, pq
 from killpoint import chaos
 from killpoint import vocab
 from killpoint.harness import states
+from killpoint.harness.redact import redact
 from killpoint.harness.store.base import Claim, OutcomeUnknown, StoreError, StoreUnavailable
 from killpoint.harness.store.sql import SqlStore, event_args
 
@@ -76,6 +77,10 @@ _IDENT = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 SCHEMA = """
 CREATE SCHEMA {s};
+CREATE TABLE {s}.clock (
+    offset_s double precision NOT NULL
+);
+INSERT INTO {s}.clock (offset_s) VALUES (0);
 CREATE TABLE {s}.instances (
     id TEXT PRIMARY KEY,
     seq INTEGER NOT NULL,
@@ -136,12 +141,6 @@ def _reason(exc: BaseException) -> str:
     """The first line of a driver error, for a one-line message."""
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
-
-
-def redact(dsn: str) -> str:
-    """The DSN with any password replaced, for messages and URLs that may be printed."""
-    dsn = re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", dsn)
-    return re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", dsn)
 
 
 class PostgresStore(SqlStore):
@@ -366,7 +365,7 @@ class PostgresStore(SqlStore):
         return {"backend_pids": ended, "states": {str(p): seen.get(p) for p in ended}}
 
     def _tables(self) -> dict[str, str]:
-        return {t: f"{self._s}.{t}" for t in ("steps", "receipts", "events", "instances")}
+        return {t: f"{self._s}.{t}" for t in ("steps", "receipts", "events", "instances", "clock")}
 
     # -- set-up and reading -----------------------------------------------------------------------
     def setup(self, instances: Iterable[Mapping[str, Any]]) -> None:

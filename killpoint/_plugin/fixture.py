@@ -11,12 +11,13 @@ from typing import TYPE_CHECKING, Any, Callable, Generator, Sequence
 import pytest
 
 from killpoint._plugin.marker import _Case, _marker_kwargs
-from killpoint._plugin.settings import KillpointUnavailable, Settings, _points
+from killpoint._plugin.settings import Settings, _points
 from killpoint._plugin.state import _HANDLE, _RUNS, _STATE, INDEX, _State
 from killpoint._plugin.verdict import CrashVerdict, _Run, _verdict
 
 if TYPE_CHECKING:
     from killpoint.chaos.schedule import Schedule
+    from killpoint.harness.workload import Workload
     from killpoint.harness.run import RunConfig, RunResult, Session
 
 class Killpoint:
@@ -49,21 +50,31 @@ class Killpoint:
 
     # -- running -----------------------------------------------------------------------------
     def run(self, schedule: "str | Schedule" = "", *, target: "str | Callable[..., None]" = "reference",
-            workload: str = "orders", workers: int = 2, seed: int | None = None,
+            workload: "str | Workload | None" = None, workers: int = 2, seed: int | None = None,
             **config: Any) -> CrashVerdict:
         """One run under ``schedule`` (text such as ``"A@charge.after_call:kill"``, or a Schedule).
 
+        ``workload``: a built-in name, ``pkg.module:function`` or a :class:`killpoint.Workload`; by
+        default the target's own (``orders`` for the reference and the mutants, ``plain`` for yours).
         ``config`` passes further :class:`killpoint.RunConfig` fields (``timing``, ``bound_s``,
         ``same_identity``).
         """
         from killpoint import chaos
+        from killpoint.chaos.points import DB_POINTS
 
-        parsed = chaos.parse(schedule) if isinstance(schedule, str) else schedule
+        if isinstance(schedule, str):
+            points = frozenset(self._declared(target).points) | frozenset(DB_POINTS)
+            try:
+                parsed = chaos.parse(schedule, points=points)
+            except chaos.InvalidSchedule as exc:
+                pytest.fail(f"killpoint: schedule {schedule[:200]!r}: {exc}", pytrace=False)
+        else:
+            parsed = schedule
         return self._judge([self._config(parsed, target, workload, workers, seed, config)])
 
     def matrix(self, *, target: "str | Callable[..., None]" = "reference",
                points: Sequence[str] | None = None, steps: Sequence[str] | None = None, depth: int = 1,
-               workload: str = "orders", workers: int = 2, seed: int | None = None,
+               workload: "str | Workload | None" = None, workers: int = 2, seed: int | None = None,
                actions: "Sequence[str] | str" = ("kill", "pause"), **config: Any) -> CrashVerdict:
         """The schedules ``killpoint matrix`` runs for the same arguments, in its order: worker A
         killed at each point of each step (hung at the heartbeat) and, with ``actions`` (as
@@ -71,35 +82,40 @@ class Killpoint:
         one; with ``depth=2`` every ordered pair of crashes on a step, by default on the steps
         more than one instance runs (``killpoint matrix --depth 2``).
 
-        Points default to all (narrowed by ``--killpoint-points``); under ``--killpoint-shard K/N``
-        this runs the K-th share of the list, which is the same in every job.
+        Points default to all the target declares (narrowed by ``--killpoint-points``); under
+        ``--killpoint-shard K/N`` this runs the K-th share of the list, which is the same in every job.
         """
-        from killpoint.harness.workload import WORKLOADS
+        from killpoint.harness.workload import default_for, resolve_workload
 
         seed = self.settings.seed if seed is None else seed
-        if workload not in WORKLOADS:
-            raise ValueError(f"workload {workload!r}: known workloads are {', '.join(WORKLOADS)}")
-        known = WORKLOADS[workload](seed).step_names
+        declared = self._declared(target)
+        built = resolve_workload(workload if workload is not None else default_for(target, declared), seed)
+        known = built.step_names
         points = [points] if isinstance(points, str) else points
-        if steps is None and depth == 2:
-            from killpoint.harness.commands.matrix import repeated_steps
+        from killpoint.chaos import generator
 
-            steps = repeated_steps(WORKLOADS[workload](seed))
+        if steps is None and depth == 2:
+            steps = generator.repeated_steps(built)
         steps = (steps,) if isinstance(steps, str) else tuple(steps) if steps is not None else known
         bad = [s for s in steps if s not in known]
         if bad:
-            raise ValueError(f"steps {bad!r}: the {workload} workload's steps are {', '.join(known)}")
-        schedules = _schedules(steps, _points(points, self.settings), depth, _actions(actions))
-        mine = [s for i, s in enumerate(schedules) if self.settings.in_shard(i)]
-        if schedules and not mine:
-            k, n = self.settings.shard
-            pytest.skip(f"shard {k}/{n} has no share of this matrix of {len(schedules)} schedules")
-        return self._judge([self._config(s, target, workload, workers, seed, {**needs, **config})
-                            for s, needs in mine])
+            raise ValueError(f"steps {bad!r}: the {built.name} workload's steps are {', '.join(known)}")
+        if depth not in (1, 2):
+            raise ValueError(f"killpoint.matrix(depth={depth!r}): depth is 1 (single crashes) or 2 (pairs)")
+        plans = generator.matrix(steps, _points(points, self.settings, declared.points), depth=depth,
+                                 actions=_actions(actions))
+        k, n = self.settings.shard
+        mine = generator.shard(plans, k, n)
+        if plans and not mine:
+            pytest.skip(f"shard {k}/{n} has no share of this matrix of {len(plans)} schedules")
+        # Each pair of depth 2 comes with the restart rule its second fault needs.
+        return self._judge([self._config(p.schedule, target, workload, workers, seed,
+                                         {**p.overrides(), **config}) for p in mine])
 
-    def explore(self, *, target: str = "reference", budget: int | None = None, seed: int | None = None,
-                workload: str = "orders", workers: int = 2) -> CrashVerdict:
-        """Schedules drawn with Hypothesis (``killpoint explore``), a failure shrunk to a minimal one.
+    def explore(self, *, target: "str | Callable[..., None]" = "reference", budget: int | None = None,
+                seed: int | None = None, workload: str | None = None, workers: int = 2) -> CrashVerdict:
+        """Schedules drawn with Hypothesis (``killpoint explore``), a failure shrunk to a minimal one;
+        the verdict's ``results`` hold that counterexample's run and every run that was unknown.
 
         ``budget`` defaults to ``--killpoint-budget``. Under ``--killpoint-shard K/N`` this job draws
         its share of the budget from a seed of its own, so N jobs together draw the whole budget.
@@ -109,21 +125,33 @@ class Killpoint:
         return explore(self, target=target, budget=budget, seed=seed, workload=workload, workers=workers)
 
     # -- inside ------------------------------------------------------------------------------
-    def _config(self, schedule: Any, target: Any, workload: str, workers: int, seed: int | None,
-                extra: dict[str, Any]) -> "RunConfig":
-        from killpoint.harness.run import RunConfig
-        from killpoint.harness.targets import InvalidTarget, resolve
+    def _declared(self, target: Any) -> Any:
+        """The target with its declaration, or a test failure naming the bad target."""
+        from killpoint.harness.targets import InvalidTarget, declared
 
         try:
-            resolve(target)
-            problem = None
+            return declared(target)
         except InvalidTarget as exc:
             problem = str(exc)
-        if problem is not None:
-            pytest.fail(f"killpoint: {problem}", pytrace=False)
+        pytest.fail(f"killpoint: {problem}", pytrace=False)
+
+    def _config(self, schedule: Any, target: Any, workload: Any, workers: int, seed: int | None,
+                extra: dict[str, Any]) -> "RunConfig":
+        from killpoint.harness.run import RunConfig
+        from killpoint.harness.workload import InvalidWorkload, Workload, resolve_workload
+
+        self._declared(target)
+        seed = self.settings.seed if seed is None else seed
+        if isinstance(workload, Workload):
+            extra = {"workload_spec": workload, **extra}
+            workload = workload.name
+        elif workload is not None:
+            try:
+                resolve_workload(workload, seed)
+            except InvalidWorkload as exc:
+                pytest.fail(f"killpoint: {exc}", pytrace=False)
         return RunConfig(schedule=schedule, target=target, workload=workload, workers=workers,
-                         seed=self.settings.seed if seed is None else seed, store=self.settings.store,
-                         **extra)
+                         seed=seed, store=self.settings.store, **extra)
 
     def _guard(self) -> None:
         """Crashes must only ever hit children: refuse if this (pytest's) process has failpoints."""
@@ -134,26 +162,32 @@ class Killpoint:
                                "scheduled kill would kill pytest; only worker processes may install them")
 
     def _judge(self, configs: Sequence["RunConfig"]) -> CrashVerdict:
-        from killpoint.harness.commands.common import replay_command
+        from killpoint.harness.jobs import default_jobs
 
         session = self._session_getter()
         results, runs = [], []
-        for config in configs:
+        self._guard()
+        jobs = self.settings.jobs or (1 if self._state.worker_id else default_jobs())
+        for config, result in zip(configs, session.run_many(configs, jobs=jobs)):
             self._guard()
-            result = session.run(config)
-            _assert_children_only(result)
-            page = self._write_page(result)
-            note = "" if "<locals>" not in config.target_name else \
-                "a target defined inside a test cannot be named on the command line: name it " \
-                "as pkg.module:function to replay it"
-            run = _Run(str(config.schedule), result.valid, result.verdict.violations,
-                       tuple(result.verdict.unknown_reasons), replay_command(result), page, note)
             results.append(result)
-            runs.append(run)
-            self._record(run, result, target=config.target_name, seed=config.seed, page=page)
+            runs.append(self._keep(result))
         target = configs[0].target_name if configs else "none"
         seed = configs[0].seed if configs else self.settings.seed
         return _verdict(runs, results, target, seed)
+
+    def _keep(self, result: "RunResult") -> _Run:
+        """Check that a run crashed only children, write its page, record it; what the verdict keeps."""
+        _assert_children_only(result)
+        page = self._write_page(result)
+        config = result.config
+        note = "" if "<locals>" not in config.target_name else \
+            "a target defined inside a test cannot be named on the command line: name it " \
+            "as pkg.module:function to replay it"
+        run = _Run(str(config.schedule), result.valid, result.verdict.violations,
+                   tuple(result.verdict.unknown_reasons), config.reproduce_command(), page, note)
+        self._record(run, result, target=config.target_name, seed=config.seed, page=page)
+        return run
 
     def _write_page(self, result: "RunResult") -> str | None:
         """The run's HTML report, written by the process that holds its history (xdist-safe names)."""
@@ -182,9 +216,10 @@ class Killpoint:
             self._item.user_properties.append(("killpoint_report", page))
 
 
+
 def _actions(actions: "Sequence[str] | str") -> tuple[str, ...]:
     """``actions=`` as ``--actions`` reads it: a comma-separated string or a sequence of names."""
-    from killpoint.harness.commands.matrix import ACTIONS
+    from killpoint.chaos.generator import ACTIONS
 
     chosen = tuple(a.strip() for a in (actions.split(",") if isinstance(actions, str) else actions)
                    if a.strip())
@@ -192,25 +227,6 @@ def _actions(actions: "Sequence[str] | str") -> tuple[str, ...]:
     if bad or not chosen:
         raise ValueError(f"actions={actions!r}: use any of {', '.join(ACTIONS)}")
     return chosen
-
-
-def _schedules(steps: Sequence[str], points: Sequence[str], depth: int,
-               actions: Sequence[str] = ("kill", "pause")) -> list[tuple[Any, dict[str, Any]]]:
-    """The matrix as ``killpoint matrix`` builds it: (schedule, RunConfig fields it needs) pairs."""
-    from killpoint.harness.commands import matrix
-
-    if depth == 1:
-        return [(s, {}) for s in matrix.single_fault_schedules(steps, points, tuple(actions))]
-    pairs = getattr(matrix, "double_crash_schedules", None)
-    if depth == 2 and pairs is None:
-        raise KillpointUnavailable("killpoint.matrix(depth=2) needs the double-crash matrix "
-                                   "(`killpoint matrix --depth 2`), which this installation does not "
-                                   "have yet; use depth=1")
-    if depth == 2:
-        # Each pair comes with the restart rule its second fault needs.
-        return [(s, {"same_identity": same}) for s, same in pairs(steps, points)]
-    raise ValueError(f"killpoint.matrix(depth={depth!r}): depth is 1 (single crashes) or 2 (pairs)")
-
 
 def _points_fired(result: "RunResult") -> dict[str, Any]:
     """The crash points a run reached and fired, plain enough to travel from an xdist worker."""

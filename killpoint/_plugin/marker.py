@@ -34,7 +34,7 @@ def _cases(points: Sequence[str], steps: Sequence[str] | None, actions: Sequence
     steps_or_any: Sequence[str | None] = tuple(steps) if steps else (None,)
     if action is not None:
         return [_Case(p, s, action) for s in steps_or_any for p in points]
-    from killpoint.harness.commands.matrix import single_fault_schedules
+    from killpoint.chaos.generator import single_fault_schedules
 
     faults = [s.faults[0] for s in single_fault_schedules(steps_or_any, points, tuple(actions))]
     return [_Case(f.point, f.step, str(f.actions), "pause" if "pause" in str(f.actions) else "")
@@ -51,7 +51,7 @@ def _marker_kwargs(name: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:
         _collection_error(f"{name}: @pytest.mark.killpoint got unknown keyword "
                                 f"{', '.join(map(repr, unknown))}; it takes {', '.join(_MARKER_KEYS)}")
     out = {"points": None, "target": "reference", "workers": 2, "steps": None, "action": None,
-           "actions": ("kill", "pause"), "workload": "orders", "seed": None, "check": True, **kwargs}
+           "actions": ("kill", "pause"), "workload": None, "seed": None, "check": True, **kwargs}
     actions = out["actions"]
     actions = tuple(a.strip() for a in (actions.split(",") if isinstance(actions, str) else actions)
                     if isinstance(a, str) and a.strip())
@@ -78,6 +78,16 @@ def _marker_kwargs(name: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:
         except InvalidAction as exc:
             _collection_error(f"{name}: @pytest.mark.killpoint(action={out['action']!r}): {exc}")
     return out
+
+
+def _declared_points(name: str, target: Any) -> tuple[str, ...]:
+    """The crash points a marked test's target declares (a collection error if it cannot be found)."""
+    from killpoint.harness.targets import InvalidTarget, declared
+
+    try:
+        return declared(target).points
+    except InvalidTarget as exc:
+        _collection_error(f"{name}: @pytest.mark.killpoint(target={target!r}): {exc}")
 
 
 def _collection_error(message: str) -> NoReturn:

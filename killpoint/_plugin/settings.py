@@ -22,6 +22,8 @@ _OPTIONS = (
     ("budget", "N", "schedules killpoint.explore() draws when the test does not say (default: 100)"),
     ("shard", "K/N", "run only the K-th of N deterministic shares of the crash points of marked "
                      "tests, of each killpoint.matrix() and of each exploration's budget"),
+    ("jobs", "N", "runs of one killpoint.matrix() side by side, each in a process of its own "
+                  "(default: the number of cores; 1 in an xdist worker, which is already one of many)"),
 )
 DEFAULT_BUDGET = 100
 
@@ -36,14 +38,15 @@ class Settings:
     points: tuple[str, ...] | None = None  # None: every point
     budget: int = DEFAULT_BUDGET
     shard: tuple[int, int] = (1, 1)  # (K, N), 1 <= K <= N
+    jobs: int | None = None  # None: the number of cores, or 1 under xdist
 
     def in_shard(self, position: int) -> bool:
-        """Whether the ``position``-th (0-based) member of a deterministic list is this shard's.
+        """Whether the ``position``-th (0-based) member of a deterministic list is this shard's
+        (:func:`killpoint.chaos.generator.in_shard`: round robin)."""
+        from killpoint.chaos.generator import in_shard
 
-        Round robin, so shares differ by at most one member and together cover the list.
-        """
         k, n = self.shard
-        return position % n == k - 1
+        return in_shard(position, k, n)
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -100,7 +103,7 @@ def _settings(config: pytest.Config) -> Settings:
             os.path.dirname(table.path) if where.startswith("[tool.killpoint]") else \
             (config.inipath.parent if config.inipath else config.rootpath)
         values["report_dir"] = os.path.abspath(os.path.join(base, report_dir))
-    for name, low in (("seed", 0), ("budget", 1)):
+    for name, low in (("seed", 0), ("budget", 1), ("jobs", 1)):
         text, where = _raw(config, name, table)
         if text is None:
             continue
@@ -115,11 +118,13 @@ def _settings(config: pytest.Config) -> Settings:
     if points is not None:
         from killpoint.chaos.points import ORDERED_POINTS
 
+        # Any name: a target may declare points of its own; each marked test or matrix then runs
+        # the points its target declares among these (and says so when there are none).
         chosen = tuple(p.strip() for p in points.split(",") if p.strip())
-        bad = [p for p in chosen if p not in ORDERED_POINTS]
+        bad = [p for p in chosen if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]*", p)]
         if bad or not chosen:
-            raise pytest.UsageError(f"{where}: unknown crash point {', '.join(map(repr, bad)) or repr(points)}; "
-                                    f"valid names are {', '.join(ORDERED_POINTS)}")
+            raise pytest.UsageError(f"{where}: bad crash point name {', '.join(map(repr, bad)) or repr(points)}; "
+                                    f"give names such as {', '.join(ORDERED_POINTS[:3])} or a target's own")
         values["points"] = chosen
     shard, where = _raw(config, "shard")
     if shard is not None:
@@ -130,11 +135,22 @@ def _settings(config: pytest.Config) -> Settings:
     return Settings(**values)
 
 
-def _points(asked: Sequence[str] | None, settings: Settings) -> tuple[str, ...]:
-    """The points a marked test or a matrix runs: its own (or all), narrowed by --killpoint-points."""
+def _points(asked: Sequence[str] | None, settings: Settings,
+            declared: Sequence[str] | None = None) -> tuple[str, ...]:
+    """The points a marked test or a matrix runs: its own (or all the target declares), narrowed by
+    --killpoint-points. A point the target does not declare is never scheduled (ValueError)."""
     from killpoint.chaos.points import DEFAULT_POINTS
 
-    points = tuple(asked) if asked else DEFAULT_POINTS
+    declared = tuple(declared) if declared else DEFAULT_POINTS
+    points = tuple(asked) if asked else declared
+    undeclared = [p for p in points if p not in declared]
+    if undeclared:
+        raise ValueError(f"points {undeclared!r}: the target does not declare them; it declares "
+                         f"{', '.join(declared)}")
     if settings.points is not None:
-        points = tuple(p for p in points if p in settings.points)
+        narrowed = tuple(p for p in points if p in settings.points)
+        if points and not narrowed:
+            raise ValueError(f"--killpoint-points {','.join(settings.points)} leaves none of the points "
+                             f"this target declares ({', '.join(points)})")
+        points = narrowed
     return points

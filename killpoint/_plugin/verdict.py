@@ -33,7 +33,8 @@ class CrashVerdict:
 
     valid: bool | None
     runs: int
-    results: tuple["RunResult", ...] = field(repr=False)  # every run, with its history (none for an exploration)
+    # Every run with its history (of an exploration: its counterexample and its unknown runs).
+    results: tuple["RunResult", ...] = field(repr=False)
     report_path: str | None  # HTML report of the first run that was not valid (else the first run)
     target: str
     seed: int

@@ -1,0 +1,178 @@
+"""Schedule generation: the crash matrices every caller enumerates, and their sharding.
+
+The ``killpoint matrix`` command, ``killpoint selftest`` and the pytest plugin's ``killpoint.matrix()``
+and marked tests all draw their schedules from here, so the same arguments give the same list, in the
+same order, everywhere (the role of a Jepsen generator; exploration draws from
+:mod:`killpoint.chaos.strategies` instead).
+
+- :func:`single_crash_schedules` -- worker A faulted once at each point of each step (``kill``, a
+  ``hang`` at the heartbeat);
+- :func:`single_fault_schedules` -- those, plus A paused past its lease where it holds one, plus A's
+  database sessions terminated at each point (in each write transaction at the store's own points);
+- :func:`double_crash_schedules` -- every ordered pair of crashes, each with the restart rule it needs;
+- :func:`matrix` -- one of those by depth, as :class:`Planned` runs;
+- :func:`in_shard`, :func:`shard` and :func:`budget_share` -- the K-th of N deterministic shares.
+
+Pure: nothing here starts a process or reads a file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence, TypeVar
+
+from killpoint.chaos.actions import parse as parse_actions
+from killpoint.chaos.points import DB_POINTS
+from killpoint.chaos.schedule import Fault, Schedule
+
+__all__ = ["ACTIONS", "DB_HITS", "FORMS", "HIT_ORDER", "LEASE_HELD", "Planned", "budget_share",
+           "double_crash_schedules", "in_shard", "matrix", "repeated_steps", "shard",
+           "single_crash_schedules", "single_fault_schedules"]
+
+FORMS = ("workers", "hits")
+# The order a worker hits the points of one attempt in (heartbeat right after the claim).
+HIT_ORDER = ("before_claim", "after_claim", "heartbeat", "before_call", "in_call", "after_call",
+             "before_receipt", "after_receipt", "before_commit", "after_commit")
+# The points at which the faulted worker holds a lease: a pause there makes it a stale worker.
+LEASE_HELD = ("after_claim", "before_call", "in_call", "after_call", "before_receipt", "after_receipt",
+              "before_commit")
+ACTIONS = ("kill", "pause", "terminate")
+# At a db point, the hits ``terminate`` lands on: the write transactions of A's first attempt at a
+# step -- its claim, its receipt and its commit.
+DB_HITS = (1, 2, 3)
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One schedule of a matrix and the run settings it needs (None: the run's default)."""
+
+    schedule: Schedule
+    same_identity: float | None = None  # the chance a killed worker restarts under its own identity
+
+    def overrides(self) -> dict[str, Any]:
+        """The :class:`killpoint.RunConfig` fields this schedule sets."""
+        return {} if self.same_identity is None else {"same_identity": self.same_identity}
+
+
+def single_crash_schedules(step_names: Iterable[str], points: Iterable[str]) -> list[Schedule]:
+    """Worker A faulted once at each point of each step: ``kill``, or ``hang`` for the heartbeat."""
+    points = tuple(points)
+    out = []
+    for step in step_names:
+        for point in points:
+            action = "hang" if point == "heartbeat" else "kill"
+            out.append(Schedule((Fault("A", point, parse_actions(action), step),)))
+    return out
+
+
+def single_fault_schedules(step_names: Iterable[str], points: Iterable[str],
+                           actions: Sequence[str] = ("kill", "pause"),
+                           terminate_points: Iterable[str] | None = None) -> list[Schedule]:
+    """The single-crash schedules (``kill``); with ``pause``, worker A frozen once past its lease
+    at every point where it holds one, then resumed after another worker moved the step on; with
+    ``terminate``, A's database sessions ended once at every point of ``terminate_points``
+    (default ``points``), at a db point in each transaction of ``DB_HITS``."""
+    step_names, points = tuple(step_names), tuple(points)
+    out = single_crash_schedules(step_names, points) if "kill" in actions else []
+    if "pause" in actions:
+        for step in step_names:
+            for point in points:
+                if point in LEASE_HELD:
+                    out.append(Schedule((Fault("A", point, parse_actions("1*pause"), step),)))
+    if "terminate" in actions:
+        for step in step_names:
+            for point in (points if terminate_points is None else tuple(terminate_points)):
+                for hit in (DB_HITS if point in DB_POINTS else (1,)):
+                    out.append(Schedule((Fault("A", point, parse_actions("1*terminate"), step, hit),)))
+    return out
+
+
+def _action(point: str) -> str:
+    # Once, said in the schedule itself: the pair's text then reads the same whatever the
+    # harness's rule for spent faults (a hang, like a kill, is not inherited by a restart).
+    return "1*hang" if point == "heartbeat" else "kill"
+
+
+def _fault(worker: str, step: str, point: str, hit: int = 1) -> Fault:
+    return Fault(worker, point, parse_actions(_action(point)), step, hit)
+
+
+def double_crash_schedules(step_names: Iterable[str], points: Iterable[str], *,
+                           forms: Sequence[str] = FORMS,
+                           cross_steps: bool = False) -> list[tuple[Schedule, float]]:
+    """Every ordered pair of faults, each with the restart rule it needs (``same_identity``).
+
+    ``workers``: ``A@s1.p1`` then ``B@s2.p2`` (B starts once A's fault fired). ``hits``:
+    ``A@s.p1`` then ``A@s.p2`` again, with every killed worker restarted under its own identity,
+    so the restarted A takes the second crash; when A passes ``p2`` before (or at) ``p1`` in an
+    attempt, the second fault waits for hit #2 so that it lands after the first. A pair whose
+    second fault is never reached (the other worker did that work) is unknown, never valid.
+    The ``hits`` form has no pair after a hang at the heartbeat: a hung worker is never killed
+    and restarted (the harness ends it only once the run is done), so A could never crash again.
+    """
+    step_names, points = tuple(step_names), tuple(points)
+    out: list[tuple[Schedule, float]] = []
+    for s1 in step_names:
+        for p1 in points:
+            first = _fault("A", s1, p1)
+            if "workers" in forms:
+                for s2 in (step_names if cross_steps else (s1,)):
+                    for p2 in points:
+                        out.append((Schedule((first, _fault("B", s2, p2))), 0.5))
+            if "hits" in forms and _action(p1) != "1*hang":
+                for p2 in points:
+                    hit = 2 if HIT_ORDER.index(p2) <= HIT_ORDER.index(p1) else 1
+                    out.append((Schedule((first, _fault("A", s1, p2, hit))), 1.0))
+    return out
+
+
+def repeated_steps(workload: Any) -> tuple[str, ...]:
+    """The steps more than one instance of ``workload`` runs: the default steps of depth 2.
+
+    After a crash, recovery of a step passes only the points it needs (a receipt found means no
+    call, no receipt, no second commit point), so a second fault at the same step is reached on a
+    later instance that runs the step afresh. A step only one instance runs (the amendment) has no
+    later instance, so most of its pairs could never fire; name it explicitly to run them.
+    """
+    counts: dict[str, int] = {}
+    for inst in workload.instances:
+        for step in inst.steps:
+            counts[step.name] = counts.get(step.name, 0) + 1
+    return tuple(name for name in workload.step_names if counts[name] > 1) or workload.step_names
+
+
+def matrix(step_names: Iterable[str], points: Iterable[str], *, depth: int = 1,
+           actions: Sequence[str] = ("kill",), terminate_points: Iterable[str] | None = None,
+           forms: Sequence[str] = FORMS, cross_steps: bool = False) -> list[Planned]:
+    """Depth 1: :func:`single_fault_schedules` with ``actions``; depth 2:
+    :func:`double_crash_schedules` with ``forms``, each pair with its restart rule."""
+    if depth == 1:
+        return [Planned(s) for s in single_fault_schedules(step_names, points, actions, terminate_points)]
+    if depth == 2:
+        return [Planned(s, same) for s, same in
+                double_crash_schedules(step_names, points, forms=forms, cross_steps=cross_steps)]
+    raise ValueError(f"depth {depth!r}: depth is 1 (single crashes) or 2 (pairs)")
+
+
+def in_shard(position: int, k: int, n: int) -> bool:
+    """Whether the ``position``-th (0-based) member of a deterministic list is shard ``k`` of ``n``.
+
+    Round robin, so shares differ by at most one member and together cover the list.
+    """
+    if not 1 <= k <= n:
+        raise ValueError(f"shard {k}/{n}: expected 1 <= K <= N")
+    return position % n == k - 1
+
+
+def shard(items: Sequence[T], k: int, n: int) -> list[T]:
+    """The members of ``items`` that are shard ``k`` of ``n`` (see :func:`in_shard`)."""
+    return [item for i, item in enumerate(items) if in_shard(i, k, n)]
+
+
+def budget_share(total: int, k: int, n: int) -> int:
+    """Shard ``k``'s part of a budget of ``total`` draws split over ``n`` shards (they sum to it)."""
+    if not 1 <= k <= n:
+        raise ValueError(f"shard {k}/{n}: expected 1 <= K <= N")
+    return total // n + (1 if k - 1 < total % n else 0)

@@ -1,0 +1,268 @@
+"""Exploration: search schedules with Hypothesis, far beyond the single-crash matrix.
+
+Each example is a schedule of one to a few faults (kills anywhere, including inside the call,
+pauses past the lease, hangs, short sleeps), plus the rule for restarting killed workers (under a
+fresh identity, or under their own). A run whose verdict is invalid is a counterexample; Hypothesis
+shrinks it, and the smallest counterexamples are then *confirmed* (:mod:`killpoint.harness.confirm`):
+replayed five times, shrunk further one fault at a time; only a schedule that failed every replay is
+the confirmed counterexample. Stalls are drawn relative to the run's lease TTL and stuck bound, below
+and well past them. :func:`explore` returns what the search found as an
+:class:`Exploration`; the ``killpoint explore`` command prints it and the pytest plugin's
+``killpoint.explore()`` turns it into a verdict.
+
+Every draw flows from the seed. Hypothesis keeps what it found in ``database`` (laid out as pytest's
+``.hypothesis/``, examples under ``examples/``), so the same search again starts from the last
+counterexample.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Sequence
+
+from killpoint.harness.history import History
+from killpoint.harness.run import RunConfig, RunResult, Session
+from killpoint.harness.stats import PointStats
+
+__all__ = ["DEFAULT_DATABASE", "Counterexample", "Exploration", "Experiment", "SAME_IDENTITY", "explore"]
+
+DEFAULT_DATABASE = os.path.join(".killpoint", "hypothesis")
+# Restart rules a run can draw, simplest first: the default mix, always the same identity, never.
+SAME_IDENTITY = (0.5, 1.0, 0.0)
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """One example: a schedule and the chance that a killed worker keeps its identity."""
+
+    schedule: Any  # chaos.Schedule
+    same_identity: float = 0.5
+
+
+CANDIDATES = 4  # the smallest distinct counterexamples a search hands to confirmation
+
+
+@dataclass(frozen=True)
+class Counterexample:
+    """A run that violated an invariant, and how its replays went.
+
+    Confirmed: the schedule failed every one of its ``replays`` (``result`` is its last failing
+    run). Not confirmed: no candidate failed every replay (its outcome depends on timing);
+    ``result`` is then the smallest failing run seen, and ``replays``/``replays_failed`` those of
+    the candidate that failed most often.
+    """
+
+    experiment: Experiment
+    result: RunResult
+    confirmed: bool = False
+    replays: int = 0
+    replays_failed: int = 0
+
+    @property
+    def flaky(self) -> bool:
+        return not self.confirmed
+
+    @property
+    def schedule(self) -> str:
+        return str(self.experiment.schedule)
+
+    @property
+    def violated(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(v.invariant for v in self.result.verdict.violations))
+
+    @property
+    def reproduce(self) -> str:
+        return self.result.config.reproduce_command()
+
+
+@dataclass(frozen=True)
+class Exploration:
+    """What a search saw: run counts, runs that could not be judged, the minimal counterexample."""
+
+    config: RunConfig  # the base configuration every drawn schedule ran with
+    budget: int
+    seed: int
+    runs: int
+    valid_runs: int
+    unfired: int  # runs unknown only because a drawn fault never fired
+    unknown: tuple[RunResult, ...]  # runs unknown for another reason
+    failures: int  # counterexamples seen, shrinking included
+    minimal: Counterexample | None
+    invariants: dict[str, dict[str, int]]
+    duration_s: float
+    seen: tuple[RunResult, ...] = ()  # every run in the order run, without its history (for JUnit)
+    points: PointStats = field(default_factory=PointStats)  # crash points reached and fired, all runs
+
+    @property
+    def valid(self) -> bool | None:
+        """False with a counterexample; None when some run could not be judged; else True."""
+        return False if self.minimal is not None else (None if self.unknown else True)
+
+
+@dataclass
+class _Search:
+    runs: int = 0
+    valid: int = 0
+    unfired: int = 0
+    unknown: list[RunResult] = field(default_factory=list)
+    failures: int = 0
+    last: tuple[Experiment, RunResult] | None = None  # Hypothesis's final one: the shrunk counterexample
+    smallest: tuple[Experiment, RunResult] | None = None  # the fallback when the last did not reproduce
+    invariants: dict[str, dict[str, int]] = field(default_factory=dict)
+    seen: list[RunResult] = field(default_factory=list)
+    failing: list[Experiment] = field(default_factory=list)  # every counterexample, in order
+    points: PointStats = field(default_factory=PointStats)
+
+    def failed(self, experiment: Experiment, result: RunResult) -> None:
+        self.failures += 1
+        self.failing.append(experiment)
+        self.last = (experiment, result)
+        if self.smallest is None or _size(experiment) < _size(self.smallest[0]):
+            self.smallest = self.last
+
+    def record(self, result: RunResult) -> None:
+        self.runs += 1
+        self.seen.append(dataclasses.replace(result, history=History(())))
+        self.points = self.points + PointStats.of(result.history)
+        for res in result.verdict.results:
+            counts = self.invariants.setdefault(res.invariant, {"checked": 0, "violated": 0})
+            counts["checked"] += res.checked
+            counts["violated"] += res.valid is False
+        if result.valid is True:
+            self.valid += 1
+        elif result.valid is None:
+            if all("never fired" in reason for reason in result.verdict.unknown_reasons):
+                self.unfired += 1
+            else:
+                self.unknown.append(result)
+
+
+def _size(experiment: Experiment) -> tuple[int, int]:
+    return len(experiment.schedule.faults), len(str(experiment.schedule))
+
+
+class _Found(Exception):
+    """Raised inside the Hypothesis test to mark a counterexample (Hypothesis then shrinks it)."""
+
+
+def database_key(config: RunConfig, max_faults: int, steps: Sequence[str], points: Sequence[str]) -> bytes:
+    """Examples are kept per search space: the same target, workload and shape of schedule."""
+    text = json.dumps([config.target_name, config.workload_name, config.workers, max_faults, list(steps),
+                       list(points)])
+    return hashlib.sha256(text.encode()).digest()
+
+
+def explore(config: RunConfig, *, steps: Sequence[str], points: Sequence[str], budget: int = 100,
+            seed: int = 0, max_faults: int = 3, database: str | None = DEFAULT_DATABASE,
+            session: Session | None = None,
+            on_run: Callable[[str, RunResult | None], None] | None = None) -> Exploration:
+    """Draw up to ``budget`` schedules over ``steps`` x ``points`` from ``seed``, run each with
+    ``config`` (its schedule and restart rule replaced), and shrink the first counterexample.
+
+    ``database`` is Hypothesis's folder for the search (None: keep no examples); ``session`` the
+    session to run in (default: a new one, closed at the end); ``on_run(schedule, result)`` is
+    called before each run (``result`` None) and after it, for progress.
+    """
+    from hypothesis import HealthCheck, Phase, Verbosity, given, settings
+    from hypothesis import seed as hypothesis_seed
+    from hypothesis import strategies as st
+    from hypothesis.database import DirectoryBasedExampleDatabase
+    from hypothesis.errors import Flaky
+
+    from killpoint.chaos.strategies import schedules, stall_durations
+
+    if budget < 1:
+        raise ValueError(f"budget {budget}: use a whole number of at least 1")
+    if max_faults < 1:
+        raise ValueError(f"max_faults {max_faults}: use a whole number of at least 1")
+    workers = [chr(ord("A") + i) for i in range(config.workers)]
+    stalls = stall_durations(config.timing.lease_ttl_ms, config.timing.stuck_bound_ms)
+    experiments = st.builds(Experiment, schedules(workers, tuple(steps), points=tuple(points),
+                                                  max_faults=max_faults, stalls_ms=stalls),
+                            st.sampled_from(SAME_IDENTITY))
+    home = DEFAULT_DATABASE if database is None else database
+    examples = None if database is None else DirectoryBasedExampleDatabase(os.path.join(home, "examples"))
+    search = _Search()
+    started = time.monotonic()
+    note = on_run or (lambda schedule, result: None)
+
+    with contextlib.ExitStack() as stack:
+        if session is None:
+            session = stack.enter_context(Session())
+        run = session.run
+
+        def trial(experiment: Experiment) -> None:
+            run_config = dataclasses.replace(config, schedule=experiment.schedule,
+                                             same_identity=experiment.same_identity)
+            note(str(experiment.schedule), None)
+            result = run(run_config)
+            search.record(result)
+            note(str(experiment.schedule), result)
+            if result.valid is False:
+                search.failed(experiment, result)
+                raise _Found
+
+        test = settings(database=examples, max_examples=budget, deadline=None,
+                        suppress_health_check=list(HealthCheck), verbosity=Verbosity.quiet,
+                        phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink),
+                        report_multiple_bugs=False, derandomize=False, print_blob=False)(
+            hypothesis_seed(seed)(given(experiments)(trial)))
+        test._hypothesis_internal_database_key = database_key(  # type: ignore[attr-defined]
+            config, max_faults, steps, points)
+        flaky = False
+        with _hypothesis_home(home):
+            try:
+                test()
+            except _Found:
+                pass
+            except Flaky:
+                flaky = True  # the shrunk example did not fail again: confirmation decides
+        confirmed, tried = _confirm(run, config, search)
+    found = search.smallest if flaky else search.last
+    minimal = None
+    if confirmed is not None:
+        minimal = Counterexample(Experiment(confirmed.config.schedule, confirmed.config.same_identity),
+                                 confirmed.result, True, confirmed.replays, confirmed.failed)
+    elif found is not None:
+        best = max(tried, key=lambda t: t.failed / t.replays, default=None)
+        minimal = Counterexample(found[0], found[1], False, best.replays if best else 0,
+                                 best.failed if best else 0)
+    return Exploration(config, budget, seed, search.runs, search.valid, search.unfired,
+                       tuple(search.unknown), search.failures, minimal, search.invariants,
+                       time.monotonic() - started, tuple(search.seen), search.points)
+
+
+def _confirm(run: Callable[[RunConfig], RunResult], config: RunConfig, search: _Search) -> tuple[Any, list[Any]]:
+    """Replay the smallest counterexamples seen (see :mod:`killpoint.harness.confirm`)."""
+    from killpoint.harness.confirm import confirm
+
+    if not search.failing:
+        return None, []
+    distinct = {(str(e.schedule), e.same_identity): e for e in search.failing}
+    smallest = sorted(distinct.values(), key=_size)[:CANDIDATES]
+    configs = [dataclasses.replace(config, schedule=e.schedule, same_identity=e.same_identity)
+               for e in smallest]
+    return confirm(run, configs)
+
+
+@contextlib.contextmanager
+def _hypothesis_home(path: str) -> Iterator[None]:
+    """Point Hypothesis's own files (its caches) at ``path`` for the search, not ``./.hypothesis``.
+
+    The setting is process-wide, so the previous one comes back afterwards (a test suite that
+    calls ``explore`` keeps its own Hypothesis folder).
+    """
+    from hypothesis import configuration
+
+    previous = configuration.storage_directory(intent_to_write=False).home_directory
+    configuration.set_hypothesis_home_dir(path)
+    try:
+        yield
+    finally:
+        configuration.set_hypothesis_home_dir(previous)

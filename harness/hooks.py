@@ -1,0 +1,182 @@
+"""The run loop's side of the target contract: the worker body, the hooks, what a target raised.
+
+In a worker process, :func:`worker_body` runs the target (after ``recover`` when the worker replaces
+a dead one) and turns an exception nobody injected into a finding: the traceback goes into the
+journal (so into the history and the report) and a one-line message to the harness, which stops
+replacing workers once the same exception (same type, raised at the same place) comes back.
+
+In the harness, :class:`Hooks` calls the target's own hooks; a hook that raises makes the run
+unknown, naming the hook and the exception, and never a violation.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping
+
+from killpoint import vocab
+from killpoint.chaos.journal import Journal
+from killpoint.harness.declaration import Target, TargetRun, normalize_final_states
+
+# The journal kind, and the key of a worker's message to the harness, when its target raised.
+RAISED = vocab.RAISED
+
+
+def signature(exc: BaseException) -> str:
+    """What makes two exceptions "the same": the type and the innermost place it was raised."""
+    tb = traceback.extract_tb(exc.__traceback__)
+    where = f"{tb[-1].filename}:{tb[-1].lineno}" if tb else "?"
+    return f"{type(exc).__module__}.{type(exc).__qualname__}@{where}"
+
+
+def describe(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def worker_body(target: Target, ctx: Any, journal: Journal, events_fd: int | None,
+                passes: Callable[[BaseException], bool] = lambda exc: False) -> int:
+    """Run the target in this worker process; the exit code the process should end with.
+
+    An exception for which ``passes`` is true is not the target's (a full disk): it is re-raised."""
+    try:
+        recover = target.hook("recover")
+        if recover is not None and ctx.replaces is not None:
+            recover(ctx, ctx.replaces)
+        target(ctx)
+    except SystemExit as exc:
+        if exc.code in (None, 0):
+            return 0
+        return _raised(exc, journal, events_fd)
+    except BaseException as exc:  # noqa: BLE001 - every exception of a target is a finding
+        if passes(exc):
+            raise
+        return _raised(exc, journal, events_fd)
+    return 0
+
+
+_OWN_FRAMES = (os.path.join("harness", "hooks.py"), os.path.join("harness", "declaration.py"))
+
+
+def format_traceback(exc: BaseException) -> str:
+    """The traceback from the target's first frame on (the harness's own calls left out)."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.endswith(_OWN_FRAMES)]
+    return "Traceback (most recent call last):\n" + "".join(traceback.format_list(frames)) + \
+        "".join(traceback.format_exception_only(type(exc), exc))
+
+
+def _raised(exc: BaseException, journal: Journal, events_fd: int | None) -> int:
+    text = format_traceback(exc)
+    sig = signature(exc)
+    journal.write(RAISED, error=describe(exc), exception=type(exc).__name__, where=sig,
+                  traceback=text[-8000:])
+    if events_fd is not None:
+        try:
+            os.write(events_fd, (json.dumps({RAISED: sig, "error": describe(exc)}) + "\n").encode())
+        except OSError:
+            pass
+    return 1
+
+
+@dataclass
+class Raised:
+    """The exceptions workers raised in one run, by signature."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)  # signature -> "TypeError: ..."
+    workers: dict[str, list[str]] = field(default_factory=dict)  # signature -> worker labels
+    repeated: str | None = None  # the first signature seen twice: replacements stop
+
+    def add(self, sig: str, error: str, worker: str) -> bool:
+        """Record one; True when it repeats an earlier one (the run stops replacing workers)."""
+        self.counts[sig] = self.counts.get(sig, 0) + 1
+        self.errors.setdefault(sig, error)
+        self.workers.setdefault(sig, []).append(worker)
+        if self.counts[sig] > 1 and self.repeated is None:
+            self.repeated = sig
+        return self.counts[sig] > 1
+
+    def reasons(self) -> tuple[str, ...]:
+        out = []
+        for sig, n in self.counts.items():
+            who = ", ".join(self.workers[sig])
+            stop = "; replacements stopped at its first repeat" if sig == self.repeated else ""
+            out.append(f"the target raised {self.errors[sig]} in worker{'s' if n > 1 else ''} {who} "
+                       f"({n} time{'s' if n > 1 else ''}{stop}); its traceback is in the history")
+        return tuple(out)
+
+
+class Hooks:
+    """The target's hooks as the harness calls them; a hook that raises is recorded, never thrown."""
+
+    def __init__(self, target: Target, run: TargetRun) -> None:
+        self.target = target
+        self.run = run
+        self.errors: list[str] = []
+        self.setup_ok = True  # False once setup() raised: the other hooks have nothing to read
+
+    def _call(self, name: str, default: Any, *args: Any) -> Any:
+        fn = self.target.hook(name)
+        if fn is None:
+            return default
+        try:
+            return fn(*args)
+        except Exception as exc:  # noqa: BLE001 - the run's verdict says so
+            self.errors.append(f"the target's {name}() hook raised {describe(exc)}")
+            return default
+
+    def setup(self) -> bool:
+        before = len(self.errors)
+        self._call("setup", None, self.run)
+        self.setup_ok = len(self.errors) == before
+        return self.setup_ok
+
+    def done(self) -> bool:
+        """Without a ``done`` hook, a target that owns its state is done once its workers exit."""
+        return self.setup_ok and bool(self._call("done", True, self.run))
+
+    def final_states(self) -> tuple[Mapping[str, Any], ...]:
+        raw = self._call("final_states", None, self.run) if self.setup_ok else None
+        try:
+            return normalize_final_states(raw)
+        except Exception as exc:  # noqa: BLE001
+            self.errors.append(f"the target's final_states() hook gave {describe(exc)}")
+            return ()
+
+    def history(self, end: int) -> list[dict[str, Any]]:
+        """Store events from ``history()``; an event without ``t`` is placed after ``end``, in order."""
+        raw = self._call("history", None, self.run) if self.setup_ok else None
+        events: list[dict[str, Any]] = []
+        for n, e in enumerate(_rows(raw, self.errors)):
+            if "kind" not in e:
+                self.errors.append(f"the target's history() hook gave an event without a kind: {e!r:.200}")
+                continue
+            events.append({**e, "t": int(e.get("t") or end + n + 1)})
+        return events
+
+    def teardown(self) -> None:
+        self._call("teardown", None, self.run)
+
+    def restart(self) -> bool:
+        """Restart the target's own server; False when it has no ``restart`` hook or the hook raised."""
+        if self.target.hook("restart") is None:
+            self.errors.append("a fault asked to restart the target's server, but the target has no "
+                               "restart() hook")
+            return False
+        before = len(self.errors)
+        self._call("restart", None, self.run)
+        return len(self.errors) == before
+
+
+def _rows(raw: Any, errors: list[str]) -> Iterable[dict[str, Any]]:
+    if raw is None:
+        return []
+    try:
+        return [dict(e) for e in raw]
+    except Exception as exc:  # noqa: BLE001
+        errors.append(f"the target's history() hook gave {describe(exc)}")
+        return []
+
