@@ -470,7 +470,7 @@ def test_shards_cover_each_position_exactly_once(n):
 def test_the_fixture_and_the_marker_schedule_the_same_list_as_killpoint_matrix(capsys):
     """A worker that passes the fixture's matrix must pass the CLI's: same schedules, same order,
     kills and pauses past the lease, for the same points, steps, actions and depth."""
-    from killpoint._plugin.fixture import _schedules
+    from killpoint._plugin.fixture import _plans
     from killpoint._plugin.marker import _cases
     from killpoint.chaos.points import DEFAULT_POINTS
     from killpoint.harness.cli import main
@@ -484,10 +484,10 @@ def test_the_fixture_and_the_marker_schedule_the_same_list_as_killpoint_matrix(c
 
     default = cli("--steps", "charge")  # default points and actions: kill and pause
     assert len(default) == 17 and "A@charge.after_call:1*pause" in default
-    assert [str(s) for s, _ in _schedules(("charge",), DEFAULT_POINTS, 1)] == default
+    assert [str(p.schedule) for p in _plans(("charge",), DEFAULT_POINTS, 1)] == default
     assert marker(DEFAULT_POINTS, ("charge",), ("kill", "pause")) == default
     kills = cli("--steps", "charge", "--points", "after_call,in_call", "--actions", "kill")
-    assert [str(s) for s, _ in _schedules(("charge",), ("after_call", "in_call"), 1, ("kill",))] == kills
+    assert [str(p.schedule) for p in _plans(("charge",), ("after_call", "in_call"), 1, "kill")] == kills
     assert marker(("after_call", "in_call"), ("charge",), ("kill",)) == kills
     pairs = cli("--steps", "charge", "--points", "after_call,before_commit", "--depth", "2")
-    assert [str(s) for s, _ in _schedules(("charge",), ("after_call", "before_commit"), 2)] == pairs
+    assert [str(p.schedule) for p in _plans(("charge",), ("after_call", "before_commit"), 2)] == pairs

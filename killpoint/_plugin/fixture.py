@@ -102,8 +102,7 @@ class Killpoint:
             raise ValueError(f"steps {bad!r}: the {built.name} workload's steps are {', '.join(known)}")
         if depth not in (1, 2):
             raise ValueError(f"killpoint.matrix(depth={depth!r}): depth is 1 (single crashes) or 2 (pairs)")
-        plans = generator.matrix(steps, _points(points, self.settings, declared.points), depth=depth,
-                                 actions=_actions(actions))
+        plans = _plans(steps, _points(points, self.settings, declared.points), depth, actions)
         k, n = self.settings.shard
         mine = generator.shard(plans, k, n)
         if plans and not mine:
@@ -215,6 +214,14 @@ class Killpoint:
         if page:  # linked from the test: pytest's JUnit XML carries user_properties
             self._item.user_properties.append(("killpoint_report", page))
 
+
+
+def _plans(steps: Sequence[str], points: Sequence[str], depth: int,
+           actions: "Sequence[str] | str" = ("kill", "pause")) -> list[Any]:
+    """What ``matrix()`` runs: the generator's plans, as ``killpoint matrix`` builds them."""
+    from killpoint.chaos import generator
+
+    return generator.matrix(steps, points, depth=depth, actions=_actions(actions))
 
 
 def _actions(actions: "Sequence[str] | str") -> tuple[str, ...]:
