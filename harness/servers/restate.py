@@ -31,6 +31,7 @@ it connections that it never answers.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import functools
 import json
@@ -136,6 +137,9 @@ class RestateServer:
         self.binary = binary or server_binary()
         self.ingress_port, self.admin_port, self.node_port = free_port(), free_port(), free_port()
         self.proc: subprocess.Popen[bytes] | None = None
+        # A run's teardown stops the server; a run kept for inspection (Session(keep=True)) skips
+        # teardown, and an exception may skip it too: the server still ends with this process.
+        atexit.register(self.kill)
         os.makedirs(folder, exist_ok=True)
         self.config_path = os.path.join(folder, "restate.toml")
         with open(self.config_path, "w") as f:
@@ -270,6 +274,7 @@ def teardown(run: "TargetRun") -> None:
     server = run.state.pop("restate", None)
     if server is not None:
         server.kill()
+        atexit.unregister(server.kill)
 
 
 def _invocations(server: RestateServer) -> dict[str, str]:
