@@ -204,8 +204,11 @@ on-max-attempts = "pause"
                 raise RuntimeError(f"restate-server exited with {self.proc.returncode} on start; see "
                                    f"{os.path.join(self.folder, 'server.log')}")
             try:
+                # Healthy, and its partition answers queries (after a restart it takes a moment).
                 if _http("GET", f"{self.admin}/health", timeout=1)[0] == 200 and \
-                        _http("GET", f"{self.ingress}/restate/health", timeout=1)[0] == 200:
+                        _http("GET", f"{self.ingress}/restate/health", timeout=1)[0] == 200 and \
+                        _http("POST", f"{self.admin}/query",
+                              {"query": "SELECT count(*) AS n FROM sys_invocation"}, timeout=2)[0] == 200:
                     return
             except OSError:
                 pass
@@ -285,7 +288,10 @@ def _invocations(server: RestateServer) -> dict[str, str]:
 
 def done(run: "TargetRun") -> bool:
     server: RestateServer = run.state["restate"]
-    found = _invocations(server)
+    try:
+        found = _invocations(server)
+    except (OSError, RuntimeError):
+        return False  # the server is restarting or not answering yet: not done
     return set(found) >= set(run.state["orders"]) and all(found[k] == "completed" for k in run.state["orders"])
 
 
