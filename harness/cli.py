@@ -13,6 +13,7 @@ import importlib
 import os
 import signal
 import sys
+from typing import Any, NoReturn
 
 from killpoint.harness import signals
 from killpoint.harness.commands.common import (EXIT_BAD_INPUT, EXIT_UNKNOWN, BadInput, one_line,
@@ -32,14 +33,14 @@ COMMANDS = {
 }
 
 
-def _available() -> dict[str, object]:
+def _available() -> dict[str, Any]:
     """Every command's module; a missing one is an ImportError naming it, never a command quietly gone."""
     return {name: importlib.import_module(f"killpoint.harness.commands.{module}")
             for name, module in COMMANDS.items()}
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2, as for every bad input
+    def error(self, message: str) -> NoReturn:  # one line, exit 2, as for every bad input
         self.exit(EXIT_BAD_INPUT, f"killpoint: error: {one_line(message)}\n")
 
 
@@ -114,15 +115,16 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             raise
         return _broken(args, exc)
-    if signals.received() is not None:  # its KeyboardInterrupt was swallowed where it landed
-        return _interrupted(signals.received())
+    received = signals.received()
+    if received is not None:  # its KeyboardInterrupt was swallowed where it landed
+        return _interrupted(received)
     return code
 
 
 def _interrupted(signum: int) -> int:
     name = "terminated (SIGTERM)" if signum == signal.SIGTERM else "interrupted"
     print(f"killpoint: {name}; every process it started has been ended", file=sys.stderr)
-    return signals.EXIT_CODES[signum]
+    return signals.EXIT_CODES[signal.Signals(signum)]
 
 
 def _broken(args: argparse.Namespace, exc: Exception) -> int:

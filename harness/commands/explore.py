@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 from killpoint.harness.commands.common import (EXIT_UNKNOWN, EXIT_VALID, EXIT_VIOLATED, BadInput, Summary,
                                                add_common, progress_for, report_hint, run_config,
@@ -82,7 +83,7 @@ def _report(args: argparse.Namespace, search: Exploration) -> int:
         code = EXIT_UNKNOWN
     else:
         code = EXIT_VALID
-    found = None
+    found: dict[str, Any] = {}  # the minimal counterexample, in the JSON's words
     # The reports: the counterexample's, and those of runs that could not be judged; JUnit: every run.
     shown = Summary(results=([minimal.result] if minimal is not None else []) + list(search.unknown))
     title = f"killpoint explore {args.target}"
@@ -104,7 +105,7 @@ def _report(args: argparse.Namespace, search: Exploration) -> int:
             "valid": False if minimal else (None if search.unknown else True),
             "runs": search.runs, "budget": args.budget, "seed": args.seed, "target": args.target,
             "duration_s": round(elapsed, 1), "violations": violations,
-            "invariants": search.invariants, "report": shown.report, "minimal": found,
+            "invariants": search.invariants, "report": shown.report, "minimal": found or None,
             "counterexamples_seen": search.failures, "unfired_only": search.unfired,
             "points": search.points.to_json(),
             "unknown": [{"schedule": r.schedule, "reasons": list(r.verdict.unknown_reasons)}
