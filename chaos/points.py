@@ -60,6 +60,9 @@ class Failpoints:
     # What the harness needs to end this process's database sessions at a ``terminate`` (the store
     # describes them: their backend PIDs, and which of them has a COMMIT in flight); sent as is.
     backends: Callable[[], Mapping[str, Any]] | None = None
+    # The run's clock (``sleep(seconds)``, ``hang()``), so that a ``sleep`` or a ``hang`` is a wait the
+    # harness can see and move the run's time past; None: real time.
+    clock: Any = None
 
     def __post_init__(self) -> None:
         self._rng = random.Random(self.seed)
@@ -99,9 +102,14 @@ class Failpoints:
             os.kill(os.getpid(), signal.SIGKILL)
             time.sleep(60)  # never reached: SIGKILL cannot be caught
         elif action == "sleep":
-            time.sleep((arg or 0) / 1000)
+            if self.clock is not None:
+                self.clock.sleep((arg or 0) / 1000)
+            else:
+                time.sleep((arg or 0) / 1000)
         elif action == "hang":
             # The business thread blocks for good; the heartbeat thread goes on.
+            if self.clock is not None:
+                self.clock.hang()
             threading.Event().wait()
         elif action == "pause":
             # The harness stops the whole process (SIGSTOP) and later resumes it (SIGCONT and a byte

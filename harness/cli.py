@@ -13,7 +13,8 @@ import importlib
 import os
 import signal
 import sys
-from typing import Any, NoReturn
+from types import ModuleType
+from typing import NoReturn
 
 from killpoint.harness import signals
 from killpoint.harness.commands.common import (EXIT_BAD_INPUT, EXIT_UNKNOWN, BadInput, one_line,
@@ -33,7 +34,7 @@ COMMANDS = {
 }
 
 
-def _available() -> dict[str, Any]:
+def _available() -> dict[str, ModuleType]:
     """Every command's module; a missing one is an ImportError naming it, never a command quietly gone."""
     return {name: importlib.import_module(f"killpoint.harness.commands.{module}")
             for name, module in COMMANDS.items()}

@@ -17,7 +17,8 @@ and optionally gives hooks, each called with a :class:`TargetRun` (``recover`` w
 the worker that replaces a dead one):
 
 ``setup(run)``         create its own tables or files for ``run.workload``
-``done(run) -> bool``  is the work finished? (quiescence, when it owns its state)
+``done(run) -> bool``  is the work finished? (quiescence, when it owns its state; asked while
+                       workers run too, so workers that serve forever are ended once it says so)
 ``final_states(run)``  ``{(instance, step): state}`` in DESIGN's state names, for ``effects_accounted``
                        and ``terminates``
 ``history(run)``       its own records as store events (``claimed``, ``committed``, ...) so that the

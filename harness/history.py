@@ -49,7 +49,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from killpoint import vocab as v
 # Re-exported: the names the checkers and reports have always imported from here.
@@ -61,7 +61,7 @@ from killpoint.vocab import OP_KINDS as OP_KINDS
 @dataclass(frozen=True)
 class Event:
     index: int
-    time: int  # CLOCK_MONOTONIC nanoseconds
+    time: int  # CLOCK_MONOTONIC nanoseconds, plus the run clock's offset then in force (harness.clock)
     process: str
     kind: str
     type: str  # invoke | ok | fail | info | event
@@ -283,12 +283,14 @@ def read_journal(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 def merge(journals: Mapping[str, list[dict[str, Any]]], store_events: Iterable[Mapping[str, Any]],
           ledger: Iterable[Mapping[str, Any]], harness: Iterable[Mapping[str, Any]],
-          dead: Iterable[str] = (), **meta: Any) -> History:
+          dead: Iterable[str] = (), at: "Callable[[int], int] | None" = None, **meta: Any) -> History:
     """Merge the four sources into one history.
 
     Journal entries are ``{"t": ns, "kind": ..., "type": ..., "op": id, ...data}``; an op's
     invoke and completion share ``op``. Every invoke of a worker in ``dead`` that has no
     completion gets an ``info`` completion at the worker's death (its last harness ``exit``).
+    ``at`` turns each CLOCK_MONOTONIC reading into the run's time (the run clock's offset then in
+    force, see :mod:`harness.clock`); it never changes their order.
     """
     raw: list[tuple[int, str, str, str, dict[str, Any]]] = []
     harness = list(harness)
@@ -318,4 +320,6 @@ def merge(journals: Mapping[str, list[dict[str, Any]]], store_events: Iterable[M
     for h in harness:
         data = {k: x for k, x in h.items() if k not in ("t", "kind")}
         raw.append((h["t"], v.HARNESS, h["kind"], v.EVENT, data))
+    if at is not None:
+        raw = [(at(t), p, k, ty, d) for t, p, k, ty, d in raw]
     return build(raw, **meta)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 from killpoint.chaos.schedule import Schedule
 from killpoint.harness import checkpoint
@@ -44,9 +44,10 @@ def checkpoint_verdicts(workload: Workload, store: Store) -> tuple[dict[str, Any
 def gather_history(*, workload: Workload, store: Store, client: ds.DownstreamClient,
                    workers: Iterable[Any], harness_events: Sequence[Mapping[str, Any]],
                    schedule: Schedule, timing: Timing, quiescent: bool, bound_hit: bool,
-                   hooks: "Hooks | None" = None) -> hist.History:
+                   hooks: "Hooks | None" = None,
+                   at: Callable[[int], int] | None = None) -> hist.History:
     """One history from the journals of ``workers`` (label, journal path, exit code), the store,
-    the downstream's ledger and the harness's events.
+    the downstream's ledger and the harness's events; ``at`` puts each time on the run's clock.
 
     With the ``hooks`` of a target that owns its state, killpoint's store (which then holds only
     the rows it was set up with) gives way to what the target's ``history()`` and ``final_states()``
@@ -70,8 +71,8 @@ def gather_history(*, workload: Workload, store: Store, client: ds.DownstreamCli
     return hist.merge(journals, store_events, client.ledger(), list(harness_events),
                       dead=dead, steps=steps, final=final, checkpoints=checkpoints, owns_state=owns,
                       schedule=str(schedule), quiescent=quiescent, bound_hit=bound_hit,
-                      stuck_bound_ms=timing.stuck_bound_ms,
-                      stuck_slack_ms=max(250.0, 2 * timing.heartbeat_ms + 20 * timing.poll_ms))
+                      stuck_bound_ms=timing.stuck_bound_ms, stuck_slack_ms=timing.stuck_slack_ms,
+                      at=at)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,6 @@ exercise.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Callable, Iterable, Mapping
@@ -26,7 +25,7 @@ from killpoint.harness import checkpoint, recovery, states
 from killpoint.harness.downstream import Answer
 from killpoint.harness.store.base import Claim, Store, StoreUnavailable
 from killpoint.harness.store.sql import SqlStore
-from killpoint.harness.worker import Heartbeat, ReferenceWorker, WorkerContext, reference
+from killpoint.harness.worker import Heartbeat, ReferenceWorker, Timing, WorkerContext, reference
 from killpoint.harness.workload import InstanceSpec, StepSpec
 
 Target = Callable[[WorkerContext], None]
@@ -49,6 +48,9 @@ class Mutant:
     # A named workload (harness.workload.WORKLOADS) for a bug the default workload cannot show,
     # such as a damaged checkpoint; named, not built, so the replay command can say it.
     workload: str | None = None
+    # Timing overrides (Timing field -> ms) for a bug that shows only when one period is short next
+    # to a step's work: the same on the virtual clock and off it.
+    timing: Mapping[str, float] | None = None
 
     @property
     def target_name(self) -> str:
@@ -61,6 +63,8 @@ class Mutant:
             extra["bound_s"] = self.bound_s
         if self.workload is not None:
             extra["workload"] = self.workload
+        if self.timing is not None:
+            extra["timing"] = Timing(**self.timing)
         return extra
 
 
@@ -201,6 +205,9 @@ class Delegating:
                            timeout_s: float = 10.0) -> dict[str, Any]:
         return self.inner.terminate_backends(pids, await_idle=await_idle, timeout_s=timeout_s)
 
+    def set_clock(self, offset_s: float) -> None:
+        self.inner.set_clock(offset_s)
+
 
 class BlindCommits(Delegating):
     """A store whose every commit is a :func:`blind_commit`: the compare-and-set is gone."""
@@ -333,7 +340,7 @@ class LocalClockLease(ReferenceWorker):
         self._lease_until: dict[tuple[str, str, int], float] = {}
 
     def local_now(self) -> float:
-        return time.time() - self.clock_behind_s
+        return self.ctx.clock.now() - self.clock_behind_s  # the run's time, 10 s slow
 
     def claim(self, row: dict[str, Any], compensation: bool) -> Claim | None:
         claim = super().claim(row, compensation)
@@ -541,7 +548,12 @@ _ZOO = (
            "the heartbeat renews a step's lease by instance and step alone, not by holder and "
            "fence, so a hung worker's heartbeat keeps renewing the lease after the monitor freed "
            "it and another worker took it (aegra #502)",
-           "lease_fenced", _runner(StaleRenewals), "A@charge.heartbeat:hang"),
+           "lease_fenced", _runner(StaleRenewals), "A@charge.heartbeat:hang",
+           # The stale renewal lands while the new holder works: heartbeats must be frequent next
+           # to a step's milliseconds of work, on either clock (the run's time flows at the real
+           # rate while a worker works).
+           timing={"lease_ttl_ms": 120.0, "heartbeat_ms": 5.0, "stuck_bound_ms": 300.0,
+                   "poll_ms": 2.0}),
     Mutant("fence-reset",
            "every claim sets the step's lease version to 1 instead of raising it, so the worker "
            "that takes over after a crash gets the same fencing token as the one it replaces "
@@ -570,8 +582,9 @@ def overrides_for(target: object) -> dict[str, Any]:
     """RunConfig fields (other than workers) a ``mutant:NAME`` target needs, e.g. a tighter bound."""
     if isinstance(target, str) and target.startswith("mutant:"):
         mutant = MUTANTS.get(target.split(":", 1)[1])
-        if mutant is not None and mutant.bound_s is not None:
-            return {"bound_s": mutant.bound_s}
+        if mutant is not None:
+            extra = mutant.run_overrides()
+            return {k: v for k, v in extra.items() if k in ("bound_s", "timing")}
     return {}
 
 

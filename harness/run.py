@@ -9,6 +9,7 @@ speak to the harness, and :mod:`killpoint.harness.judge` turns what happened int
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import secrets
@@ -19,10 +20,11 @@ import tempfile
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from killpoint import vocab
 from killpoint.chaos.schedule import Schedule
+from killpoint.harness import clock as run_clock
 from killpoint.harness import downstream as ds
 from killpoint.harness import signals
 from killpoint.harness import history as hist
@@ -36,7 +38,7 @@ from killpoint.harness.store.base import Store
 from killpoint.errors import InfrastructureError
 from killpoint.harness.supervise import DISK_ERRORS, Supervisor, WorkerProcess, kill
 from killpoint.harness.targets import Target, declared
-from killpoint.harness.worker import Timing
+from killpoint.harness.worker import REAL_TIME_TIMING, Timing
 from killpoint.harness.workload import Workload, resolve_workload
 
 
@@ -56,8 +58,13 @@ class RunConfig:
     workers: int = 2
     seed: int = 0
     store: str = "sqlite"
-    timing: Timing = field(default_factory=Timing)
-    bound_s: float = 30.0
+    # None: the default for the clock -- production-like (Timing()) on the virtual clock,
+    # REAL_TIME_TIMING with it off. Always a Timing once the config is made.
+    timing: Timing = None  # type: ignore[assignment]  # resolved in __post_init__
+    bound_s: float = 30.0  # wall seconds; the run's own time is bounded too (virtual_bound_s)
+    # The run clock (harness.clock): True moves the run's time past waits when every worker waits,
+    # so leases and bounds cost no wall time; False (--real-time) is plain real time.
+    virtual_time: bool = True
     same_identity: float = 0.5  # chance that a killed worker comes back under its own identity
     # Merged over the workload's downstream configuration, e.g. {"ignore_intent": True}; a
     # ``mutant:NAME`` target's own downstream overrides are applied first.
@@ -73,6 +80,29 @@ class RunConfig:
     # and replaced, the harness reopens its handle). A worker paused by that fault is released at
     # once, without SIGSTOP: it only waited for the restart.
     restarts: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.timing is None:
+            object.__setattr__(self, "timing", Timing() if self.virtual_time else REAL_TIME_TIMING)
+
+    def with_clock(self, virtual: bool) -> "RunConfig":
+        """The same run on the virtual clock or off it; a default timing follows the clock."""
+        if virtual == self.virtual_time:
+            return self
+        timing = self.timing
+        if timing == (Timing() if self.virtual_time else REAL_TIME_TIMING):
+            timing = Timing() if virtual else REAL_TIME_TIMING
+        return dataclasses.replace(self, virtual_time=virtual, timing=timing)
+
+    @property
+    def virtual_bound_s(self) -> float:
+        """The most run time (database time) a run may take: ``bound_s`` counted in stuck windows
+        (bound plus slack) as the real-time timings have them, so a run that waits for ever on
+        the virtual clock ends after as many windows as it would in real time, in about as many
+        jumps, and a hang nobody flags is still judged."""
+        t, real = self.timing, REAL_TIME_TIMING
+        window = (t.stuck_bound_ms + t.stuck_slack_ms) / (real.stuck_bound_ms + real.stuck_slack_ms)
+        return self.bound_s * max(1.0, window)
 
     @property
     def workload_name(self) -> str:
@@ -107,6 +137,13 @@ class RunConfig:
             parts += ["--store", redact(self.store)]  # before quoting: '***' must be quoted
         if self.same_identity != 0.5:  # the restart rule decides who recovers: it is part of the run
             parts += ["--same-identity", f"{self.same_identity:g}"]
+        if not self.virtual_time:  # the clock is part of the run too
+            parts += ["--real-time"]
+        default = Timing() if self.virtual_time else REAL_TIME_TIMING
+        if self.timing != default:
+            parts += ["--timing", ",".join(
+                f"{f.name.replace('_', '-')}={getattr(self.timing, f.name):g}"
+                for f in dataclasses.fields(Timing) if getattr(self.timing, f.name) != getattr(default, f.name))]
         return redact(" ".join(shlex.quote(p) for p in parts))
 
 
@@ -137,13 +174,18 @@ class Session:
     Use it as a context manager: leaving it ends every process it started.
     """
 
-    def __init__(self, base_dir: str | None = None, *, keep: bool = False):
+    def __init__(self, base_dir: str | None = None, *, keep: bool = False, real_time: bool = False,
+                 downstream: "ds.DownstreamProcess | None" = None):
+        self.real_time = real_time  # every run with the clock off (--real-time), whatever its config
         self._own_dir = base_dir is None
         self.base_dir = base_dir or tempfile.mkdtemp(prefix="killpoint-")
         os.makedirs(self.base_dir, exist_ok=True)
         self.keep = keep
+        # A downstream given is borrowed (a --jobs runner shares its parent's): never stopped here.
+        self._own_downstream = downstream is None
         try:
-            self.downstream = ds.start(os.path.join(self.base_dir, "downstream-ledger.sqlite"))
+            self.downstream = downstream or ds.start(os.path.join(self.base_dir,
+                                                                  "downstream-ledger.sqlite"))
         except BaseException:
             if self._own_dir:
                 shutil.rmtree(self.base_dir, ignore_errors=True)
@@ -161,16 +203,26 @@ class Session:
         for w in list(self._live.values()):
             kill(w)
         self._live.clear()
-        self.downstream.stop()
+        if self._own_downstream:
+            self.downstream.stop()
         if self._own_dir and not self.keep:
             shutil.rmtree(self.base_dir, ignore_errors=True)
 
     def run(self, config: RunConfig) -> RunResult:
         signals.check()  # a Ctrl-C swallowed where it landed ends the session before another run
+        if self.real_time:
+            config = config.with_clock(False)
         self._runs += 1
         # Numbered for people, with a random tail so that no other process can guess a live run's id.
         run_id = f"run{self._runs:04d}-s{config.seed}-{secrets.token_hex(4)}"
         return _Run(self, config, run_id).execute()
+
+    def run_many(self, configs: "Sequence[RunConfig]", *, jobs: int = 1) -> "Iterator[RunResult]":
+        """Run independent configurations, ``jobs`` at a time (each job a process of its own);
+        yields their results in the order of ``configs``."""
+        from killpoint.harness.jobs import run_many
+
+        return run_many(self, configs, jobs)
 
 
 class _Run:
@@ -215,6 +267,7 @@ class _Run:
         self.store: Store | None = None
         self.client: ds.DownstreamClient | None = None
         self.sup: Supervisor | None = None
+        self.clock: run_clock.RunClock | None = None
         try:
             result = self._execute(started)
         except Exception as exc:
@@ -224,6 +277,8 @@ class _Run:
             self.cleanup()
             raise
         self.close_client()
+        if self.clock is not None:
+            self.clock.close()
         return result
 
     def _execute(self, started: float) -> RunResult:
@@ -235,18 +290,22 @@ class _Run:
         client = self.client = ds.DownstreamClient(self.s.downstream.url, self.run_id)
         client.configure(self.downstream_config())
         self.phase = "supervising the workers"
+        clock = self.clock = run_clock.RunClock(
+            virtual=self.config.virtual_time, capacity=Supervisor.spawn_cap_for(self.config) + 2,
+            set_store_offset=lambda s: sup.store.set_clock(s))
         sup = self.sup = Supervisor(self.config, run_id=self.run_id, run_dir=self.run_dir,
                                     target=self.target, workload=self.workload, store=store,
                                     downstream=self.s.downstream, registry=self.s._live, note=self.note,
                                     target_run=self.target_run,
                                     finished=self.hooks.done if self.declared.owns_state else None,
-                                    restart_target=self.hooks.restart)
+                                    restart_target=self.hooks.restart, clock=clock)
         self.phase = "setting up the target's own state"
         if not self.hooks.setup():
             sup.halted = True  # the target could not set up its own state: no worker starts
         self.phase = "supervising the workers"
         try:
-            bound_hit, quiescent = sup.supervise(started + self.config.bound_s)
+            bound_hit, quiescent = sup.supervise(started + self.config.bound_s,
+                                                 clock.now() + self.config.virtual_bound_s)
         finally:
             sup.end_workers()
         self.phase = "checking the disk"
@@ -259,7 +318,8 @@ class _Run:
         history = gather_history(workload=self.workload, store=store, client=client,
                                  workers=sup.workers, harness_events=self.harness_events,
                                  schedule=self.config.schedule, timing=self.config.timing,
-                                 quiescent=quiescent, bound_hit=bound_hit, hooks=self.hooks)
+                                 quiescent=quiescent, bound_hit=bound_hit, hooks=self.hooks,
+                                 at=clock.virtual_ns)
         store.close()
         if not self.s.keep:  # the history holds all a report needs; the run's tables can go
             self.phase = "dropping the run's tables"
@@ -307,6 +367,8 @@ class _Run:
                 steps.append(store.drop)
         if not self.s.keep:
             steps.append(self.hooks.teardown)
+        if self.clock is not None:
+            steps.append(self.clock.close)
         for step in steps:
             try:
                 step()

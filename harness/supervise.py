@@ -31,6 +31,7 @@ from killpoint import chaos, vocab
 from killpoint.chaos.journal import Journal
 from killpoint.chaos import seeds
 from killpoint.chaos.points import Failpoints
+from killpoint.harness import clock as run_clock
 from killpoint.harness import downstream as ds
 from killpoint.harness import hooks, messages
 from killpoint.harness.declaration import Target as Declared, TargetRun
@@ -92,6 +93,7 @@ class WorkerProcess:
     state: str = "running"  # running | paused | hung | exited
     paused: tuple[str, str, int] | None = None  # (instance, step, state_version) at pause
     exitcode: int | None = None
+    clock: int | None = None  # its block on the run clock's page (None: untracked)
     raised: tuple[str, str] | None = None  # (signature, "Type: message") when its target raised
 
     @property
@@ -120,20 +122,22 @@ def worker_main(target: Target, ctx_args: dict[str, Any], faults, hits, seed: in
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the harness decides when workers end
     unblock_sigint()
     threading.excepthook = _thread_hook
+    clock = ctx_args["clock"]
+    run_clock.install(clock)
     try:
         journal = Journal(ctx_args["journal"])
         journal.write(vocab.START, pid=os.getpid(), worker=ctx_args["worker_id"])
         store: Store = ctx_args["store"]
         chaos.points.install(Failpoints(list(faults), journal, seed, events_fd, control_fd, dict(hits),
-                                        backends=store.backends))
+                                        backends=store.backends, clock=clock))
         client = ds.DownstreamClient(ctx_args["url"], ctx_args["run_id"])
         declared: Declared = target  # type: ignore[assignment]
         ctx = WorkerContext(ctx_args["worker_id"], store, client, journal, ctx_args["workload"],
                             ctx_args["timing"], run_dir=ctx_args["run_dir"],
                             downstream_url=f"{ctx_args['url']}/runs/{ctx_args['run_id']}",
                             points=declared.points, run=ctx_args["target_run"],
-                            replaces=ctx_args["replaces"])
-        ctx.heartbeat = Heartbeat(store, journal, ctx.timing)
+                            replaces=ctx_args["replaces"], clock=clock)
+        ctx.heartbeat = Heartbeat(store, journal, ctx.timing, clock)
         # An exception of the target is a finding (journaled with its traceback, told to the
         # harness); a full disk is the infrastructure's, and is passed on to be named as such.
         code = hooks.worker_body(declared, ctx, journal, events_fd, passes=disk_failed)
@@ -178,7 +182,8 @@ class Supervisor:
                  workload: Workload, store: Store, downstream: ds.DownstreamProcess,
                  registry: dict[int, WorkerProcess], note: Note, target_run: TargetRun | None = None,
                  finished: Callable[[], bool] | None = None,
-                 restart_target: Callable[[], bool] | None = None) -> None:
+                 restart_target: Callable[[], bool] | None = None,
+                 clock: "run_clock.RunClock | None" = None) -> None:
         self.config = config
         self.restart_target = restart_target
         self.target_run = target_run
@@ -187,6 +192,7 @@ class Supervisor:
         self.raised = hooks.Raised()
         self.halted = False  # replacements stopped: the target raised the same exception twice
         self.replaces: dict[str, str] = {}  # identity about to start -> the dead worker id it replaces
+        self._next_done_poll = 0.0
         self.schedule = config.schedule
         self.run_id = run_id
         self.run_dir = run_dir
@@ -208,6 +214,13 @@ class Supervisor:
         self.incarnations: dict[str, int] = {}
         self.next_fresh = config.workers
         self.spawn_cap = spawn_cap(config.workers, len(self.schedule.faults))
+        self.clock = clock or run_clock.RunClock(virtual=False, capacity=self.spawn_cap + 2,
+                                                 set_store_offset=lambda s: self.store.set_clock(s))
+        self.moved = False  # a worker reported a step moved (or died): wake those waiting for it
+
+    @staticmethod
+    def spawn_cap_for(config: "RunConfig") -> int:
+        return spawn_cap(config.workers, len(config.schedule.faults))
 
     # -- processes --------------------------------------------------------------------------------
     def spawn(self, worker_id: str) -> WorkerProcess:
@@ -217,7 +230,8 @@ class Supervisor:
         events_r, events_w = os.pipe()
         control_r, control_w = os.pipe()
         journal = os.path.join(self.run_dir, f"journal-{label}.jsonl")
-        ctx_args = {"worker_id": worker_id, "store": self.store, "url": self.downstream.url,
+        slot = self.clock.add_worker()
+        ctx_args = {"clock": self.clock.worker_clock(slot), "worker_id": worker_id, "store": self.store, "url": self.downstream.url,
                     "run_id": self.run_id, "workload": self.workload, "timing": self.config.timing,
                     "journal": journal, "target_run": self.target_run, "run_dir": self.run_dir,
                     "replaces": self.replaces.pop(worker_id, None)}
@@ -237,7 +251,8 @@ class Supervisor:
                                           f"{exc}") from exc
             os.close(events_w)
             os.close(control_r)
-            w = WorkerProcess(label, worker_id, proc, Inbox(events_r), control_w, journal)
+            self.clock.forked(slot)
+            w = WorkerProcess(label, worker_id, proc, Inbox(events_r), control_w, journal, clock=slot)
             self.workers.append(w)
             self.registry[proc.pid] = w
         self.note(vocab.SPAWN, worker=label, identity=worker_id, pid=proc.pid)
@@ -322,6 +337,8 @@ class Supervisor:
                 os.close(fd)
             except OSError:
                 pass
+        self.clock.exited(w.clock)
+        self.moved = True  # it may have moved a step on its way out: let the waiting look again
         if code != 0 and len(self.workers) < self.spawn_cap:
             self.replace(w)
 
@@ -426,13 +443,31 @@ class Supervisor:
             w.state = "running"
             w.paused = None
 
+    def owned_done(self) -> bool:
+        """For a target that owns its state, whose workers may serve forever (a library's worker
+        loop): its ``done()``, asked while workers run -- at most every 50 ms, and only once every
+        scheduled fault has fired and no worker is paused or hung, so no fault is cut short."""
+        if self.finished == self._store_done or self.halted or self.deferred:
+            return False
+        now = time.monotonic()
+        if now < self._next_done_poll:
+            return False
+        self._next_done_poll = now + 0.05
+        live = self.live()
+        if not live or any(w.state != "running" for w in live) or self.pending_faults() or \
+                len(self.tally.fired) < len(self.schedule.faults):
+            return False
+        return self.finished()
+
     def _store_done(self) -> bool:
         now, rows = self.store.snapshot()
         return plan(rows, now, self.workload) == DONE
 
     # -- the loop ---------------------------------------------------------------------------------
-    def supervise(self, deadline: float) -> tuple[bool, bool]:
+    def supervise(self, deadline: float, run_deadline: float = float("inf")) -> tuple[bool, bool]:
         """Run the workers until the run is done or the bound is hit: ``(bound_hit, quiescent)``.
+        ``deadline`` is CLOCK_MONOTONIC seconds, ``run_deadline`` the run's own time (database
+        time, which the virtual clock moves).
 
         The caller ends the workers afterwards (:meth:`end_workers`), also when this raises.
         """
@@ -461,14 +496,26 @@ class Supervisor:
                 if not self.live() or all(w.state != "running" for w in self.live()):
                     self.replace(live[-1] if live else self.workers[-1])
                 continue
-            if time.monotonic() > deadline:
-                self.note(vocab.BOUND_HIT, seconds=self.config.bound_s)
+            if time.monotonic() > deadline or self.clock.now() > run_deadline:
+                if time.monotonic() > deadline:
+                    self.note(vocab.BOUND_HIT, seconds=self.config.bound_s)
+                else:
+                    self.note(vocab.BOUND_HIT, seconds=self.config.virtual_bound_s, clock="run")
                 for w in live:
                     self.kill_worker(w, "bound")
                 return True, False
             fds = {w.events: w for w in live}
             sentinels = {w.proc.sentinel: w for w in live}
-            ready, _, _ = select.select(list(fds) + list(sentinels), [], [], 0.02)
+            watched = list(fds) + list(sentinels) + [self.clock.notice_r]
+            # Wake the waits that are over; when every live, unfrozen thread waits on the clock,
+            # move the run's time to the first deadline (harness.clock). Not while a message is
+            # unread: what a worker said before it started waiting may change what happens next.
+            timeout = self.clock.service([w.clock for w in live if w.state != "paused"], self.moved,
+                                         quiet=lambda: not select.select(watched, [], [], 0)[0])
+            moved, self.moved = self.moved, False
+            ready, _, _ = select.select(watched, [], [], timeout)
+            if self.clock.notice_r in ready:
+                self.moved = self.clock.notices()
             for fd in ready:
                 if fd in fds and fds[fd].state != "exited":
                     self.read_messages(fds[fd])
@@ -476,7 +523,13 @@ class Supervisor:
                 if fd in sentinels and sentinels[fd].state != "exited":
                     self.on_exit(sentinels[fd])
             self.start_gated()
+            if not (moved or self.moved or not ready):
+                continue  # nothing moved and no time passed: a paused worker's step did not move on
             for w in self.live():
                 if w.state == "paused":
                     self.maybe_resume(w, others_active=any(o.state == "running" for o in self.live()
                                                            if o is not w))
+            if self.owned_done():
+                for w in self.live():
+                    self.kill_worker(w, "quiescent: the target's done() says the work is finished")
+                return False, True

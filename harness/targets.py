@@ -64,7 +64,8 @@ def _server_target(name: str) -> Target | None:
 
 
 def resolve(target: "str | Target") -> Target:
-    """``reference``, ``mutant:NAME``, ``pkg.module:function``, or a callable taking a WorkerContext."""
+    """``reference``, ``mutant:NAME``, a library target (``dbos:naive``, ``langgraph:keyed``, ...),
+    ``pkg.module:function``, or a callable taking a WorkerContext."""
     if callable(target):
         return target
     if target == "reference":
@@ -79,6 +80,10 @@ def resolve(target: "str | Target") -> Target:
             known = ", ".join(sorted(zoo)) or "none yet"
             raise InvalidTarget(f"unknown mutant {name!r}: known mutants are {known}")
         return zoo[name].target
+    from killpoint.harness import libs
+
+    if libs.is_library_target(target):  # dbos:naive, langgraph:keyed, ... (the library is an extra)
+        return libs.resolve(target)
     module_name, sep, attr = target.partition(":")
     if not sep or not module_name or not attr:
         raise InvalidTarget(f"target {target!r}: expected reference, mutant:NAME or pkg.module:function")

@@ -14,14 +14,16 @@ version and the fence, exactly as after a crash. The worker goes on with its nex
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from killpoint import chaos, vocab
 from killpoint.chaos.journal import Journal
 from killpoint.harness import checkpoint, recovery, states
+from killpoint.harness.clock import Clock
+from killpoint.harness.clock import current as current_clock
 from killpoint.harness.declaration import InvalidPoint, TargetRun
 from killpoint.harness.downstream import Answer, DownstreamClient, LostResponse
 from killpoint.harness.intent import idempotency_key, intent_hash
@@ -31,10 +33,30 @@ from killpoint.harness.workload import InstanceSpec, StepSpec, Workload, policy_
 
 @dataclass(frozen=True)
 class Timing:
-    lease_ttl_ms: float = 120.0
-    heartbeat_ms: float = 30.0
-    stuck_bound_ms: float = 300.0
-    poll_ms: float = 2.0
+    """How long a lease lasts, how often it is renewed, when a hung holder must be flagged, and how
+    often an idle worker looks again when nothing tells it a step moved. The defaults are what a
+    production deployment uses; on the run's virtual clock they cost no wall time. With the clock
+    off (``--real-time``) a run uses :data:`REAL_TIME_TIMING` unless told otherwise."""
+
+    lease_ttl_ms: float = 30_000.0
+    heartbeat_ms: float = 10_000.0
+    stuck_bound_ms: float = 60_000.0
+    poll_ms: float = 1_000.0
+
+    @property
+    def stuck_slack_ms(self) -> float:
+        """How late past the stuck bound a hang may be flagged: the heartbeat and look periods."""
+        return max(250.0, 2 * self.heartbeat_ms + 20 * self.poll_ms)
+
+
+# Short enough for a run in real time, long enough that a loaded machine rarely breaks them.
+REAL_TIME_TIMING = Timing(lease_ttl_ms=120.0, heartbeat_ms=30.0, stuck_bound_ms=300.0, poll_ms=2.0)
+# Leases the clock reads (database time) need a moment past their expiry: SQLite's clock ticks in
+# milliseconds.
+_EXPIRY_MARGIN_S = 0.002
+# After a lost connection a worker opens another at once, after a breath (not a poll period: it has
+# work in hand, and the lease it may still hold is running out).
+_RECONNECT_S = 0.002
 
 
 @dataclass
@@ -61,6 +83,9 @@ class WorkerContext:
     points: "tuple[str, ...] | None" = None
     run: "TargetRun | None" = None
     replaces: str | None = None
+    # The run's clock: wait through it (ctx.clock.sleep, wait_until) and the harness can move the
+    # run's time past a wait when every worker waits, instead of anybody waiting it out.
+    clock: Clock = field(default_factory=current_clock)
 
     def point(self, name: str) -> str | None:
         """Mark crash point ``name``; what happens here comes from the schedule. A name the target
@@ -91,13 +116,14 @@ class Heartbeat:
     progress monitor (``flag_stuck``) exists to catch.
     """
 
-    def __init__(self, store: Store, journal: Journal, timing: Timing):
+    def __init__(self, store: Store, journal: Journal, timing: Timing, clock: Clock | None = None):
         self._store = store.clone()
         self._journal = journal
         self._timing = timing
+        self._clock = clock or current_clock()
         self._claim: Claim | None = None
         self._lock = threading.Lock()
-        self._wake = threading.Event()
+        self._wake = self._clock.event()  # set when a lease is handed over: start renewing it
         self._thread: threading.Thread | None = None
         self._in_store = threading.Lock()  # held while the heartbeat is inside a store transaction
         failpoints = chaos.points.installed()
@@ -110,17 +136,26 @@ class Heartbeat:
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop, name="heartbeat", daemon=True)
             self._thread.start()
+        self._wake.set()
 
     def release(self) -> None:
         with self._lock:
             self._claim = None
 
     def _loop(self) -> None:
+        # With no lease held it waits for one (holding no time); with one, it renews it every
+        # period of the run's clock, counted from when it was handed over.
+        next_beat = None
         while True:
-            self._wake.wait(self._timing.heartbeat_ms / 1000.0)
+            if self._wake.wait(math.inf if next_beat is None else next_beat):
+                self._wake.clear()
+                next_beat = self._clock.now() + self._timing.heartbeat_ms / 1000.0
+                continue
+            next_beat = self._clock.now() + self._timing.heartbeat_ms / 1000.0
             with self._lock:
                 claim = self._claim
             if claim is None:
+                next_beat = None
                 continue
             with self._in_store:
                 renewed = self._store.heartbeat(claim, self._timing.lease_ttl_ms)
@@ -195,38 +230,51 @@ class ReferenceWorker:
         self.journal = ctx.journal
         self.timing = ctx.timing
         if ctx.heartbeat is None:
-            ctx.heartbeat = Heartbeat(ctx.store, ctx.journal, ctx.timing)
+            ctx.heartbeat = Heartbeat(ctx.store, ctx.journal, ctx.timing, ctx.clock)
         self.heartbeat = ctx.heartbeat
         self._loaded: dict[str, checkpoint.Loaded] = {}  # instance id -> its verified checkpoint
 
     # -- the loop ---------------------------------------------------------------------------------
     def run(self) -> None:
-        next_monitor = 0.0
+        clock = self.ctx.clock
+        next_monitor = 0.0  # database time of the next stuck check
         while True:
             try:
                 now, rows = self.store.snapshot()
                 task = plan(rows, now, self.ctx.workload)
                 if task == DONE:
                     return
-                # Busy workers watch too (a few times per bound), so a hung lease holder is flagged
-                # even when no worker is idle.
-                if task == WAIT or time.monotonic() >= next_monitor:
+                # The stuck check runs a few times per bound, busy or idle, so a hung lease holder is
+                # flagged even when no worker is idle (and an idle one does not check on every look).
+                if now >= next_monitor:
                     self.monitor()
-                    next_monitor = time.monotonic() + self.timing.stuck_bound_ms / 4000.0
+                    next_monitor = now + self.timing.stuck_bound_ms / 4000.0
                 if not isinstance(task, Task):  # WAIT
-                    time.sleep(self.timing.poll_ms / 1000.0)
+                    # Nothing to do until a lease expires, the next stuck check, or another worker
+                    # moves a step (the harness wakes us then): no polling in between.
+                    clock.wait_until(self.wake_at(rows, now, next_monitor), or_moved=True)
                     continue
                 self.execute(task)
+                clock.moved()
             except StoreUnavailable as exc:
                 # The store dropped the dead connection; the next call opens another. Whatever
                 # step we were on is left to its lease and to recovery.
                 self.journal.write(vocab.STORE_UNAVAILABLE, error=str(exc),
                                    outcome_unknown=isinstance(exc, OutcomeUnknown))
-                time.sleep(self.timing.poll_ms / 1000.0)
+                clock.sleep(_RECONNECT_S)
+
+    def wake_at(self, rows: list[dict[str, Any]], now: float, next_monitor: float) -> float:
+        """When a waiting worker must look again by itself: the first lease to expire (just past
+        it, database time) or the next stuck check, whichever comes first."""
+        expiries = [r["expires_at"] for r in rows
+                    if r["owner_worker"] is not None and r["expires_at"] is not None
+                    and r["expires_at"] >= now]
+        return min(min(expiries, default=math.inf) + _EXPIRY_MARGIN_S, next_monitor)
 
     def monitor(self) -> None:
         """Flag a lease whose heartbeat goes on while its step makes no progress."""
-        self.store.flag_stuck(self.timing.stuck_bound_ms, self.ctx.worker_id)
+        if self.store.flag_stuck(self.timing.stuck_bound_ms, self.ctx.worker_id):
+            self.ctx.clock.moved()  # the freed leases are there for the taking
 
     def execute(self, task: Task) -> None:
         row = task.row

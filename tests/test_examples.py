@@ -88,5 +88,6 @@ def test_pg_queue_example_suite_passes_through_the_pytest_fixture(pytester, pg_d
 
 def test_sqlite_outbox_example_suite_passes_through_the_pytest_fixture(pytester):
     result = run_example_suite(pytester, "sqlite_outbox")
-    result.assert_outcomes(passed=3)
-    result.stdout.fnmatch_lines(["*test_a_kill_between_delivery_and_mark_redelivers_under_the_same_key PASSED*"])
+    result.assert_outcomes(passed=3 + 6)  # three tests, and the marked one's item per declared point
+    result.stdout.fnmatch_lines(["*test_a_kill_between_delivery_and_mark_redelivers_under_the_same_key PASSED*",
+                                 "*test_each_declared_point_is_its_own_test_item?before_mark? PASSED*"])

@@ -243,3 +243,33 @@ def test_pause_waits_for_registers_the_lock_among_those_a_pause_takes_before_the
         assert failpoints.pause_locks[-1] is lock
     finally:
         chaos_points.install(None)
+
+
+def test_workers_that_serve_forever_are_ended_once_the_targets_done_says_so(session):
+    import time as _time
+
+    import killpoint
+
+    def serve(ctx):  # a library's worker loop: it never returns by itself
+        marker = os.path.join(ctx.run_dir, "charged")
+        while True:
+            if not os.path.exists(marker):
+                with ctx.at("order-1", "charge"):
+                    ctx.point("before_charge")
+                    ctx.downstream.call("payment", key="order-1:charge", params={"amount": 1},
+                                        meta={"instance": "order-1", "step": "charge"})
+                    ctx.point("after_charge")
+                open(marker, "w").close()
+            _time.sleep(0.005)
+
+    def done(run):
+        return os.path.exists(os.path.join(run.run_dir, "charged"))
+
+    target = killpoint.target(serve, points=("before_charge", "after_charge"), owns_state=True, done=done,
+                              final_states=lambda run: {("order-1", "charge"): "succeeded" if done(run) else "running"})
+    schedule = chaos.parse("A@charge.after_charge:kill", points=frozenset(target.points))
+    result = session.run(RunConfig(schedule=schedule, target=target, workload="single", bound_s=20))
+    assert result.valid is True and result.history.quiescent and not result.history.bound_hit
+    assert result.fired == {"A@charge.after_charge:kill": 1}
+    assert any("done() says" in (e.get("reason") or "") for e in result.history.of("harness", "kill"))
+    assert result.duration_s < 10

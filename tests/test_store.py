@@ -502,7 +502,8 @@ def test_single_crash_matrix_on_postgres_is_valid_fires_every_fault_and_leaves_n
     """Protects: issue 7's 'done when' — the matrix is valid on PostgreSQL, with every crash point
     fired, and each run's schema is dropped afterwards."""
     made = _recording_setups(monkeypatch)
-    code = main(["matrix", "--json", "--store", pg_dsn])
+    # --jobs 1: the setups are recorded in this process, so the runs must happen in it.
+    code = main(["matrix", "--json", "--store", pg_dsn, "--jobs", "1"])
     out, _ = capsys.readouterr()
     report = json.loads(out)
     assert code == 0 and report["valid"] is True and report["violations"] == [], report["unknown"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from outbox_worker import POINTS
 
 
@@ -20,3 +21,8 @@ def test_a_new_key_per_delivery_is_caught_as_a_second_charge(killpoint):
 
 def test_a_kill_between_delivery_and_mark_redelivers_under_the_same_key(killpoint):
     killpoint.run("A@charge.before_mark:kill", target="outbox_worker:worker").assert_valid()
+
+
+@pytest.mark.killpoint(target="outbox_worker:worker")  # one item per declared point: [before_deliver] ...
+def test_each_declared_point_is_its_own_test_item(killpoint):
+    assert killpoint.verdict.runs == 1  # the item fails by itself if the crash was not recovered

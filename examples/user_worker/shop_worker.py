@@ -19,7 +19,6 @@ them; a worker with a store of its own says ``owns_state=True`` (see ``examples/
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import killpoint
@@ -63,7 +62,7 @@ class Shop:
                 # Somebody holds a lease. A heartbeat only proves its holder is alive; flag_stuck
                 # frees a lease whose step made no progress for too long, so we can take it over.
                 ctx.store.flag_stuck(ctx.timing.stuck_bound_ms, ctx.worker_id)
-                time.sleep(ctx.timing.poll_ms / 1000.0)
+                ctx.clock.sleep(ctx.timing.poll_ms / 1000.0)  # the run's clock: time can jump past it
                 continue
             row = free[0]
             with ctx.at(row["instance"], row["step"]):  # lets a schedule name the step: A@charge.after_call

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import os
@@ -18,7 +19,7 @@ from killpoint.harness.redact import redact  # noqa: F401 (the commands' one red
 from killpoint.harness.run import RunConfig, RunResult
 from killpoint.harness.stats import PointStats
 from killpoint.harness.stats import total as total_stats
-from killpoint.harness.worker import Timing
+from killpoint.harness.worker import REAL_TIME_TIMING, Timing
 
 EXIT_VALID, EXIT_VIOLATED, EXIT_BAD_INPUT, EXIT_UNKNOWN = 0, 1, 2, 3
 
@@ -37,12 +38,40 @@ def add_common(p: argparse.ArgumentParser, *, target: bool = True) -> None:
     p.add_argument("--report-dir", default=None, help="where to write HTML reports")
     p.add_argument("--report", choices=("always", "on-failure", "never"), default="on-failure",
                    help="when to write HTML reports (default: on-failure)")
+    add_jobs(p)
+    p.add_argument("--real-time", action="store_true",
+                   help="turn the run clock off: leases and bounds wait in real time, with short "
+                        "timings (lease 120 ms), instead of production-like ones (lease 30 s) that "
+                        "the virtual clock skips past")
     p.add_argument("--debug", action="store_true",
                    help="print the traceback of an infrastructure failure (store, downstream, disk)")
     p.add_argument("--timing", type=_timing, default=None, metavar="NAME=MS,...",
                    help="the worker's timings in milliseconds: lease-ttl-ms, heartbeat-ms, "
-                        "stuck-bound-ms, poll-ms (default: 120, 30, 300, 2)")
+                        "stuck-bound-ms, poll-ms (default: 30000, 10000, 60000, 1000 on the run clock; "
+                        "120, 30, 300, 2 with --real-time)")
     add_output(p)
+
+
+def add_jobs(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--jobs", type=_jobs, default=None, metavar="N",
+                   help="independent runs side by side, each job a process (default: the number of "
+                        "cores); verdicts and reports stay in schedule order")
+
+
+def _jobs(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"--jobs {shown(text)}: give a whole number of at least 1")
+    return n
+
+
+def jobs_of(args: argparse.Namespace) -> int:
+    from killpoint.harness.jobs import default_jobs
+
+    return getattr(args, "jobs", None) or default_jobs()
 
 
 def add_output(p: argparse.ArgumentParser) -> None:
@@ -197,8 +226,12 @@ def run_config(args: argparse.Namespace, schedule, **overrides: Any) -> RunConfi
             raise BadInput(f"schedule {shown(str(schedule))}: {', '.join(map(shown, undeclared))} names a crash point "
                            f"the target does not declare; it declares {', '.join(declared.points)}")
     validate_store(args.store, schedule)
+    virtual = not getattr(args, "real_time", False)
+    timing = getattr(args, "timing", None) or {}
     values = dict(schedule=schedule, target=target, workload=workload, workers=args.workers,
-                  seed=args.seed, store=args.store, timing=Timing(**(getattr(args, "timing", None) or {})))
+                  seed=args.seed, store=args.store, virtual_time=virtual,
+                  timing=dataclasses.replace(Timing() if virtual else REAL_TIME_TIMING, **timing)
+                  if timing else None)
     values.update(overrides)
     return RunConfig(**values)
 
@@ -237,6 +270,7 @@ def validate_store(spec: str, schedule=None) -> None:
 def replay_command(result: RunResult) -> str:
     """The one line that reproduces a run (:meth:`RunConfig.reproduce_command`)."""
     return result.config.reproduce_command()
+
 
 
 @dataclass

@@ -83,7 +83,7 @@ def _report(args: argparse.Namespace, search: Exploration) -> int:
         code = EXIT_UNKNOWN
     else:
         code = EXIT_VALID
-    found: dict[str, Any] = {}  # the minimal counterexample, in the JSON's words
+    found: dict[str, Any] = {}  # the shrunk counterexample; empty when there is none
     # The reports: the counterexample's, and those of runs that could not be judged; JUnit: every run.
     shown = Summary(results=([minimal.result] if minimal is not None else []) + list(search.unknown))
     title = f"killpoint explore {args.target}"

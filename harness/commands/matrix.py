@@ -26,7 +26,7 @@ import sys
 from killpoint.chaos import generator
 from killpoint.chaos.generator import ACTIONS, FORMS
 from killpoint.chaos.points import DB_POINTS, ORDERED_POINTS
-from killpoint.harness.commands.common import (Summary, add_common, finish, parse_points, parse_steps,
+from killpoint.harness.commands.common import (jobs_of, Summary, add_common, finish, parse_points, parse_steps,
                                                progress_for, run_config, target_points, workload_of)
 from killpoint.harness.run import Session
 
@@ -93,11 +93,13 @@ def run(args: argparse.Namespace) -> int:
               f"{', '.join(forms)}); choose with --steps, --points or --forms", file=sys.stderr)
     summary = Summary()
     progress = progress_for(args, len(configs), f"killpoint matrix{' --depth 2' if args.depth == 2 else ''}")
-    with Session() as session:
-        for config in configs:
-            progress.step(str(config.schedule))
-            result = session.run(config)
+    with Session(real_time=args.real_time) as session:
+        if configs:
+            progress.step(str(configs[0].schedule))  # at once: the first result may take a while
+        for i, result in enumerate(session.run_many(configs, jobs=jobs_of(args))):
             summary.results.append(result)
-            progress.step(str(config.schedule), result)
+            progress.step(str(result.config.schedule), result)
+            if i + 1 < len(configs):
+                progress.step(str(configs[i + 1].schedule))
     progress.close()
     return finish(args, summary, f"killpoint matrix{' --depth 2' if args.depth == 2 else ''}")

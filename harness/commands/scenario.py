@@ -37,6 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeat", type=int, default=1, metavar="N",
                    help="run it N times and check that every verdict is the same (default: 1)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.add_argument("--real-time", action="store_true",
+                   help="turn the run clock off: real waits and short timings (see matrix --help)")
     p.add_argument("--report-dir", default=None, help="where to write HTML reports")
     p.add_argument("--report", choices=("always", "on-failure", "never"), default="on-failure",
                    help="when to write HTML reports (default: on-failure)")
@@ -108,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
     from killpoint.harness.run import Session
 
     stories: list[Story] = []
-    with Session() as session:
+    with Session(real_time=args.real_time) as session:
         for _ in range(args.repeat):
             stories.append(scenario.run(session, target=args.target, seed=args.seed, store=args.store))
     summary = Summary([r for s in stories for r in s.results])

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from killpoint import chaos
-from killpoint.harness.commands.common import (EXIT_VALID, EXIT_VIOLATED, BadInput, Summary, add_output,
+from killpoint.harness.commands.common import (add_jobs, jobs_of, EXIT_VALID, EXIT_VIOLATED, BadInput, Summary, add_output,
                                                print_stats, progress_for, replay_command, run_config, shown,
                                                validate_store)
 
@@ -34,6 +34,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true",
                    help="run the reference only on the mutants' schedules, not the full matrix")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    add_jobs(p)
+    p.add_argument("--real-time", action="store_true",
+                   help="turn the run clock off: real waits and short timings (see matrix --help)")
     p.set_defaults(workers=2, workload="orders", target="reference")
     add_output(p)
 
@@ -99,16 +102,20 @@ def run(args: argparse.Namespace) -> int:
     outcomes: list[MutantOutcome] = []
     reference = Summary()
     with Session() as session:
-        for m, config in mutant_configs:
-            progress.step(config.target_name)
-            result = session.run(config)
-            outcomes.append(MutantOutcome(m.name, m.caught_by, result))
-            progress.step(config.target_name, result)
-        for config in reference_configs:
-            progress.step(f"reference {config.schedule}")
-            result = session.run(config)
-            reference.results.append(result)
-            progress.step(f"reference {config.schedule}", result)
+        configs = [c for _, c in mutant_configs] + reference_configs
+        labels = [c.target_name for _, c in mutant_configs] + \
+            [f"reference {c.schedule}" for c in reference_configs]
+        if configs:
+            progress.step(labels[0])  # at once: the first result may take a while
+        for i, result in enumerate(session.run_many(configs, jobs=jobs_of(args))):
+            if i < len(mutant_configs):
+                m = mutant_configs[i][0]
+                outcomes.append(MutantOutcome(m.name, m.caught_by, result))
+            else:
+                reference.results.append(result)
+            progress.step(labels[i], result)
+            if i + 1 < len(configs):
+                progress.step(labels[i + 1])
     progress.close()
 
     caught = sum(o.caught for o in outcomes)

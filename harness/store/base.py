@@ -52,7 +52,12 @@ class Store(Protocol):
         ...
 
     def now(self) -> float:
-        """Database time, epoch seconds: the clock every lease is measured by."""
+        """Database time, epoch seconds: the clock every lease is measured by (the run's time: the
+        database's clock plus the run's offset, see :mod:`killpoint.harness.clock`)."""
+        ...
+
+    def set_clock(self, offset_s: float) -> None:
+        """Set the run's offset (the harness's alone: it only grows)."""
         ...
 
     def snapshot(self) -> tuple[float, list[dict[str, Any]]]:

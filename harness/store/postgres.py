@@ -77,6 +77,10 @@ _IDENT = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 SCHEMA = """
 CREATE SCHEMA {s};
+CREATE TABLE {s}.clock (
+    offset_s double precision NOT NULL
+);
+INSERT INTO {s}.clock (offset_s) VALUES (0);
 CREATE TABLE {s}.instances (
     id TEXT PRIMARY KEY,
     seq INTEGER NOT NULL,
@@ -361,7 +365,7 @@ class PostgresStore(SqlStore):
         return {"backend_pids": ended, "states": {str(p): seen.get(p) for p in ended}}
 
     def _tables(self) -> dict[str, str]:
-        return {t: f"{self._s}.{t}" for t in ("steps", "receipts", "events", "instances")}
+        return {t: f"{self._s}.{t}" for t in ("steps", "receipts", "events", "instances", "clock")}
 
     # -- set-up and reading -----------------------------------------------------------------------
     def setup(self, instances: Iterable[Mapping[str, Any]]) -> None:

@@ -55,8 +55,14 @@ class SqlStore(Store):
     def _read(self, fn: Callable[[Any], T]) -> T:
         raise NotImplementedError
 
+    def _now(self, tables: dict[str, str]) -> str:
+        """The run's time: the database's clock plus the run's offset (see :mod:`harness.clock`),
+        read in the same statement, so every time the protocol compares is the run's."""
+        return f"({self.NOW} + (SELECT offset_s FROM {tables['clock']}))"
+
     def _q(self, sql: str) -> str:
-        text = sql.format(now=self.NOW, lock=self.LOCK, skip_locked=self.SKIP_LOCKED, **self._tables())
+        tables = self._tables()
+        text = sql.format(now=self._now(tables), lock=self.LOCK, skip_locked=self.SKIP_LOCKED, **tables)
         return text if self.PARAM == "?" else text.replace("?", self.PARAM)
 
     def _event_sql(self) -> str:
@@ -64,6 +70,11 @@ class SqlStore(Store):
 
     def _event(self, cur: Any, kind: str, instance: str | None, step: str | None, **kw: Any) -> None:
         cur.execute(self._event_sql(), event_args(kind, instance, step, **kw))
+
+    def set_clock(self, offset_s: float) -> None:
+        """Move the run's time to real time plus ``offset_s`` (the harness's; it only grows)."""
+        self._write(lambda cur: cur.execute(self._q("UPDATE {clock} SET offset_s = ?"), (offset_s,)),
+                    points=False)
 
     # -- reading ------------------------------------------------------------------------------------
     def now(self) -> float:

@@ -21,6 +21,10 @@ T = TypeVar("T")
 NOW = "((julianday('now') - 2440587.5) * 86400.0)"
 
 SCHEMA = """
+CREATE TABLE IF NOT EXISTS clock (
+    offset_s REAL NOT NULL
+);
+INSERT INTO clock (offset_s) SELECT 0 WHERE NOT EXISTS (SELECT 1 FROM clock);
 CREATE TABLE IF NOT EXISTS instances (
     id TEXT PRIMARY KEY,
     seq INTEGER NOT NULL,
@@ -126,7 +130,8 @@ class SQLiteStore(SqlStore):
         return fn(self.conn())  # one statement in autocommit mode: a consistent read
 
     def _tables(self) -> dict[str, str]:
-        return {"steps": "steps", "receipts": "receipts", "events": "events", "instances": "instances"}
+        return {"steps": "steps", "receipts": "receipts", "events": "events", "instances": "instances",
+                "clock": "clock"}
 
     # -- set-up and reading -----------------------------------------------------------------------
     def setup(self, instances: Iterable[Mapping[str, Any]]) -> None:

@@ -156,11 +156,14 @@ class Killpoint:
                                "scheduled kill would kill pytest; only worker processes may install them")
 
     def _judge(self, configs: Sequence["RunConfig"]) -> CrashVerdict:
+        from killpoint.harness.jobs import default_jobs
+
         session = self._session_getter()
         results, runs = [], []
-        for config in configs:
+        self._guard()
+        jobs = self.settings.jobs or (1 if self._state.worker_id else default_jobs())
+        for config, result in zip(configs, session.run_many(configs, jobs=jobs)):
             self._guard()
-            result = session.run(config)
             results.append(result)
             runs.append(self._keep(result))
         target = configs[0].target_name if configs else "none"

@@ -22,6 +22,8 @@ _OPTIONS = (
     ("budget", "N", "schedules killpoint.explore() draws when the test does not say (default: 100)"),
     ("shard", "K/N", "run only the K-th of N deterministic shares of the crash points of marked "
                      "tests, of each killpoint.matrix() and of each exploration's budget"),
+    ("jobs", "N", "runs of one killpoint.matrix() side by side, each in a process of its own "
+                  "(default: the number of cores; 1 in an xdist worker, which is already one of many)"),
 )
 DEFAULT_BUDGET = 100
 
@@ -36,6 +38,7 @@ class Settings:
     points: tuple[str, ...] | None = None  # None: every point
     budget: int = DEFAULT_BUDGET
     shard: tuple[int, int] = (1, 1)  # (K, N), 1 <= K <= N
+    jobs: int | None = None  # None: the number of cores, or 1 under xdist
 
     def in_shard(self, position: int) -> bool:
         """Whether the ``position``-th (0-based) member of a deterministic list is this shard's
@@ -100,7 +103,7 @@ def _settings(config: pytest.Config) -> Settings:
             os.path.dirname(table.path) if where.startswith("[tool.killpoint]") else \
             (config.inipath.parent if config.inipath else config.rootpath)
         values["report_dir"] = os.path.abspath(os.path.join(base, report_dir))
-    for name, low in (("seed", 0), ("budget", 1)):
+    for name, low in (("seed", 0), ("budget", 1), ("jobs", 1)):
         text, where = _raw(config, name, table)
         if text is None:
             continue

@@ -1,0 +1,136 @@
+"""Independent runs side by side (``--jobs N``), their results in the order they were asked for.
+
+Each job is a runner process forked from this one: it borrows the session's downstream (runs are
+isolated by run id) and folder, runs the configurations it is handed one at a time, and sends each
+result back. A run's workers are the runner's children, so the run loop is the same as in one
+process; results come back in schedule order whatever order they finish in. An interrupt, or an
+error here, ends every runner, and each runner ends its own workers and run files first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import traceback
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
+
+import multiprocess
+import multiprocess.connection
+
+from killpoint.harness.signals import sigint_deferred, unblock_sigint
+
+if TYPE_CHECKING:
+    from killpoint.harness.run import RunConfig, RunResult, Session
+
+_FORK = multiprocess.get_context("fork")
+
+
+def default_jobs() -> int:
+    """The number of cores this process may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+class JobFailed(RuntimeError):
+    """A run raised in a runner process; the message carries its traceback."""
+
+
+def _runner(session: "Session", configs: Sequence["RunConfig"], conn: Any) -> None:
+    """A runner process: run the configurations whose indexes arrive, send each result back."""
+    from killpoint.harness.run import Session
+    from killpoint.harness.supervise import _die_with_parent
+
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; it ends us by SIGTERM
+
+    def _terminate(signum: int, frame: Any) -> None:
+        raise SystemExit(143)  # unwinds the run in progress: its workers and files go first
+    signal.signal(signal.SIGTERM, _terminate)
+    unblock_sigint()
+    own = Session(session.base_dir, keep=session.keep, real_time=session.real_time,
+                  downstream=session.downstream)
+    try:
+        while True:
+            index = conn.recv()
+            if index is None:
+                return
+            try:
+                result = own.run(configs[index])
+            except Exception as exc:
+                conn.send((index, None, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+                continue
+            # Without its config: the parent has it (and a target may be a closure).
+            conn.send((index, {f.name: getattr(result, f.name) for f in dataclasses.fields(result)
+                               if f.name != "config"}, None))
+    finally:
+        own.close()
+        conn.close()
+
+
+def run_many(session: "Session", configs: Sequence["RunConfig"], jobs: int) -> Iterator["RunResult"]:
+    """Run ``configs`` on ``jobs`` runner processes; yield each result in the order of ``configs``."""
+    from killpoint.harness.run import RunResult
+
+    configs = list(configs)
+    jobs = max(1, min(jobs, len(configs)))
+    if jobs == 1:
+        for config in configs:
+            yield session.run(config)
+        return
+    runners: list[tuple[Any, Any]] = []
+    try:
+        for _ in range(jobs):
+            parent, child = _FORK.Pipe()
+            proc = _FORK.Process(target=_runner, args=(session, configs, child),
+                                 name="killpoint-runner")
+            with sigint_deferred():
+                proc.start()
+            child.close()
+            runners.append((proc, parent))
+        pending = iter(range(len(configs)))
+        busy: dict[Any, int] = {}
+        for _, conn in runners:
+            index = next(pending, None)
+            if index is not None:
+                conn.send(index)
+                busy[conn] = index
+        done: dict[int, "RunResult"] = {}
+        wanted = 0
+        while wanted < len(configs):
+            while wanted in done:
+                yield done.pop(wanted)
+                wanted += 1
+            if wanted >= len(configs):
+                break
+            for conn in multiprocess.connection.wait(list(busy)):
+                try:
+                    index, result, error = conn.recv()
+                except EOFError:
+                    raise JobFailed(f"a runner process died while running "
+                                    f"{configs[busy[conn]].schedule}") from None
+                del busy[conn]
+                if error is not None:
+                    raise JobFailed(f"run {index + 1} ({configs[index].schedule}) raised {error}")
+                done[index] = RunResult(config=configs[index], **result)
+                nxt = next(pending, None)
+                if nxt is not None:
+                    conn.send(nxt)
+                    busy[conn] = nxt
+    finally:
+        for proc, conn in runners:
+            try:
+                conn.send(None)
+            except (OSError, ValueError):
+                pass
+        for proc, conn in runners:
+            proc.join(0.5 if proc.is_alive() else 0)
+            if proc.is_alive():
+                proc.terminate()  # SIGTERM: it ends its run's workers and files, then exits
+                proc.join(10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(5)
+            conn.close()

@@ -1,0 +1,205 @@
+"""The run clock: database time plus the run's offset, waits the harness can see, and autojump.
+
+The store tests run on both backends; the jump tests drive the harness's side (RunClock) by hand
+against real threads waiting through the worker's side (Clock); the end-to-end tests run the real
+loop with production-like timings and compare the virtual clock with ``--real-time``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from killpoint import chaos
+from killpoint.harness import states
+from killpoint.harness.cli import main
+from killpoint.harness.clock import BUSY, FREE, WAIT, RunClock
+from killpoint.harness.run import RunConfig, Session
+from killpoint.harness.store import open_store
+from killpoint.harness.worker import REAL_TIME_TIMING, Timing
+
+INSTANCES = [{"id": "order-1", "format_version": 1, "fingerprint": "fp", "data": "{}", "integrity": "ih",
+              "steps": ["charge"]}]
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store(request, tmp_path):
+    spec = request.getfixturevalue("pg_dsn") if request.param == "postgres" else "sqlite"
+    s = open_store(spec, str(tmp_path), "clock")
+    s.setup(INSTANCES)
+    yield s
+    s.drop()
+
+
+def test_store_time_is_database_time_plus_the_run_offset_and_leases_expire_by_it(store):
+    before = store.now()
+    row = store.steps()[0]
+    a = store.claim("order-1", "charge", "A", expected_state_version=row["state_version"],
+                    from_state=states.PENDING, to_state=states.RUNNING, ttl_ms=30_000.0)
+    assert a is not None
+    row = store.steps()[0]
+    # Within its lease, B cannot take the step ...
+    assert store.claim("order-1", "charge", "B", expected_state_version=row["state_version"],
+                       from_state=states.RUNNING, to_state=states.RUNNING, ttl_ms=30_000.0) is None
+    store.set_clock(3600.0)
+    assert 3599.0 < store.now() - before < 3700.0
+    # ... an hour of the run's time later it can: the same statement compared the moved time.
+    b = store.claim("order-1", "charge", "B", expected_state_version=row["state_version"],
+                    from_state=states.RUNNING, to_state=states.RUNNING, ttl_ms=30_000.0)
+    assert b is not None and b.fence == a.fence + 1
+    assert store.steps()[0]["expires_at"] > before + 3600.0
+
+
+def _waiter(clock, seconds: float, seen: dict) -> threading.Thread:
+    def body() -> None:
+        start = clock.now()
+        clock.sleep(seconds)
+        seen["waited"] = clock.now() - start
+    t = threading.Thread(target=body, daemon=True)
+    t.start()
+    return t
+
+
+def _serve(run_clock: RunClock, index: int, until, limit_s: float = 20.0) -> None:
+    deadline = time.monotonic() + limit_s
+    while not until():
+        assert time.monotonic() < deadline, "the wait did not end"
+        run_clock.notices()
+        timeout = run_clock.service([index], False, quiet=lambda: True)
+        time.sleep(min(timeout, 0.005))
+
+
+def test_autojump_ends_a_30_s_wait_without_waiting_it_out_and_moves_the_store_with_it(tmp_path):
+    store = open_store("sqlite", str(tmp_path), "jump")
+    store.setup(INSTANCES)
+    run_clock = RunClock(virtual=True, capacity=2, set_store_offset=store.set_clock)
+    try:
+        index = run_clock.add_worker()
+        run_clock.board.set(index, 0, FREE)  # no business thread here: only the waiter below
+        clock = run_clock.worker_clock(index)
+        seen: dict = {}
+        db_before, wall = store.now(), time.monotonic()
+        t = _waiter(clock, 30.0, seen)
+        _serve(run_clock, index, lambda: not t.is_alive())
+        assert seen["waited"] >= 30.0
+        assert time.monotonic() - wall < 15.0  # far less than 30 s, with room for a loaded machine
+        assert store.now() - db_before >= 30.0  # the store's time moved with the offset
+        assert run_clock.jumps and run_clock.virtual_ns(time.monotonic_ns()) > time.monotonic_ns() + 29e9
+    finally:
+        run_clock.close()
+        store.drop()
+
+
+def test_a_busy_thread_holds_the_run_clock_and_real_time_still_flows(tmp_path):
+    store = open_store("sqlite", str(tmp_path), "busy")
+    store.setup(INSTANCES)
+    run_clock = RunClock(virtual=True, capacity=2, set_store_offset=store.set_clock)
+    try:
+        index = run_clock.add_worker()  # slot 0 stays BUSY: the business thread is working
+        clock = run_clock.worker_clock(index)
+        seen: dict = {}
+        t = _waiter(clock, 0.3, seen)
+        _serve(run_clock, index, lambda: not t.is_alive())
+        assert run_clock.jumps == [] and run_clock.offset_s() == 0.0
+        assert seen["waited"] >= 0.3  # it waited out its 0.3 s in real time
+        assert run_clock.board.state(index, 0)[0] == BUSY
+    finally:
+        run_clock.close()
+        store.drop()
+
+
+def test_the_real_time_clock_never_jumps_even_when_every_thread_waits(tmp_path):
+    store = open_store("sqlite", str(tmp_path), "real")
+    store.setup(INSTANCES)
+    run_clock = RunClock(virtual=False, capacity=2, set_store_offset=store.set_clock)
+    try:
+        index = run_clock.add_worker()
+        run_clock.board.set(index, 0, FREE)
+        clock = run_clock.worker_clock(index)
+        seen: dict = {}
+        t = _waiter(clock, 0.2, seen)
+        _serve(run_clock, index, lambda: not t.is_alive())
+        assert run_clock.jumps == [] and seen["waited"] >= 0.2
+    finally:
+        run_clock.close()
+        store.drop()
+
+
+def test_a_clock_event_wakes_its_waiter_and_marks_it_busy_first(tmp_path):
+    store = open_store("sqlite", str(tmp_path), "event")
+    store.setup(INSTANCES)
+    run_clock = RunClock(virtual=True, capacity=2, set_store_offset=store.set_clock)
+    try:
+        index = run_clock.add_worker()
+        clock = run_clock.worker_clock(index)
+        event = clock.event()
+        got: dict = {}
+        t = threading.Thread(target=lambda: got.setdefault("set", event.wait()), daemon=True)
+        t.start()
+        deadline = time.monotonic() + 10
+        while run_clock.board.state(index, 1)[0] != WAIT:
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        wakes = run_clock.board.wakes(index)
+        event.set()
+        # The setter marked the waiter busy and counted a wake before the waiter ran: a harness
+        # reading the slots around it cannot see every thread waiting at once.
+        assert run_clock.board.wakes(index) == wakes + 1
+        t.join(10)
+        assert got == {"set": True}
+        assert run_clock.board.state(index, 1)[0] == BUSY
+    finally:
+        run_clock.close()
+        store.drop()
+
+
+def test_a_hang_with_production_timings_is_flagged_in_run_time_at_no_wall_cost():
+    # Stuck bound 60 s, heartbeat 10 s, lease 30 s: the run's time passes the bound, the wall does not.
+    with Session() as session:
+        config = RunConfig(schedule=chaos.parse("A@charge.before_call:hang"), workload="single")
+        assert config.timing == Timing() and config.timing.stuck_bound_ms == 60_000.0
+        wall = time.monotonic()
+        result = session.run(config)
+        wall = time.monotonic() - wall
+    assert result.valid is True, result.verdict
+    stuck = next(r for r in result.verdict.results if r.invariant == "stuck_detected")
+    assert stuck.checked and stuck.valid
+    flags = result.history.of("store", "stuck_flagged")
+    hang = next(e for e in result.history.of("A", "point") if e.get("action") == "hang")
+    assert flags and 60e9 <= flags[0].time - hang.time <= 100e9  # flagged past the bound, in time
+    assert wall < 20.0  # not the minute of the bound (a loaded machine has plenty of room)
+
+
+def test_real_time_runs_use_the_short_timings_and_take_over_in_real_time():
+    config = RunConfig(virtual_time=False)
+    assert config.timing == REAL_TIME_TIMING
+    assert RunConfig().with_clock(False).timing == REAL_TIME_TIMING
+    custom = Timing(lease_ttl_ms=50.0)
+    assert RunConfig(timing=custom).with_clock(False).timing == custom  # a chosen timing stays
+    with Session(real_time=True) as session:
+        result = session.run(RunConfig(schedule=chaos.parse("A@charge.after_call:kill"), workload="single"))
+    assert result.valid is True and result.config.virtual_time is False
+    claims = result.history.of("store", "claimed")
+    # The takeover waited out the real 120 ms lease: no offset moved the history's times.
+    assert len(claims) == 2 and 0.1e9 <= claims[1].time - claims[0].time < 30e9
+
+
+def _selftest(*extra: str, capsys) -> dict:
+    code = main(["selftest", "--quick", "--json", *extra])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0, report
+    return report
+
+
+def test_selftest_gives_the_same_verdicts_on_the_virtual_clock_and_in_real_time(capsys):
+    virtual = _selftest(capsys=capsys)
+    real = _selftest("--real-time", capsys=capsys)
+
+    def verdicts(report: dict) -> list:
+        return [(m["name"], m["caught"], sorted(m["violated"])) for m in report["mutants"]]
+    assert verdicts(virtual) == verdicts(real)
+    assert virtual["reference"]["valid"] is True and real["reference"]["valid"] is True
+    assert virtual["score"] == real["score"]

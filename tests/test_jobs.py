@@ -1,0 +1,55 @@
+"""--jobs N: independent runs side by side in runner processes, results in schedule order."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from killpoint import chaos
+from killpoint.harness.cli import main
+from killpoint.harness.jobs import JobFailed
+from killpoint.harness.run import RunConfig, Session
+
+SCHEDULES = ["A@charge.after_call:kill", "A@charge.before_claim:kill", "A@charge.after_claim:1*pause",
+             "A@charge.before_commit:kill", "A@charge.after_commit:kill"]
+
+
+def _children() -> set[int]:
+    me = str(os.getpid())
+    found = set()
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/stat") as fh:
+                    if fh.read().rsplit(")", 1)[1].split()[1] == me:
+                        found.add(int(pid))
+            except OSError:
+                pass
+    return found
+
+
+def test_run_many_on_two_jobs_gives_every_result_in_schedule_order_and_leaves_no_process():
+    configs = [RunConfig(schedule=chaos.parse(s), workload="single") for s in SCHEDULES]
+    with Session() as session:
+        before = _children()
+        results = list(session.run_many(configs, jobs=2))
+        assert _children() == before  # every runner and every worker ended
+    assert [str(r.config.schedule) for r in results] == SCHEDULES
+    assert [r.config for r in results] == configs
+    assert all(r.valid is True and not r.unfired for r in results), [r.verdict for r in results]
+    # The runs really ran in two other processes: their workers' parents were not this one.
+    spawns = {e.get("pid") for r in results for e in r.history.of("harness", "spawn")}
+    assert len(spawns) >= 2 * len(SCHEDULES)
+
+
+def test_a_run_that_raises_in_a_runner_is_an_error_here_not_a_verdict():
+    configs = [RunConfig(schedule=chaos.parse("A@charge.after_call:kill"), workload="single"),
+               RunConfig(schedule=chaos.parse("A@charge.after_call:kill"), workload="no-such-workload")]
+    with Session() as session, pytest.raises(JobFailed, match="no-such-workload"):
+        list(session.run_many(configs, jobs=2))
+
+
+def test_matrix_refuses_a_jobs_count_below_one(capsys):
+    assert main(["matrix", "--jobs", "0"]) == 2
+    assert "--jobs '0': give a whole number of at least 1" in capsys.readouterr().err

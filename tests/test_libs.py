@@ -1,0 +1,190 @@
+"""The targets shipped for real durable-execution libraries (killpoint.harness.libs): DBOS, LangGraph
+and procrastinate, each run as that library's own workflow, graph or job.
+
+For each library the naive target (a new idempotency key per attempt) must be caught by its crash
+matrix -- exit 1, ``no_duplicate_effects`` -- and the keyed target (a key stable across attempts)
+must be valid on the whole matrix with every declared point fired. Through the CLI, as CI runs it.
+
+A library that is not installed skips its tests; with ``KILLPOINT_REQUIRE_LIBS=1`` (CI sets it, and
+installs the extras) they fail instead, so CI can never go green by skipping.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from killpoint.harness.libs.common import PauseGuard
+
+
+def need(library: str) -> None:
+    if importlib.util.find_spec(library) is None:
+        if os.environ.get("KILLPOINT_REQUIRE_LIBS") == "1":
+            pytest.fail(f"KILLPOINT_REQUIRE_LIBS=1 but {library} is not installed "
+                        f"(pip install 'killpoint[{library}]')", pytrace=False)
+        pytest.skip(f"{library} is not installed: pip install 'killpoint[{library}]'")
+
+
+def matrix(target: str, *extra: str, env: dict[str, str] | None = None) -> tuple[int, dict]:
+    done = subprocess.run([sys.executable, "-m", "killpoint.harness.cli", "matrix", "--target", target, "--json",
+                           *extra], capture_output=True, text=True, timeout=600, env={**os.environ, **(env or {})})
+    assert done.stdout, done.stderr[-3000:]
+    return done.returncode, json.loads(done.stdout)
+
+
+def declared_points(target: str) -> set[str]:
+    from killpoint.harness.targets import declared
+
+    return set(declared(target).points)
+
+
+def fired_points(out: dict) -> set[str]:
+    return {fault.split(":")[0].split("@")[1].split(".")[-1]
+            for r in out["results"] for fault, n in r["fired"].items() if n}
+
+
+def assert_keyed_valid_everywhere(target: str, code: int, out: dict) -> None:
+    assert (code, out["valid"], out["unknown"]) == (0, True, []), (out["unknown"], out["violations"])
+    assert all(not r["unfired"] for r in out["results"])
+    assert fired_points(out) == declared_points(target)  # every declared point fired, no other scheduled
+    assert out["invariants"]["no_duplicate_effects"]["checked"] == out["runs"]
+
+
+def assert_naive_caught(code: int, out: dict, *, same_step: bool = True) -> None:
+    assert (code, out["valid"]) == (1, False), out["unknown"]
+    assert {v["invariant"] for v in out["violations"]} == {"no_duplicate_effects"}
+    if same_step:  # the duplicate is the step the crash hit after its call, re-run by recovery
+        assert all(v["schedule"].split(".")[0].split("@")[1] == v["step"] for v in out["violations"])
+
+
+# -- DBOS -------------------------------------------------------------------------------------------
+
+
+def test_dbos_naive_matrix_exits_1_on_the_duplicate_a_rerun_step_applies():
+    need("dbos")
+    code, out = matrix("dbos:naive")
+    assert_naive_caught(code, out)
+    # DBOS re-runs a step killed before its output was recorded, never one whose output was
+    assert {v["schedule"].split(":")[0].split(".")[-1] for v in out["violations"]} == {"after_call"}
+    # DBOS's operation outputs (history()) and workflow statuses (final_states()) let more judge
+    for name in ("version_chain", "legal_transitions", "effects_accounted", "terminates"):
+        assert out["invariants"][name]["checked"] == out["runs"], name
+
+
+def test_dbos_keyed_matrix_is_valid_with_every_declared_point_fired():
+    need("dbos")
+    code, out = matrix("dbos:keyed")
+    assert_keyed_valid_everywhere("dbos:keyed", code, out)
+
+
+# -- LangGraph --------------------------------------------------------------------------------------
+
+
+def test_langgraph_naive_matrix_exits_1_on_the_duplicate_a_resumed_node_applies():
+    need("langgraph")
+    code, out = matrix("langgraph:naive")
+    assert_naive_caught(code, out)
+
+
+def test_langgraph_keyed_matrix_is_valid_with_every_declared_point_fired():
+    need("langgraph")
+    code, out = matrix("langgraph:keyed")
+    assert_keyed_valid_everywhere("langgraph:keyed", code, out)
+
+
+def test_langgraph_exit_durability_reruns_a_finished_node_that_sync_durability_keeps():
+    """A kill as the second node starts: with ``sync`` the first node's checkpoint is written and
+    resuming the thread skips it; with ``exit`` nothing was written and the first node runs again."""
+    need("langgraph")
+    schedule = ["--points", "before_call", "--actions", "kill", "--steps", "charge"]
+    code, out = matrix("langgraph:naive:sync", *schedule)
+    assert (code, out["valid"], out["runs"]) == (0, True, 1), out
+    code, out = matrix("langgraph:naive:exit", *schedule)
+    assert (code, out["valid"]) == (1, False)
+    assert [(v["invariant"], v["step"]) for v in out["violations"]] == [("no_duplicate_effects", "reserve")]
+
+
+# -- procrastinate ----------------------------------------------------------------------------------
+
+
+def test_procrastinate_naive_matrix_exits_1_on_the_duplicate_a_retried_stalled_job_applies(pg_dsn):
+    need("procrastinate")
+    code, out = matrix("procrastinate:naive", env={"KILLPOINT_PG_DSN": pg_dsn})
+    # a retried job runs from its start: a crash in the charge also applies the reserve again
+    assert_naive_caught(code, out, same_step=False)
+    assert ("A@charge.after_call:kill", "reserve") in {(v["schedule"], v["step"]) for v in out["violations"]}
+
+
+def test_procrastinate_keyed_matrix_is_valid_with_every_declared_point_fired(pg_dsn):
+    need("procrastinate")
+    code, out = matrix("procrastinate:keyed", env={"KILLPOINT_PG_DSN": pg_dsn})
+    assert_keyed_valid_everywhere("procrastinate:keyed", code, out)
+
+
+# -- names, extras and the pause guard --------------------------------------------------------------
+
+
+def test_a_library_target_without_its_extra_names_the_extra_to_install():
+    code = ("import sys; sys.modules['dbos'] = None\n"
+            "from killpoint.harness.targets import resolve\n"
+            "try:\n    resolve('dbos:naive')\nexcept Exception as e:\n    print(type(e).__name__, e)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.startswith("InvalidTarget "), done.stderr[-2000:]
+    assert "pip install 'killpoint[dbos]'" in done.stdout
+
+
+def test_an_unknown_library_variant_is_refused_with_the_known_names():
+    need("dbos")
+    from killpoint.errors import InvalidTarget
+    from killpoint.harness.targets import resolve
+
+    with pytest.raises(InvalidTarget, match="dbos:naive, dbos:keyed"):
+        resolve("dbos:nonsense")
+
+
+def test_loading_the_targets_module_imports_no_library():
+    code = ("import sys, killpoint.harness.targets, killpoint.harness.libs\n"
+            "print(sorted(m for m in ('dbos', 'langgraph', 'procrastinate') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "[]", done.stderr[-2000:]
+
+
+def test_a_pause_waits_for_other_threads_connections_and_holds_new_ones_back():
+    guard = PauseGuard()
+    inside, may_leave, paused, again, entered_again = (threading.Event() for _ in range(5))
+
+    def library_thread() -> None:
+        guard.enter()  # a connection out, as a library's thread inside a transaction
+        inside.set()
+        may_leave.wait(10)
+        guard.leave()
+        again.wait(10)
+        guard.enter()  # the next connection: must wait while the pause holds the guard
+        entered_again.set()
+        guard.leave()
+
+    def pausing_thread() -> None:
+        guard.enter()  # its own connection does not make its pause wait for itself
+        guard.acquire()
+        paused.set()
+
+    t = threading.Thread(target=library_thread)
+    t.start()
+    assert inside.wait(10)
+    p = threading.Thread(target=pausing_thread)
+    p.start()
+    assert not paused.wait(0.2)  # the other thread still holds a connection
+    may_leave.set()
+    assert paused.wait(10)
+    again.set()
+    assert not entered_again.wait(0.2)  # no new connection while paused
+    guard.release()
+    assert entered_again.wait(10)
+    t.join(10)
+    p.join(10)
