@@ -51,6 +51,8 @@ _FORK = multiprocess.get_context("fork")
 # Errors that say the disk the run writes to is full or unusable: infrastructure, not the target.
 DISK_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO})
 EXIT_DISK = 75  # EX_TEMPFAIL: a worker that ended because the disk failed it
+POLL_S = 0.02  # the loop's wait for a message or an exit
+STARVED_S = 0.05  # a wait that overran by more than this: the machine starved the harness
 
 
 def disk_failed(exc: BaseException) -> bool:
@@ -513,7 +515,14 @@ class Supervisor:
             timeout = self.clock.service([w.clock for w in live if w.state != "paused"], self.moved,
                                          quiet=lambda: not select.select(watched, [], [], 0)[0])
             moved, self.moved = self.moved, False
+            asked = time.monotonic()
             ready, _, _ = select.select(watched, [], [], timeout)
+            late = time.monotonic() - asked - (timeout if timeout is not None else 0.0)
+            if not ready and timeout is not None and late > STARVED_S:
+                # The machine did not run the harness for a while (a loaded CI runner): the
+                # workers' monitors were most likely held back as well, and stuck_detected
+                # gives a hang this much more time to be flagged.
+                self.note(vocab.STARVED, ms=round(late * 1000, 1))
             if self.clock.notice_r in ready:
                 self.moved = self.clock.notices()
             for fd in ready:

@@ -30,7 +30,8 @@ import pytest
 
 # The fixtures are found by pytest as attributes of this module, the plugin it loads.
 from killpoint._plugin.fixture import Killpoint, _killpoint_session, killpoint  # noqa: F401 (pytest finds them here)
-from killpoint._plugin.marker import _Case, _case_of, _collection_error, _declared_points, _marker_kwargs
+from killpoint._plugin.marker import (_Case, _case_of, _cases, _collection_error, _declared_points,
+                                      _marker_kwargs)
 from killpoint._plugin.settings import KillpointUnavailable, Settings, _points, _settings, add_options
 from killpoint._plugin.state import _HANDLE, _RUNS, _STATE, _State
 from killpoint._plugin.verdict import CrashVerdict
@@ -46,10 +47,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        "killpoint(points=None, target='reference', workers=2, steps=None, action=None, "
-        "workload=None, seed=None, check=True): run the test once per crash point the target "
-        "declares, each item "
-        "with that single crash; the test gets the verdict as killpoint.verdict and fails when it "
+        "killpoint(points=None, target='reference', workers=2, steps=None, actions=('kill', 'pause'), "
+        "action=None, workload=None, seed=None, check=True): run the test once per schedule "
+        "killpoint matrix runs for the same points (default: those the target declares), steps and "
+        "actions, each item with that single fault; the test gets the verdict as killpoint.verdict and fails when it "
         "is not valid (check=False: judge it yourself)")
     settings = _settings(config)
     workerinput = getattr(config, "workerinput", None)  # set on pytest-xdist workers only
@@ -80,7 +81,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         points = _points(kwargs["points"], settings, _declared_points(name, kwargs["target"]))
     except ValueError as exc:
         _collection_error(f"{name}: @pytest.mark.killpoint: {exc}")
-    cases = [_Case(point, step) for step in (kwargs["steps"] or (None,)) for point in points]
+    cases = _cases(points, kwargs["steps"], kwargs["actions"], kwargs["action"])
     metafunc.parametrize("killpoint", cases, ids=[c.id for c in cases], indirect=True)
 
 

@@ -87,4 +87,5 @@ STORE_RESTART = "store_restart"
 AFTER_QUIESCENT = "after_quiescent"
 TERMINATE_BACKEND = "terminate_backend"
 INFRASTRUCTURE_FAILURE = "infrastructure_failure"  # phase, error: the run ended unknown
+STARVED = "starved"  # ms: the harness's own wait overran by this much (the machine was busy)
 REPLACEMENTS_STOPPED = "replacements_stopped"  # worker, error: the target raised the same exception again

@@ -752,3 +752,19 @@ def test_a_verdict_resting_only_on_not_applicable_invariants_is_unknown():
     verdict = check_all(build([], owns_state=True))
     assert verdict.valid is None and verdict.judged == 0
     assert any("no invariant had anything to judge" in r for r in verdict.unknown_reasons)
+
+
+def test_stuck_detected_counts_only_time_the_machine_gave_the_run():
+    # Flagged 690 ms after the hang against a 550 ms bound: late on an idle machine, but the
+    # harness recorded it was starved for 200 ms meanwhile (a loaded runner), so the monitors were
+    # held back too and the deadline moves by as much. Without the record it stays a violation.
+    def history(starved: list) -> History:
+        return build([created(0), claimed(10, "order-1", "charge", "A", 1, 2),
+                      point(20, "A", "order-1", "charge", "hang", name="heartbeat"), *starved,
+                      store(710, "stuck_flagged", "order-1", "charge", worker="B", lease_version=1),
+                      harness(5000, "bound_hit")], stuck_bound_ms=300, stuck_slack_ms=250)
+
+    only(stuck_detected(history([])))
+    holds(stuck_detected(history([harness(300, "starved", ms=200.0)])))
+    # starvation after the deadline excuses nothing
+    only(stuck_detected(history([harness(600, "starved", ms=200.0)])))

@@ -55,7 +55,7 @@ def test_a_store_lost_mid_run_is_exit_3_with_the_json_and_the_cause_and_no_trace
     from killpoint.harness.store.postgres import connect
 
     marker = f"kp-{uuid.uuid4().hex}"
-    cli = _cli("matrix", "--steps", "charge", "--store", pg_dsn, "--json", marker=marker,
+    cli = _cli("matrix", "--steps", "charge", "--store", pg_dsn, "--json", "--jobs", "1", marker=marker,
                tmpdir=str(tmp_path))
     schema = _wait(lambda: _schemas_of(pg_dsn, cli.pid), 60, "a run's schema", cli)[0]
     # The store goes away under the run: every session of its schema ended, the schema dropped.
@@ -116,7 +116,7 @@ def test_a_full_disk_is_exit_3_naming_it_with_the_json_and_no_traceback(tiny_dis
 
 def test_sigterm_ends_like_ctrl_c_exit_143_with_no_process_folder_or_schema_left(pg_dsn, tmp_path):
     marker = f"kp-{uuid.uuid4().hex}"
-    cli = _cli("matrix", "--store", pg_dsn, "--json", marker=marker, tmpdir=str(tmp_path))
+    cli = _cli("matrix", "--store", pg_dsn, "--json", "--jobs", "1", marker=marker, tmpdir=str(tmp_path))
     _wait(lambda: len(children_of(cli.pid)) >= 2 and _schemas_of(pg_dsn, cli.pid), 60,
           "a worker and a schema", cli)
     cli.send_signal(signal.SIGTERM)

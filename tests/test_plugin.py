@@ -56,7 +56,9 @@ def test_one_run(killpoint):
 
 def test_a_matrix(killpoint):
     verdict = killpoint.matrix(steps=["charge"], points=["after_call", "in_call"])
-    assert [r.schedule for r in verdict.results] == ["A@charge.after_call:kill", "A@charge.in_call:kill"]
+    # as killpoint matrix runs them: the kills, then A frozen past its lease at the same points
+    assert [r.schedule for r in verdict.results] == ["A@charge.after_call:kill", "A@charge.in_call:kill",
+                                                     "A@charge.after_call:1*pause", "A@charge.in_call:1*pause"]
     verdict.assert_valid()
 
 
@@ -172,10 +174,11 @@ def test_options_are_listed_in_a_killpoint_group_with_ini_equivalents(pytester):
 def test_a_suite_on_the_reference_target_passes_and_the_summary_counts_every_run(pytester):
     pytester.makepyfile(test_reference=REFERENCE_SUITE)
     result = runpytest(pytester, "-v")
-    result.assert_outcomes(passed=6)
-    result.stdout.fnmatch_lines(["*test_checkout?after_claim? PASSED*", "*test_checkout?after_call? PASSED*"])
+    result.assert_outcomes(passed=8)
+    result.stdout.fnmatch_lines(["*test_checkout?after_claim? PASSED*", "*test_checkout?after_call? PASSED*",
+                                 "*test_checkout?after_claim-pause? PASSED*", "*test_checkout?after_call-pause? PASSED*"])
     summary = summary_of(result)
-    assert "7 crash runs in 5 tests: 7 valid, 0 violated, 0 unknown" in summary
+    assert "11 crash runs in 7 tests: 11 valid, 0 violated, 0 unknown" in summary
     assert "violations by invariant" not in summary and "reproduce:" not in summary
 
 
@@ -227,15 +230,15 @@ def test_a_broken_target_or_mutant_fails_naming_the_invariant_the_schedule_and_a
 def test_the_same_suites_pass_and_fail_alike_under_xdist_with_one_shared_index(pytester):
     pytester.makepyfile(broken_worker=BROKEN_WORKER, test_reference=REFERENCE_SUITE, test_broken=BROKEN_SUITE)
     result = runpytest(pytester, "-n", "2", "--killpoint-report-dir", "crash-reports")
-    result.assert_outcomes(passed=7, failed=3)
-    assert "2 workers [10 items]" in result.stdout.str()
+    result.assert_outcomes(passed=9, failed=3)
+    assert "2 workers [12 items]" in result.stdout.str()
     summary = summary_of(result)  # printed once, by the controller, over both workers' runs
-    assert "11 crash runs in 9 tests: 7 valid, 4 violated, 0 unknown" in summary
+    assert "15 crash runs in 11 tests: 11 valid, 4 violated, 0 unknown" in summary
     assert "killpoint replay 'A@charge.after_call:1*pause' --target broken_worker:run --seed 0" in summary
     # Each worker names its pages after itself; only the controller writes the index, over all of them.
     folder = pytester.path / "crash-reports"
     pages = sorted(p.name for p in folder.glob("*.html") if p.name != "index.html")
-    assert len(pages) == 11 and all(re.fullmatch(r"gw[01]-run-\d{4}\.html", p) for p in pages), pages
+    assert len(pages) == 15 and all(re.fullmatch(r"gw[01]-run-\d{4}\.html", p) for p in pages), pages
     index = (folder / "index.html").read_text()
     assert all(page in index for page in pages)
 
@@ -269,13 +272,22 @@ def test_the_marker_makes_one_item_per_crash_point_narrowed_by_the_points_option
     pytester.makepyfile(test_marked=MARKED)
     every = ["before_claim", "after_claim", "before_call", "after_call", "in_call", "before_receipt",
              "after_receipt", "before_commit", "after_commit", "heartbeat"]
+    lease_held = ["after_claim", "before_call", "after_call", "in_call", "before_receipt", "after_receipt",
+                  "before_commit"]
     items = collected(inprocess(pytester, "--collect-only", "-q"))
+    # As killpoint matrix: a kill at every point (a hang at the heartbeat), then a pause past the
+    # lease at every point where one is held.
     assert items == [f"test_every_point[{p}]" for p in every] + [
+        f"test_every_point[{p}-pause]" for p in lease_held] + [
         "test_checkout[after_call]", "test_checkout[in_call]",
-        "test_steps[reserve.after_call]", "test_steps[charge.after_call]"]
+        "test_checkout[after_call-pause]", "test_checkout[in_call-pause]",
+        "test_steps[reserve.after_call]", "test_steps[charge.after_call]",
+        "test_steps[reserve.after_call-pause]", "test_steps[charge.after_call-pause]"]
     items = collected(inprocess(pytester, "--collect-only", "-q", "--killpoint-points", "after_call"))
-    assert items == ["test_every_point[after_call]", "test_checkout[after_call]",
-                     "test_steps[reserve.after_call]", "test_steps[charge.after_call]"]
+    assert items == ["test_every_point[after_call]", "test_every_point[after_call-pause]",
+                     "test_checkout[after_call]", "test_checkout[after_call-pause]",
+                     "test_steps[reserve.after_call]", "test_steps[charge.after_call]",
+                     "test_steps[reserve.after_call-pause]", "test_steps[charge.after_call-pause]"]
 
 
 def test_a_marked_test_that_does_not_take_the_fixture_is_a_collection_error_saying_what_to_write(pytester):
@@ -304,7 +316,7 @@ def test_settings_reach_the_runs(killpoint):
     config = verdict.results[0].config
     assert (config.seed, config.store) == (s.seed, s.store)
     assert [r.schedule for r in killpoint.matrix(workload="single").results] == [
-        f"A@charge.{p}:kill" for p in s.points]
+        f"A@charge.{p}:kill" for p in s.points] + [f"A@charge.{p}:1*pause" for p in s.points]
 
 
 def test_explore_draws_the_budget(killpoint):
@@ -374,8 +386,8 @@ def test_checkout(killpoint):
 def test_the_store_option_runs_the_suite_on_postgresql(pytester, pg_dsn):
     pytester.makepyfile(test_reference=REFERENCE_SUITE)
     result = runpytest(pytester, "--killpoint-store", pg_dsn, "-k", "checkout")
-    result.assert_outcomes(passed=2)
-    assert "2 crash runs in 2 tests: 2 valid" in summary_of(result)
+    result.assert_outcomes(passed=4)  # two points, each killed and paused past the lease
+    assert "4 crash runs in 4 tests: 4 valid" in summary_of(result)
 
 
 SHARDED = '''
@@ -403,11 +415,12 @@ def test_shards_split_matrices_and_marked_items_deterministically_and_together_r
         result = runpytest(pytester, "-s", "-v", "--killpoint-shard", f"{k}/2")
         out = result.stdout.str()
         matrices.append(json.loads(re.search(r"MATRIX (\[.*\])", out)[1].replace("'", '"')))
-        items.append(re.findall(r"test_marked\[(\w+)\] PASSED", out))
+        items.append(re.findall(r"test_marked\[([\w-]+)\] PASSED", out))
         assert f"(shard {k}/2)" in summary_of(result)
-    everything = [f"A@charge.{p}:kill" for p in ("before_claim", "after_claim", "before_call", "after_call", "in_call")]
+    points = ("before_claim", "after_claim", "before_call", "after_call", "in_call")
+    everything = [f"A@charge.{p}:kill" for p in points] + [f"A@charge.{p}:1*pause" for p in points[1:]]
     assert matrices == [everything[0::2], everything[1::2]]
-    assert sorted(items[0] + items[1]) == sorted(p.split(".")[1].split(":")[0] for p in everything)
+    assert sorted(items[0] + items[1]) == sorted(list(points) + [f"{p}-pause" for p in points[1:]])
     assert not set(items[0]) & set(items[1]) and abs(len(items[0]) - len(items[1])) <= 1
 
 
@@ -419,8 +432,8 @@ def test_the_example_test_in_the_readme_runs_and_passes(pytester):
     example = re.search(r"```python\n(.*?)```", doc[marker:], re.S)[1]
     pytester.makepyfile(test_crashes=example)
     result = runpytest(pytester, "-v")
-    result.assert_outcomes(passed=5)
-    result.stdout.fnmatch_lines(["*test_checkout?after_call? PASSED*"])
+    result.assert_outcomes(passed=7)
+    result.stdout.fnmatch_lines(["*test_checkout?after_call? PASSED*", "*test_checkout?after_call-pause? PASSED*"])
 
 
 def test_the_worked_user_worker_example_passes_at_every_crash_point(pytester):
@@ -428,7 +441,7 @@ def test_the_worked_user_worker_example_passes_at_every_crash_point(pytester):
     for name in ("shop_worker.py", "test_shop_worker.py"):
         shutil.copy(os.path.join(folder, name), pytester.path / name)
     result = runpytest(pytester, "-v")
-    result.assert_outcomes(passed=12)
+    result.assert_outcomes(passed=19)  # 10 crash points killed, 7 paused past the lease, 2 more tests
     result.stdout.fnmatch_lines(["*test_every_crash_point_is_recovered_without_a_second_charge?in_call? PASSED*",
                                  "*test_killpoint_catches_a_commit_without_fencing?after_call? PASSED*"])
 
@@ -451,3 +464,30 @@ def test_shards_cover_each_position_exactly_once(n):
 
     owners = [[k for k in range(1, n + 1) if Settings(shard=(k, n)).in_shard(i)] for i in range(23)]
     assert all(len(o) == 1 for o in owners)
+
+
+# -- the fixture and the marker run what the command line runs -----------------------------------------
+def test_the_fixture_and_the_marker_schedule_the_same_list_as_killpoint_matrix(capsys):
+    """A worker that passes the fixture's matrix must pass the CLI's: same schedules, same order,
+    kills and pauses past the lease, for the same points, steps, actions and depth."""
+    from killpoint._plugin.fixture import _plans
+    from killpoint._plugin.marker import _cases
+    from killpoint.chaos.points import DEFAULT_POINTS
+    from killpoint.harness.cli import main
+
+    def cli(*argv: str) -> list[str]:
+        assert main(["matrix", *argv, "--json"]) == 0
+        return [r["schedule"] for r in json.loads(capsys.readouterr().out)["results"]]
+
+    def marker(points, steps, actions):
+        return [f"A@{c.step}.{c.point}:{c.action}" for c in _cases(points, steps, actions, None)]
+
+    default = cli("--steps", "charge")  # default points and actions: kill and pause
+    assert len(default) == 17 and "A@charge.after_call:1*pause" in default
+    assert [str(p.schedule) for p in _plans(("charge",), DEFAULT_POINTS, 1)] == default
+    assert marker(DEFAULT_POINTS, ("charge",), ("kill", "pause")) == default
+    kills = cli("--steps", "charge", "--points", "after_call,in_call", "--actions", "kill")
+    assert [str(p.schedule) for p in _plans(("charge",), ("after_call", "in_call"), 1, "kill")] == kills
+    assert marker(("after_call", "in_call"), ("charge",), ("kill",)) == kills
+    pairs = cli("--steps", "charge", "--points", "after_call,before_commit", "--depth", "2")
+    assert [str(p.schedule) for p in _plans(("charge",), ("after_call", "before_commit"), 2)] == pairs

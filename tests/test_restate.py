@@ -68,10 +68,27 @@ def test_restate_naive_matrix_exits_1_with_duplicate_effects_only(restate_server
     duplicated = {r["schedule"] for r in report["results"] if r["valid"] is False}
     # A kill inside ctx.run once the request was applied: Restate retries the run, a new key.
     assert {"A@charge.run_in_call:kill", "A@charge.run_after_call:kill"} <= duplicated
-    # Before the call, or once the server journaled the run's result: one effect.
-    assert not duplicated & {"A@charge.before_run:kill", "A@charge.run_before_call:kill",
-                             "A@charge.after_run:kill"}
     assert all(r["unfired"] == [] for r in report["results"])
+
+
+@pytest.mark.parametrize("point", ["before_run", "run_before_call", "after_run"])
+def test_restate_naive_kill_outside_the_call_never_duplicates_the_faulted_step_itself(restate_server, point):
+    # The other orders run in the same process at the same time, so the kill may land inside one
+    # of their ctx.run closures and duplicate that one; the step the fault was placed on is never
+    # duplicated: before its call nothing happened, after ctx.run returned the server has its result.
+    from killpoint.chaos.points import POINTS as BUILTIN
+    from killpoint.chaos.schedule import parse
+    from killpoint.harness.run import RunConfig, Session
+    from killpoint.harness.servers.restate import POINTS
+
+    schedule = parse(f"A@charge.{point}:kill", points=frozenset(BUILTIN) | frozenset(POINTS))
+    with Session() as session:
+        r = session.run(RunConfig(schedule=schedule, target="restate:naive"))
+    faulted = [(e.get("instance"), e.get("step")) for e in r.history.events
+               if e.kind == "point" and e.get("action") == "kill"]
+    assert len(faulted) == 1 and r.unfired == ()
+    assert faulted[0] not in {(v.instance, v.step) for v in r.verdict.violations}
+    assert {v.invariant for v in r.verdict.violations} <= {"no_duplicate_effects"}
 
 
 def test_restate_keyed_matrix_exits_0_with_every_declared_point_fired(restate_server, capsys):

@@ -514,6 +514,10 @@ def terminates(history: History) -> Result:
 def stuck_detected(history: History) -> Result:
     """A worker hanging with its heartbeat alive is flagged within stuck_bound + slack.
 
+    The bound counts time the machine gave the run: where the harness recorded that it was
+    starved itself (a ``starved`` event: its own wait overran, as on a loaded CI runner), the
+    workers' monitors were held back too, and the deadline moves by that much.
+
     A hang whose deadline lies beyond the end of the history, or whose worker died before the
     deadline (its heartbeat stopped with it), cannot be judged and does not count as checked.
     Neither can a hang while the store shows the worker held no lease on the step (before its
@@ -546,6 +550,18 @@ def stuck_detected(history: History) -> Result:
     def times(index: Mapping[Any, list[Event]]) -> dict[Any, list[int]]:
         return {k: [x.time for x in evs] for k, evs in index.items()}
     flag_times, death_times, owner_times = times(flags), times(deaths), times(owners)
+    starved = [(e.time, int(round(float(e.data.get("ms") or 0) * 1_000_000)))
+               for e in history.of(v.HARNESS) if e.kind == v.STARVED]
+    starved_times = [t for t, _ in starved]
+
+    def deadline_of(hang: Event) -> int:
+        """The hang's deadline, moved by every starvation of the harness before it."""
+        deadline = hang.time + window
+        for t, ns in starved[bisect_left(starved_times, hang.time):]:
+            if t > deadline:
+                break
+            deadline += ns
+        return deadline
 
     def held_no_lease(hang: Event, sid: StepId) -> bool:
         n = bisect_right(owner_times.get(sid, ()), hang.time)  # the owner events up to the hang
@@ -568,7 +584,7 @@ def stuck_detected(history: History) -> Result:
         sid = _step_of(e)
         if None in sid or held_no_lease(e, sid):
             continue
-        deadline = e.time + window
+        deadline = deadline_of(e)
         flagged = first_from(flag_times, sid, e.time)
         if flagged is not None and flagged <= deadline:
             checked = True
@@ -580,7 +596,7 @@ def stuck_detected(history: History) -> Result:
             continue  # the history ends before the deadline
         checked = True
         late = flags.get(sid, [])[bisect_right(flag_times.get(sid, ()), deadline):]
-        ms = window / 1_000_000
+        ms = (deadline - e.time) / 1_000_000
         if late:
             after = (late[0].time - e.time) / 1_000_000
             detail = (f"worker {e.process} hung at {e.data.get('point')} on step {sid[1]} of {sid[0]} "

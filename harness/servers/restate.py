@@ -31,6 +31,7 @@ it connections that it never answers.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import functools
 import json
@@ -136,6 +137,9 @@ class RestateServer:
         self.binary = binary or server_binary()
         self.ingress_port, self.admin_port, self.node_port = free_port(), free_port(), free_port()
         self.proc: subprocess.Popen[bytes] | None = None
+        # A run's teardown stops the server; a run kept for inspection (Session(keep=True)) skips
+        # teardown, and an exception may skip it too: the server still ends with this process.
+        atexit.register(self.kill)
         os.makedirs(folder, exist_ok=True)
         self.config_path = os.path.join(folder, "restate.toml")
         with open(self.config_path, "w") as f:
@@ -200,8 +204,11 @@ on-max-attempts = "pause"
                 raise RuntimeError(f"restate-server exited with {self.proc.returncode} on start; see "
                                    f"{os.path.join(self.folder, 'server.log')}")
             try:
+                # Healthy, and its partition answers queries (after a restart it takes a moment).
                 if _http("GET", f"{self.admin}/health", timeout=1)[0] == 200 and \
-                        _http("GET", f"{self.ingress}/restate/health", timeout=1)[0] == 200:
+                        _http("GET", f"{self.ingress}/restate/health", timeout=1)[0] == 200 and \
+                        _http("POST", f"{self.admin}/query",
+                              {"query": "SELECT count(*) AS n FROM sys_invocation"}, timeout=2)[0] == 200:
                     return
             except OSError:
                 pass
@@ -270,6 +277,7 @@ def teardown(run: "TargetRun") -> None:
     server = run.state.pop("restate", None)
     if server is not None:
         server.kill()
+        atexit.unregister(server.kill)
 
 
 def _invocations(server: RestateServer) -> dict[str, str]:
@@ -280,7 +288,10 @@ def _invocations(server: RestateServer) -> dict[str, str]:
 
 def done(run: "TargetRun") -> bool:
     server: RestateServer = run.state["restate"]
-    found = _invocations(server)
+    try:
+        found = _invocations(server)
+    except (OSError, RuntimeError):
+        return False  # the server is restarting or not answering yet: not done
     return set(found) >= set(run.state["orders"]) and all(found[k] == "completed" for k in run.state["orders"])
 
 

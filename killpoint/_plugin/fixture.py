@@ -75,9 +75,12 @@ class Killpoint:
     def matrix(self, *, target: "str | Callable[..., None]" = "reference",
                points: Sequence[str] | None = None, steps: Sequence[str] | None = None, depth: int = 1,
                workload: "str | Workload | None" = None, workers: int = 2, seed: int | None = None,
-               **config: Any) -> CrashVerdict:
-        """Every single crash at each point of each step, as ``killpoint matrix`` runs them; with
-        ``depth=2`` every ordered pair of crashes on a step (``killpoint matrix --depth 2``).
+               actions: "Sequence[str] | str" = ("kill", "pause"), **config: Any) -> CrashVerdict:
+        """The schedules ``killpoint matrix`` runs for the same arguments, in its order: worker A
+        killed at each point of each step (hung at the heartbeat) and, with ``actions`` (as
+        ``--actions``; default kill and pause), frozen past its lease at each point where it holds
+        one; with ``depth=2`` every ordered pair of crashes on a step, by default on the steps
+        more than one instance runs (``killpoint matrix --depth 2``).
 
         Points default to all the target declares (narrowed by ``--killpoint-points``); under
         ``--killpoint-shard K/N`` this runs the K-th share of the list, which is the same in every job.
@@ -89,15 +92,17 @@ class Killpoint:
         built = resolve_workload(workload if workload is not None else default_for(target, declared), seed)
         known = built.step_names
         points = [points] if isinstance(points, str) else points
+        from killpoint.chaos import generator
+
+        if steps is None and depth == 2:
+            steps = generator.repeated_steps(built)
         steps = (steps,) if isinstance(steps, str) else tuple(steps) if steps is not None else known
         bad = [s for s in steps if s not in known]
         if bad:
             raise ValueError(f"steps {bad!r}: the {built.name} workload's steps are {', '.join(known)}")
-        from killpoint.chaos import generator
-
         if depth not in (1, 2):
             raise ValueError(f"killpoint.matrix(depth={depth!r}): depth is 1 (single crashes) or 2 (pairs)")
-        plans = generator.matrix(steps, _points(points, self.settings, declared.points), depth=depth)
+        plans = _plans(steps, _points(points, self.settings, declared.points), depth, actions)
         k, n = self.settings.shard
         mine = generator.shard(plans, k, n)
         if plans and not mine:
@@ -210,6 +215,26 @@ class Killpoint:
             self._item.user_properties.append(("killpoint_report", page))
 
 
+
+def _plans(steps: Sequence[str], points: Sequence[str], depth: int,
+           actions: "Sequence[str] | str" = ("kill", "pause")) -> list[Any]:
+    """What ``matrix()`` runs: the generator's plans, as ``killpoint matrix`` builds them."""
+    from killpoint.chaos import generator
+
+    return generator.matrix(steps, points, depth=depth, actions=_actions(actions))
+
+
+def _actions(actions: "Sequence[str] | str") -> tuple[str, ...]:
+    """``actions=`` as ``--actions`` reads it: a comma-separated string or a sequence of names."""
+    from killpoint.chaos.generator import ACTIONS
+
+    chosen = tuple(a.strip() for a in (actions.split(",") if isinstance(actions, str) else actions)
+                   if a.strip())
+    bad = [a for a in chosen if a not in ACTIONS]
+    if bad or not chosen:
+        raise ValueError(f"actions={actions!r}: use any of {', '.join(ACTIONS)}")
+    return chosen
+
 def _points_fired(result: "RunResult") -> dict[str, Any]:
     """The crash points a run reached and fired, plain enough to travel from an xdist worker."""
     from killpoint.harness.stats import PointStats
@@ -280,7 +305,7 @@ def killpoint(request: pytest.FixtureRequest) -> Killpoint:
         from killpoint.chaos.actions import parse as parse_actions
         from killpoint.chaos.schedule import Fault, Schedule
 
-        action = kw["action"] or ("hang" if case.point == "heartbeat" else "kill")
+        action = kw["action"] or case.action
         schedule = Schedule((Fault("A", case.point, parse_actions(action), case.step),))
         handle._marked_check = bool(kw["check"])
         handle._verdict = handle.run(schedule, target=kw["target"], workload=kw["workload"],

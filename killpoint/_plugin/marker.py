@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Mapping, NoReturn
+from typing import Any, Mapping, NoReturn, Sequence
 
 import pytest
 
@@ -13,17 +13,35 @@ _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
 
 @dataclass(frozen=True)
 class _Case:
-    """One item of a marked test: a single crash at ``point`` (of ``step``, or any step)."""
+    """One item of a marked test: a single fault at ``point`` (of ``step``, or any step)."""
 
     point: str
     step: str | None
+    action: str = "kill"  # the failpoint action, as ``killpoint matrix`` schedules it
+    label: str = ""  # told apart in the id: "pause" for the matrix's pause past the lease
 
     @property
     def id(self) -> str:
-        return f"{self.step}.{self.point}" if self.step else self.point
+        where = f"{self.step}.{self.point}" if self.step else self.point
+        return f"{where}-{self.label}" if self.label else where
 
 
-_MARKER_KEYS = ("points", "target", "workers", "steps", "action", "workload", "seed", "check")
+def _cases(points: Sequence[str], steps: Sequence[str] | None, actions: Sequence[str],
+           action: str | None) -> list[_Case]:
+    """A marked test's items: the schedules ``killpoint matrix`` runs for the same points, steps
+    and actions, in its order (kills, a hang at the heartbeat, then pauses past the lease); with
+    ``action=``, that one action at every point instead."""
+    steps_or_any: Sequence[str | None] = tuple(steps) if steps else (None,)
+    if action is not None:
+        return [_Case(p, s, action) for s in steps_or_any for p in points]
+    from killpoint.chaos.generator import single_fault_schedules
+
+    faults = [s.faults[0] for s in single_fault_schedules(steps_or_any, points, tuple(actions))]
+    return [_Case(f.point, f.step, str(f.actions), "pause" if "pause" in str(f.actions) else "")
+            for f in faults]
+
+
+_MARKER_KEYS = ("points", "target", "workers", "steps", "action", "actions", "workload", "seed", "check")
 
 
 def _marker_kwargs(name: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:
@@ -33,7 +51,14 @@ def _marker_kwargs(name: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:
         _collection_error(f"{name}: @pytest.mark.killpoint got unknown keyword "
                                 f"{', '.join(map(repr, unknown))}; it takes {', '.join(_MARKER_KEYS)}")
     out = {"points": None, "target": "reference", "workers": 2, "steps": None, "action": None,
-           "workload": None, "seed": None, "check": True, **kwargs}
+           "actions": ("kill", "pause"), "workload": None, "seed": None, "check": True, **kwargs}
+    actions = out["actions"]
+    actions = tuple(a.strip() for a in (actions.split(",") if isinstance(actions, str) else actions)
+                    if isinstance(a, str) and a.strip())
+    if not actions or any(a not in ("kill", "pause") for a in actions):
+        _collection_error(f"{name}: @pytest.mark.killpoint(actions={out['actions']!r}): use kill "
+                          f"and/or pause, as killpoint matrix --actions")
+    out["actions"] = actions
     for key in ("points", "steps"):
         value = out[key]
         if isinstance(value, str):
