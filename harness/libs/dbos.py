@@ -34,7 +34,7 @@ import uuid
 from typing import Any
 
 import killpoint
-from killpoint.harness.libs.common import (Downstream, guard_sqlalchemy, install_guard, monotonic_ns,
+from killpoint.harness.libs.common import (TIMING, Downstream, guard_sqlalchemy, install_guard, monotonic_ns,
                                            order_workload)
 
 # Imported in the parent, before any fork: DBOS costs about a second to import, its SQLite dialect
@@ -164,7 +164,7 @@ def _work(ctx: Any, keyed: bool) -> None:
     for instance in ids:
         with SetWorkflowID(instance):  # the workflow id is the instance: enqueuing again is a no-op
             DBOS.enqueue_workflow(QUEUE, order_workflow, instance)
-    poll = max(ctx.timing.poll_ms, 5.0) / 1000.0
+    poll = max(TIMING.poll_ms, 5.0) / 1000.0
     while True:
         rows = _statuses(ctx.run_dir, ids)
         if len(rows) == len(ids) and all(status in TERMINAL for status, _ in rows):
