@@ -24,6 +24,7 @@ Crash points: ``before_call`` and ``after_call`` inside the step, around the HTT
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import shutil
@@ -185,6 +186,7 @@ def _migrated_template() -> str:
     path = _template.get(os.getpid())
     if path is None or not os.path.exists(path):
         folder = tempfile.mkdtemp(prefix="killpoint-dbos-")
+        atexit.register(_remove_template, folder, os.getpid())
         path = os.path.join(folder, DB_FILE)
         DBOS.migrate(f"sqlite:///{path}")
         # The queue is in the template, so a worker's queue thread finds it when DBOS launches (one
@@ -199,6 +201,11 @@ def _migrated_template() -> str:
         db.close()
         _template[os.getpid()] = path
     return path
+
+
+def _remove_template(folder: str, pid: int) -> None:
+    if os.getpid() == pid:  # a forked child inherits the hook; only the process that made it removes it
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def setup(run: killpoint.TargetRun) -> None:
