@@ -194,6 +194,12 @@ on-max-attempts = "pause"
     def start(self) -> None:
         log = open(os.path.join(self.folder, "server.log"), "ab")
         env = {k: v for k, v in os.environ.items() if not k.startswith("RESTATE_")}
+        # The server asks the public internet for its latest release at start and no setting turns
+        # that off: send any outbound HTTP(S) to a closed loopback port so it fails at once and
+        # locally; its own calls to the service and the admin API are on loopback and go direct.
+        env.update(HTTP_PROXY="http://127.0.0.1:9", HTTPS_PROXY="http://127.0.0.1:9",
+                   ALL_PROXY="http://127.0.0.1:9", NO_PROXY="127.0.0.1,localhost,::1")
+        env.update({k.lower(): v for k, v in env.items() if k.endswith("_PROXY")})
         self.proc = subprocess.Popen([self.binary, "--config-file", self.config_path, "--no-logo"],
                                      stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
                                      cwd=self.folder, start_new_session=True)
