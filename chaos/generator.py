@@ -56,7 +56,7 @@ class Planned:
         return {} if self.same_identity is None else {"same_identity": self.same_identity}
 
 
-def single_crash_schedules(step_names: Iterable[str], points: Iterable[str]) -> list[Schedule]:
+def single_crash_schedules(step_names: Iterable[str | None], points: Iterable[str]) -> list[Schedule]:
     """Worker A faulted once at each point of each step: ``kill``, or ``hang`` for the heartbeat."""
     points = tuple(points)
     out = []
@@ -67,7 +67,7 @@ def single_crash_schedules(step_names: Iterable[str], points: Iterable[str]) -> 
     return out
 
 
-def single_fault_schedules(step_names: Iterable[str], points: Iterable[str],
+def single_fault_schedules(step_names: Iterable[str | None], points: Iterable[str],
                            actions: Sequence[str] = ("kill", "pause"),
                            terminate_points: Iterable[str] | None = None) -> list[Schedule]:
     """The single-crash schedules (``kill``); with ``pause``, worker A frozen once past its lease

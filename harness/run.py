@@ -48,6 +48,16 @@ def _workload(name: str, seed: int) -> Workload:
     return resolve_workload(name, seed)
 
 
+def _owns_state(target: Any) -> bool:
+    """Whether ``target`` declares that it keeps its state in a system of its own."""
+    if isinstance(target, str) and (target == "reference" or target.startswith("mutant:")):
+        return False
+    try:
+        return bool(declared(target).owns_state)
+    except Exception:  # noqa: BLE001 - an unresolvable target fails later, with its own message
+        return False
+
+
 @dataclass(frozen=True)
 class RunConfig:
     schedule: Schedule = field(default_factory=Schedule)
@@ -83,6 +93,11 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         if self.timing is None:
+            # A target that owns its state keeps its leases and heartbeats in its own system, on that
+            # system's clock, which the run clock cannot move: it runs in real time, with the short
+            # timings, unless told otherwise.
+            if self.virtual_time and _owns_state(self.target):
+                object.__setattr__(self, "virtual_time", False)
             object.__setattr__(self, "timing", Timing() if self.virtual_time else REAL_TIME_TIMING)
 
     def with_clock(self, virtual: bool) -> "RunConfig":

@@ -89,7 +89,10 @@ def test_dbos_keyed_matrix_is_valid_with_every_declared_point_fired():
 def test_langgraph_naive_matrix_exits_1_on_the_duplicate_a_resumed_node_applies():
     need("langgraph")
     code, out = matrix("langgraph:naive")
-    assert_naive_caught(code, out)
+    # under LangGraph's default durability (async) a finished node's checkpoint may not be written
+    # yet when the next node is crashed, so the duplicate may be the earlier step's
+    assert_naive_caught(code, out, same_step=False)
+    assert {"A@reserve.after_call:kill", "A@charge.after_call:kill"} <= {v["schedule"] for v in out["violations"]}
 
 
 def test_langgraph_keyed_matrix_is_valid_with_every_declared_point_fired():

@@ -13,11 +13,11 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from killpoint import vocab
 from killpoint.harness.intent import intent_hash
 
 DEFAULT_RESOURCE: Mapping[str, bool] = {"legacy": False, "fencing": True}
-OUTCOMES = frozenset({"applied", "declined", "replay", "conflict", "in_flight", "missing_key",
-                      "stale_fence", "error", "dropped"})
+OUTCOMES = vocab.OUTCOMES  # what the ledger records of each request (killpoint.vocab)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS ledger (
@@ -214,7 +214,7 @@ class Ledger:
         with self.lock:
             try:
                 self._begin()
-                self._write_row(run, row, 400, "error", False)
+                self._write_row(run, row, 400, vocab.ERROR, False)
                 self._commit()
             except BaseException:
                 self._rollback()
@@ -280,13 +280,13 @@ class Ledger:
             got = self.db.execute("SELECT highest FROM fences WHERE run = ? AND scope = ?",
                                   (run, scope)).fetchone()
             if got is not None and fence < got[0]:
-                return finish(409, {"error": "stale_fence", "highest": got[0]}, "stale_fence")
+                return finish(409, {"error": "stale_fence", "highest": got[0]}, vocab.STALE_FENCE)
             if got is None or fence > got[0]:
                 self.db.execute("INSERT OR REPLACE INTO fences VALUES (?, ?, ?)",
                                 (run, scope, fence))
         # 2. a keyed resource needs a key
         if not spec["legacy"] and key is None:
-            return finish(400, {"error": "missing_key"}, "missing_key")
+            return finish(400, {"error": "missing_key"}, vocab.MISSING_KEY)
         # 3-5. a known key
         if key is not None:
             known = self.db.execute(
@@ -295,19 +295,19 @@ class Ledger:
             if known is not None:
                 k_resource, k_hash, k_state, k_status, k_response = known
                 if k_state == "in_flight":
-                    return finish(409, {"error": "in_flight"}, "in_flight")
+                    return finish(409, {"error": "in_flight"}, vocab.IN_FLIGHT)
                 if (k_resource == resource and k_hash == ih) or cfg["ignore_intent"]:
                     body = json.loads(k_response)
                     body["replay"] = True
-                    return finish(k_status, body, "replay", (("Idempotent-Replayed", "true"),))
-                return finish(422, {"error": "intent_conflict"}, "conflict")
+                    return finish(k_status, body, vocab.REPLAY, (("Idempotent-Replayed", "true"),))
+                return finish(422, {"error": "intent_conflict"}, vocab.CONFLICT)
         # 6. apply, unless a fault says otherwise
         drop = False
         fault = self._take_fault(run, cfg, key, meta)
         if fault is not None:
             kind, arg = fault
             if kind == "status":
-                return finish(arg, {"error": "injected", "status": arg}, "error")
+                return finish(arg, {"error": "injected", "status": arg}, vocab.ERROR)
             if kind == "drop":
                 drop = True
             elif kind == "latency":
@@ -321,15 +321,15 @@ class Ledger:
         seq = self._next_seq(run)
         key, ih = row["key"], row["intent_hash"]
         if row["params"].get("card") == "declined":
-            status, applied, outcome = 402, False, "declined"
+            status, applied, outcome = 402, False, vocab.DECLINED
             body: dict[str, Any] = {"status": "declined", "key": key, "intent_hash": ih,
                                     "replay": False}
         else:
-            status, applied, outcome = 200, True, "applied"
+            status, applied, outcome = 200, True, vocab.APPLIED
             body = {"status": "applied", "effect_id": f"eff-{seq}", "key": key,
                     "intent_hash": ih, "replay": False}
         if key is not None:
             self.db.execute("INSERT OR REPLACE INTO keys VALUES (?, ?, ?, ?, 'done', ?, ?)",
                             (run, key, row["resource"], ih, status, json.dumps(body)))
-        self._write_row(run, row, status, "dropped" if drop else outcome, applied, seq=seq)
+        self._write_row(run, row, status, vocab.DROPPED if drop else outcome, applied, seq=seq)
         return Reply(status, body, drop=drop)

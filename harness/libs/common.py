@@ -17,7 +17,13 @@ import time
 from typing import Any, Mapping
 from urllib.parse import urlsplit
 
+from killpoint.harness.worker import REAL_TIME_TIMING
 from killpoint.harness.workload import IDEMPOTENT, InstanceSpec, StepSpec, Workload
+
+# The libraries keep time on the wall clock (DBOS's queue polls, LangGraph's lease in SQLite's
+# database time, procrastinate's heartbeats in PostgreSQL's now()), which the run's virtual clock
+# cannot move: their leases, heartbeats and polls are the real-time ones, whatever the run's timing.
+TIMING = REAL_TIME_TIMING
 
 # The resources the workflow calls: keyed, no fencing (none of these libraries has a fence to send).
 RESOURCES = {"inventory": {"legacy": False, "fencing": False},

@@ -24,6 +24,7 @@ Crash points: ``before_call`` and ``after_call`` inside the step, around the HTT
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import shutil
@@ -34,7 +35,7 @@ import uuid
 from typing import Any
 
 import killpoint
-from killpoint.harness.libs.common import (Downstream, guard_sqlalchemy, install_guard, monotonic_ns,
+from killpoint.harness.libs.common import (TIMING, Downstream, guard_sqlalchemy, install_guard, monotonic_ns,
                                            order_workload)
 
 # Imported in the parent, before any fork: DBOS costs about a second to import, its SQLite dialect
@@ -164,7 +165,7 @@ def _work(ctx: Any, keyed: bool) -> None:
     for instance in ids:
         with SetWorkflowID(instance):  # the workflow id is the instance: enqueuing again is a no-op
             DBOS.enqueue_workflow(QUEUE, order_workflow, instance)
-    poll = max(ctx.timing.poll_ms, 5.0) / 1000.0
+    poll = max(TIMING.poll_ms, 5.0) / 1000.0
     while True:
         rows = _statuses(ctx.run_dir, ids)
         if len(rows) == len(ids) and all(status in TERMINAL for status, _ in rows):
@@ -185,6 +186,7 @@ def _migrated_template() -> str:
     path = _template.get(os.getpid())
     if path is None or not os.path.exists(path):
         folder = tempfile.mkdtemp(prefix="killpoint-dbos-")
+        atexit.register(_remove_template, folder, os.getpid())
         path = os.path.join(folder, DB_FILE)
         DBOS.migrate(f"sqlite:///{path}")
         # The queue is in the template, so a worker's queue thread finds it when DBOS launches (one
@@ -199,6 +201,11 @@ def _migrated_template() -> str:
         db.close()
         _template[os.getpid()] = path
     return path
+
+
+def _remove_template(folder: str, pid: int) -> None:
+    if os.getpid() == pid:  # a forked child inherits the hook; only the process that made it removes it
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def setup(run: killpoint.TargetRun) -> None:

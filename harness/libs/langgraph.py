@@ -34,7 +34,7 @@ from datetime import datetime
 from typing import Annotated, Any, Iterator, TypedDict
 
 import killpoint
-from killpoint.harness.libs.common import Downstream, monotonic_ns, order_workload
+from killpoint.harness.libs.common import TIMING, Downstream, monotonic_ns, order_workload
 
 # Imported in the parent, before any fork: LangGraph costs about a second to import.
 from langgraph.checkpoint.sqlite import SqliteSaver  # noqa: E402
@@ -123,7 +123,7 @@ def _call(ctx: Any, spec: Any, key: str, instance: str, step: str, lease: "Lease
         if status == 409 and body.get("error") == "stale_fence":
             raise LeaseLost(f"thread {lease.thread_id}: the downstream has seen a newer fence than {lease.fence}")
         if status == 409 and body.get("error") == "in_flight":
-            time.sleep(ctx.timing.poll_ms / 1000.0)  # the earlier holder's call with this key is still running
+            time.sleep(TIMING.poll_ms / 1000.0)  # the earlier holder's call with this key is still running
             continue
         return status, body
     raise RuntimeError(f"{spec.resource}: key {key!r} stayed in flight")
@@ -205,11 +205,11 @@ def _work(ctx: Any, keyed: bool, durability: str) -> None:
     ctx.pause_waits_for(saver.lock)  # a pause never freezes a checkpoint write (or a lease's)
     graph = build_graph(ctx.workload).compile(checkpointer=saver)
     _worker.update(ctx=ctx, keyed=keyed, http=Downstream(ctx.downstream_url, ctx.worker_id))
-    ttl_s = ctx.timing.lease_ttl_ms / 1000.0
+    ttl_s = TIMING.lease_ttl_ms / 1000.0
     while not _all_done(saver):
         lease = _take(saver, ctx.worker_id, ttl_s)
         if lease is None:  # every unfinished thread is leased by a live worker: wait for it
-            time.sleep(ctx.timing.poll_ms / 1000.0)
+            time.sleep(TIMING.poll_ms / 1000.0)
             continue
         _worker["lease"] = lease
         saver.holding = (lease.thread_id, lease.owner, lease.fence)

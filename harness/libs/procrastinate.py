@@ -7,7 +7,7 @@ own job fetching, heartbeats, and statuses) with the killpoint worker id as its 
 A job whose worker was killed stays in ``doing``: nobody finishes it. procrastinate's recovery for it
 is the stalled-job retry (``get_stalled_jobs`` finds the ``doing`` jobs of workers whose heartbeat is
 older than a bound, ``retry_job`` puts them back to ``todo``), which every worker here runs before it
-looks for work. The heartbeat interval and the stalled bound follow the run's lease timing, so a
+looks for work. The heartbeat interval and the stalled bound follow the real-time lease (120 ms), so a
 worker paused past that bound is taken for dead too, as procrastinate would in production.
 
 Every query of the worker goes through the connector, which enters the pause guard
@@ -25,7 +25,7 @@ import os
 from typing import Any
 
 import killpoint
-from killpoint.harness.libs.common import Downstream, PauseGuard, install_guard, order_workload
+from killpoint.harness.libs.common import TIMING, Downstream, PauseGuard, install_guard, order_workload
 
 # Imported in the parent, before any fork.
 import procrastinate  # noqa: E402
@@ -63,7 +63,7 @@ def _call(ctx: Any, spec: Any, key: str, instance: str) -> tuple[int, dict[str, 
     for _ in range(200):
         status, body = _worker["http"].post(spec.resource, spec.params, key=key, instance=instance, step=spec.name)
         if status == 409 and body.get("error") == "in_flight":
-            time.sleep(ctx.timing.poll_ms / 1000.0)  # a stalled run of this job is still calling
+            time.sleep(TIMING.poll_ms / 1000.0)  # a stalled run of this job is still calling
             continue
         return status, body
     raise RuntimeError(f"{spec.resource}: key {key!r} stayed in flight")
@@ -117,8 +117,8 @@ def _work(ctx: Any, keyed: bool) -> None:
     guard = install_guard(ctx)
     connector = _GuardedConnector(guard, conninfo=conninfo, kwargs=_options(schema), min_size=1, max_size=3)
     _worker.update(ctx=ctx, keyed=keyed, http=Downstream(ctx.downstream_url, ctx.worker_id))
-    ttl_s = ctx.timing.lease_ttl_ms / 1000.0
-    poll_s = max(ctx.timing.poll_ms, 5.0) / 1000.0
+    ttl_s = TIMING.lease_ttl_ms / 1000.0
+    poll_s = max(TIMING.poll_ms, 5.0) / 1000.0
 
     async def main() -> None:
         async with app.open_async():  # the connector is ours in this process
