@@ -103,11 +103,15 @@ class WorkerProcess:
         return self.inbox.fd
 
 
-def _die_with_parent() -> None:
+def _die_with_parent(parent_pid: int | None = None) -> None:
+    """Be SIGKILLed when the parent dies. ``parent_pid`` is the parent's pid read before the fork:
+    a parent that died between the fork and the prctl left us orphaned already, so we end now."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):
         pass
+    if parent_pid is not None and os.getppid() != parent_pid:
+        os._exit(1)
 
 
 def _thread_hook(args: Any) -> None:
@@ -120,7 +124,7 @@ def _thread_hook(args: Any) -> None:
 def worker_main(target: Target, ctx_args: dict[str, Any], faults, hits, seed: int,
                 events_fd: int, control_fd: int) -> None:
     """The body of a worker process (runs in the forked child)."""
-    _die_with_parent()
+    _die_with_parent(ctx_args["parent_pid"])
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the harness decides when workers end
     unblock_sigint()
     threading.excepthook = _thread_hook
@@ -236,7 +240,7 @@ class Supervisor:
         ctx_args = {"clock": self.clock.worker_clock(slot), "worker_id": worker_id, "store": self.store, "url": self.downstream.url,
                     "run_id": self.run_id, "workload": self.workload, "timing": self.config.timing,
                     "journal": journal, "target_run": self.target_run, "run_dir": self.run_dir,
-                    "replaces": self.replaces.pop(worker_id, None)}
+                    "replaces": self.replaces.pop(worker_id, None), "parent_pid": os.getpid()}
         seed = seeds.derive(self.config.seed, f"worker:{label}")
         proc = _FORK.Process(target=worker_main, name=f"killpoint-worker-{label}",
                              args=(self.target, ctx_args, faults, self.tally.hits, seed, events_w,
