@@ -38,12 +38,15 @@ class JobFailed(RuntimeError):
     """A run raised in a runner process; the message carries its traceback."""
 
 
-def _runner(session: "Session", configs: Sequence["RunConfig"], conn: Any, parent_pid: int) -> None:
+def _runner(session: "Session", configs: Sequence["RunConfig"], conn: Any, parent_pid: int,
+            inherited: Sequence[Any] = ()) -> None:
     """A runner process: run the configurations whose indexes arrive, send each result back."""
     from killpoint.harness.run import Session
     from killpoint.harness.supervise import _die_with_parent
 
     _die_with_parent(parent_pid)
+    for end in inherited:  # the parent's ends of the pipes, ours included: with them closed here, a
+        end.close()        # dead parent is an EOF to recv(), never a wait forever
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; it ends us by SIGTERM
 
     def _terminate(signum: int, frame: Any) -> None:
@@ -84,7 +87,8 @@ def run_many(session: "Session", configs: Sequence["RunConfig"], jobs: int) -> I
     try:
         for _ in range(jobs):
             parent, child = _FORK.Pipe()
-            proc = _FORK.Process(target=_runner, args=(session, configs, child, os.getpid()),
+            proc = _FORK.Process(target=_runner, args=(session, configs, child, os.getpid(),
+                                       [c for _, c in runners] + [parent]),
                                  name="killpoint-runner")
             with sigint_deferred():
                 proc.start()
