@@ -30,7 +30,7 @@ def schema_name(run_id: str, pid: int | None = None) -> str:
 def open_store(spec: str, run_dir: str, run_id: str) -> Store:
     """``sqlite`` (a file in the run's folder) or a ``postgresql://`` URL (a fresh schema)."""
     if spec in ("sqlite", "", None):
-        return SQLiteStore(os.path.join(run_dir, f"{run_id}.sqlite"))
+        return SQLiteStore(os.path.join(run_dir, f"{run_id}.sqlite"), harness_pid=os.getpid())
     if spec.startswith(_PG_SCHEMES):
         from killpoint.harness.store.postgres import PostgresStore
 

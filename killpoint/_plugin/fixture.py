@@ -37,7 +37,7 @@ class Killpoint:
 
     @property
     def settings(self) -> Settings:
-        """This session's options (store, report dir, seed, points, budget, shard)."""
+        """This session's options (store, report dir, seed, points, budget, shard, jobs, real time)."""
         return self._state.settings
 
     @property
@@ -149,8 +149,11 @@ class Killpoint:
                 resolve_workload(workload, seed)
             except InvalidWorkload as exc:
                 pytest.fail(f"killpoint: {exc}", pytrace=False)
-        return RunConfig(schedule=schedule, target=target, workload=workload, workers=workers,
-                         seed=seed, store=self.settings.store, **extra)
+        config = RunConfig(schedule=schedule, target=target, workload=workload, workers=workers,
+                           seed=seed, store=self.settings.store, **extra)
+        # --killpoint-real-time: the clock off, as killpoint matrix --real-time (a default timing
+        # becomes the real-time one; the reproduce line says --real-time).
+        return config.with_clock(False) if self.settings.real_time else config
 
     def _guard(self) -> None:
         """Crashes must only ever hit children: refuse if this (pytest's) process has failpoints."""
