@@ -87,6 +87,20 @@ def test_dbos_keyed_matrix_is_valid_with_every_declared_point_fired():
     assert_keyed_valid_everywhere("dbos:keyed", code, out)
 
 
+def test_dbos_a_replacement_of_a_replacement_recovers_under_the_dead_executors_id():
+    """Recovery through DBOS's public path: each fresh worker that replaces a dead one launches with the
+    executor id the dead one ran under (C under A's, D under C's, which is A's), and launch recovery
+    finishes the workflow; with both kills fired, the keyed target stays valid."""
+    need("dbos")
+    schedule = "A@charge.before_call:kill,C@charge.after_call:kill"
+    done = subprocess.run([sys.executable, "-m", "killpoint.harness.cli", "replay", schedule, "--target",
+                           "dbos:keyed", "--same-identity", "0", "--json"], capture_output=True, text=True, timeout=300)
+    out = json.loads(done.stdout)
+    assert (done.returncode, out["valid"], out["unknown"]) == (0, True, []), out
+    assert out["results"][0]["fired"] == {"A@charge.before_call:kill": 1, "C@charge.after_call:kill": 1}
+    assert out["invariants"]["terminates"]["checked"] == 1
+
+
 # -- LangGraph --------------------------------------------------------------------------------------
 
 
