@@ -43,7 +43,7 @@ def _harness(e: Event) -> str:
         return f"SIGCONT to {worker}{_pid(pid)}: {d.get('reason')}"
     if e.kind == v.DOWNSTREAM_RESTART:
         return (f"restarted the downstream: pid {d.get('pid_before')} killed, pid "
-                f"{d.get('pid')} serves the same ledger at the same address {d.get('url')}")
+                f"{d.get('pid')} serves the same ledger at the same address {d.get('address')}")
     if e.kind == v.STORE_RESTART:
         killed = ", ".join(d.get("killed") or ()) or "no worker"
         return (f"restarted the store: every connection to it cut ({killed} killed with "

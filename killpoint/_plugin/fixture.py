@@ -281,13 +281,13 @@ def _killpoint_session(pytestconfig: pytest.Config,
     the downstream listens on an ephemeral port; PostgreSQL runs each get a schema of their own.
     """
     from killpoint.harness.run import Session
-    from killpoint.harness.store import InvalidStore, check_store
+    from killpoint.harness.store import InvalidStore, StoreUnreachable, check_store
 
     settings = pytestconfig.stash[_STATE].settings
     try:
         check_store(settings.store)
         problem = None
-    except InvalidStore as exc:
+    except (InvalidStore, StoreUnreachable) as exc:  # one line, never a fixture traceback
         problem = str(exc)
     if problem is not None:
         pytest.fail(f"killpoint: {problem.replace('--store', '--killpoint-store', 1)}", pytrace=False)
