@@ -20,7 +20,7 @@ def schema_name(run_id: str, pid: int | None = None) -> str:
     id alone would collide; the PID (which lets a process find the schemas it made) and a random
     suffix make the name unique. Lowercase letters, digits and ``_`` only, at most 63 characters.
     """
-    from killpoint.harness.store.postgres import SCHEMA_PREFIX
+    from killpoint.harness.store.base import SCHEMA_PREFIX
 
     tail = f"_p{os.getpid() if pid is None else pid}_{secrets.token_hex(3)}"
     slug = re.sub(r"[^a-z0-9_]+", "_", run_id.lower()).strip("_") or "run"
