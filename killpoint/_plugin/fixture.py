@@ -163,13 +163,17 @@ class Killpoint:
             raise RuntimeError("killpoint: failpoints are installed in the pytest process itself, so a "
                                "scheduled kill would kill pytest; only worker processes may install them")
 
-    def _judge(self, configs: Sequence["RunConfig"]) -> CrashVerdict:
+    def _jobs(self) -> int:
+        """Runs side by side: --killpoint-jobs, else the cores (1 in an xdist worker, already one of many)."""
         from killpoint.harness.jobs import default_jobs
 
+        return self.settings.jobs or (1 if self._state.worker_id else default_jobs())
+
+    def _judge(self, configs: Sequence["RunConfig"]) -> CrashVerdict:
         session = self._session_getter()
         results, runs = [], []
         self._guard()
-        jobs = self.settings.jobs or (1 if self._state.worker_id else default_jobs())
+        jobs = self._jobs()
         for config, result in zip(configs, session.run_many(configs, jobs=jobs)):
             self._guard()
             results.append(result)

@@ -22,8 +22,9 @@ _OPTIONS = (
     ("budget", "N", "schedules killpoint.explore() draws when the test does not say (default: 100)"),
     ("shard", "K/N", "run only the K-th of N deterministic shares of the crash points of marked "
                      "tests, of each killpoint.matrix() and of each exploration's budget"),
-    ("jobs", "N", "runs of one killpoint.matrix() side by side, each in a process of its own "
-                  "(default: the number of cores; 1 in an xdist worker, which is already one of many)"),
+    ("jobs", "N", "runs of one killpoint.matrix() or killpoint.explore() side by side, each in a "
+                  "process of its own (default: the number of cores; 1 in an xdist worker, which is "
+                  "already one of many)"),
 )
 # A flag, not a value: on when given (the ini key and [tool.killpoint] can say true or false).
 _REAL_TIME_HELP = ("run every crash run with the run clock off, as killpoint matrix --real-time: leases and "
