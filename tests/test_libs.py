@@ -194,19 +194,25 @@ def test_procrastinate_job_events_map_a_stalled_retry_to_one_legal_chain_per_ste
         assert (results[name].valid, results[name].judged) == (True, True), results[name]
 
 
-def test_procrastinate_job_started_again_after_it_succeeded_breaks_legal_transitions():
-    """A finished job that runs again (what recovery must never do) is succeeded -> running in its chain."""
+@pytest.mark.parametrize("rows, refused", [
+    # a finished job run again (what recovery must never do)
+    ([(2, 7, "started", 1001.0, "order-1", "succeeded"), (3, 7, "succeeded", 1002.0, "order-1", "succeeded"),
+      (4, 7, "started", 1003.0, "order-1", "succeeded")], "succeeded -> running"),
+    # a failed job retried by hand: procrastinate allows it, killpoint takes failed as final
+    ([(2, 7, "started", 1001.0, "order-1", "todo"), (3, 7, "failed", 1002.0, "order-1", "todo"),
+      (4, 7, "retried", 1003.0, "order-1", "todo")], "failed -> retry_scheduled"),
+    # a todo job finished as succeeded without running (procrastinate's trigger calls it "cancelled")
+    ([(2, 7, "cancelled", 1001.0, "order-1", "succeeded")], "pending -> succeeded"),
+])
+def test_procrastinate_job_paths_the_transition_table_refuses_break_legal_transitions(rows, refused):
+    """legal_transitions judges procrastinate's recorded status path, not the event names' promises."""
     need("procrastinate")
     from killpoint.harness.checkers import legal_transitions
 
-    h = _job_history((1, 7, "deferred", 1000.0, "order-1", "succeeded"),
-                     (2, 7, "started", 1001.0, "order-1", "succeeded"),
-                     (3, 7, "succeeded", 1002.0, "order-1", "succeeded"),
-                     (4, 7, "started", 1003.0, "order-1", "succeeded"))
+    h = _job_history((1, 7, "deferred", 1000.0, "order-1", rows[-1][5]), *rows)
     result = legal_transitions(h)
     assert result.valid is False
-    assert {(v.step, "succeeded -> running" in v.detail) for v in result.violations} == {("reserve", True),
-                                                                                          ("charge", True)}
+    assert {(v.step, refused in v.detail) for v in result.violations} == {("reserve", True), ("charge", True)}
 
 
 # -- names, extras and the pause guard --------------------------------------------------------------
