@@ -18,14 +18,13 @@ drawing scales down (never sideways-scrolls) when a run has many workers.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import dataclass
 
 import jinja2
 
 from killpoint.harness.narrate import gap, run_time
 from killpoint.harness.redact import redact
+from killpoint.reports.files import write_text  # noqa: F401  (re-exported: the pages' writer)
 from killpoint.reports.model import IndexReport, Item, Lane, Lease, RunReport, Timeline, clip
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
@@ -212,21 +211,3 @@ def render_index(index: IndexReport) -> str:
     return environment().get_template("index.html").render(ix=index, data=index.to_json())
 
 
-def write_text(path: str, text: str) -> str:
-    """Write a whole file atomically, so a reader never opens half a report; no password in it
-    (reports travel as CI artefacts: every file goes through :func:`killpoint.harness.redact.redact`)."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".report-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(redact(text))
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    return path

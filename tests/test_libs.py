@@ -90,15 +90,22 @@ def test_dbos_keyed_matrix_is_valid_with_every_declared_point_fired():
 def test_dbos_a_replacement_of_a_replacement_recovers_under_the_dead_executors_id():
     """Recovery through DBOS's public path: each fresh worker that replaces a dead one launches with the
     executor id the dead one ran under (C under A's, D under C's, which is A's), and launch recovery
-    finishes the workflow; with both kills fired, the keyed target stays valid."""
+    finishes the workflow; with both kills fired the keyed target stays valid, and history() names the
+    worker that ran each step, not the executor id they shared."""
     need("dbos")
-    schedule = "A@charge.before_call:kill,C@charge.after_call:kill"
-    done = subprocess.run([sys.executable, "-m", "killpoint.harness.cli", "replay", schedule, "--target",
-                           "dbos:keyed", "--same-identity", "0", "--json"], capture_output=True, text=True, timeout=300)
-    out = json.loads(done.stdout)
-    assert (done.returncode, out["valid"], out["unknown"]) == (0, True, []), out
-    assert out["results"][0]["fired"] == {"A@charge.before_call:kill": 1, "C@charge.after_call:kill": 1}
-    assert out["invariants"]["terminates"]["checked"] == 1
+    from killpoint.chaos.schedule import parse
+    from killpoint.harness.run import RunConfig, Session
+    from killpoint.harness.targets import declared
+
+    schedule = parse("A@charge.before_call:kill,C@charge.after_call:kill",
+                     points=frozenset(declared("dbos:keyed").points))
+    with Session() as session:
+        r = session.run(RunConfig(schedule=schedule, target="dbos:keyed", same_identity=0.0))
+    assert (r.valid, r.verdict.unknown_reasons, r.unfired) == (True, (), ()), r.verdict
+    assert r.fired == {"A@charge.before_call:kill": 1, "C@charge.after_call:kill": 1}
+    ran = {(e.data["step"], e.kind): (e.data["worker"], e.data["executor"]) for e in r.history.store_events()}
+    assert ran == {("reserve", "claimed"): ("A", "A"), ("reserve", "committed"): ("A", "A"),
+                   ("charge", "claimed"): ("D", "A"), ("charge", "committed"): ("D", "A")}
 
 
 # -- LangGraph --------------------------------------------------------------------------------------
