@@ -241,6 +241,27 @@ def test_time_axis_is_elapsed_time_with_long_gaps_drawn_short_and_marked():
     assert at[30_001 * MS] - at[MS] == ROW_H + MAX_GAP and [b for _, b in breaks] == ["+30.0 s"]
 
 
+def test_a_lease_that_ran_out_inside_a_skipped_wait_is_drawn_expiring_between_the_breaks():
+    """A dies 9 ms in; its 30 s lease runs out at 30.009 s; B claims only at 30.5 s. The expiry gets
+    a row of its own: after the "+30.0 s" break, before the "+491.0 ms" one, at the end of the bar."""
+    h = build([ev(0, "harness", "spawn", worker="A", identity="A", pid=1),
+               ev(4, "store", "claimed", instance="o", step="s", worker="A", fence=1),
+               ev(5, "A", "claim", "ok", op=1, instance="o", step="s", fence=1),
+               ev(9, "harness", "exit", worker="A", pid=1, code=-9, signal="SIGKILL"),
+               ev(30_500, "store", "claimed", instance="o", step="s", worker="B", fence=2),
+               ev(30_501, "harness", "exit", worker="B", pid=2, code=0, signal=None)])
+    t = build_timeline(h, lease_ttl_ms=30_000.0)
+    a = next(lease for lease in t.leases if lease.fence == 1)
+    assert (a.held_until, a.expiry, a.end, a.estimated) == (9 * MS, 30_009 * MS, 30_009 * MS, True)
+    drawn = layout(t)
+    (first, second) = drawn.breaks
+    assert (first[1], second[1]) == ("+30.0 s", "+491.0 ms")
+    (bar,) = [b for b in drawn.leases if b.lease.fence == 1]
+    assert bar.y + bar.held_h < first[0] < bar.expiry_y < second[0]
+    assert bar.expiry_y == bar.y + bar.held_h + bar.out_h  # the hatched part ends where it expired
+    assert "+30.009000 s" in {label for _, label in drawn.rows}
+
+
 def test_timeline_fits_the_design_width_and_scales_down_when_there_are_many_lanes():
     assert layout(build_timeline(takeover_history())).width <= WIDTH
     many = build([ev(n, f"W{n}", "recover", instance="o", step="s", action="retry") for n in range(20)])
