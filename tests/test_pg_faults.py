@@ -202,6 +202,25 @@ def test_terminate_in_db_commit_commits_unknown_to_the_worker_and_recovery_settl
                 and e.get("instance") == instance]
 
 
+def test_a_worker_terminated_at_every_commit_does_not_hold_the_run_clock(session, pg_dsn):
+    """Protects: a worker whose every transaction is lost (an uncounted ``terminate``) waits
+    through the run's clock between attempts, so the clock still jumps: the 30 s lease of a worker
+    killed after its claim expires and is taken over in less wall time than the lease (the failing
+    worker used to spin and hold the clock still until the run hit its bound)."""
+    result = session.run(RunConfig(schedule=chaos.parse("A@in_db_commit:terminate,B@charge.after_claim:kill"),
+                                   workers=3, store=pg_dsn))
+    assert result.config.virtual_time and result.config.timing.lease_ttl_ms == 30_000
+    assert result.valid is True, ([v.detail for v in result.verdict.violations],
+                                  result.verdict.unknown_reasons)
+    assert result.fired["A@in_db_commit:terminate"] >= 2
+    assert len([e for e in result.history.of_workers("store_unavailable") if e.process == "A"]) >= 2
+    killed = next(e for e in result.history.of("store", "claimed")
+                  if e.get("worker") == "B" and e.get("step") == "charge")
+    assert [e for e in result.history.of("store", "claimed") if e.get("step") == "charge"
+            and e.get("instance") == killed.get("instance") and e.get("fence") > killed.get("fence")]
+    assert result.duration_s < result.config.timing.lease_ttl_ms / 1000.0
+
+
 @pytest.mark.parametrize("hit, kind", [(1, "claim"), (2, "receipt"), (3, "commit")])
 def test_terminate_before_db_commit_rolls_back_and_the_worker_knows_it(session, pg_dsn, hit, kind):
     """Protects: a backend ended with the transaction open never commits it, and the worker
