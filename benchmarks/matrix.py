@@ -29,7 +29,7 @@ import multiprocess  # noqa: E402
 
 from killpoint import chaos  # noqa: E402
 from killpoint.harness import downstream as ds  # noqa: E402
-from killpoint.harness.commands.matrix import single_fault_schedules  # noqa: E402
+from killpoint.chaos.generator import single_fault_schedules  # noqa: E402
 from killpoint.harness.jobs import default_jobs  # noqa: E402
 from killpoint.harness.run import RunConfig, Session  # noqa: E402
 from killpoint.harness.store import open_store  # noqa: E402

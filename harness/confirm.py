@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 from killpoint.chaos.schedule import Schedule
 from killpoint.harness.run import RunConfig, RunResult
@@ -34,19 +34,32 @@ class Confirmed:
         return self.failed == self.replays
 
 
+RunMany = Callable[[Sequence[RunConfig]], Iterator[RunResult]]
+
+
 def replay(run: Callable[[RunConfig], RunResult], config: RunConfig, *,
-           replays: int = REPLAYS, stop_at_pass: bool = False) -> tuple[int, int, RunResult | None]:
+           replays: int = REPLAYS, stop_at_pass: bool = False,
+           run_many: RunMany | None = None) -> tuple[int, int, RunResult | None]:
     """Run ``config`` ``replays`` times: ``(runs, failed, last failing result)``. With
-    ``stop_at_pass`` it stops at the first run that is not a violation (it cannot be reliable)."""
+    ``stop_at_pass`` it stops at the first run that is not a violation (it cannot be reliable).
+
+    ``run_many`` (as :meth:`Session.run_many <killpoint.harness.run.Session.run_many>` with its
+    jobs) makes the replays side by side; they are counted in order, exactly as one at a time,
+    and those still running after a stop are ended uncounted."""
     failed, runs, last = 0, 0, None
-    for _ in range(replays):
-        result = run(config)
-        runs += 1
-        if result.valid is False:
-            failed += 1
-            last = result
-        elif stop_at_pass:
-            break
+    results = run_many([config] * replays) if run_many is not None else (run(config) for _ in range(replays))
+    try:
+        for result in results:
+            runs += 1
+            if result.valid is False:
+                failed += 1
+                last = result
+            elif stop_at_pass:
+                break
+    finally:
+        close = getattr(results, "close", None)  # a stop ends the replays still running
+        if close is not None:
+            close()
     return runs, failed, last
 
 
@@ -55,20 +68,20 @@ def without(schedule: Schedule, index: int) -> Schedule:
 
 
 def confirm(run: Callable[[RunConfig], RunResult], candidates: Iterable[RunConfig], *,
-            replays: int = REPLAYS) -> tuple[Confirmed | None, list[Confirmed]]:
+            replays: int = REPLAYS, run_many: RunMany | None = None) -> tuple[Confirmed | None, list[Confirmed]]:
     """The smallest schedule, among ``candidates`` (smallest first) and what dropping faults from
     them leaves, that failed all ``replays`` replays; and every candidate's tally as tried.
 
     A candidate that passes a replay is given up at once (it cannot fail every time); the others
     are shrunk greedily, one fault at a time, keeping a smaller schedule only when it too fails
-    every replay.
+    every replay. ``run_many`` makes each candidate's replays side by side (see :func:`replay`).
     """
     tried: list[Confirmed] = []
     best: Confirmed | None = None
     for config in sorted(candidates, key=lambda c: (len(c.schedule.faults), len(str(c.schedule)))):
         if best is not None and len(config.schedule.faults) >= len(best.config.schedule.faults):
             break
-        runs, failed, last = replay(run, config, replays=replays, stop_at_pass=True)
+        runs, failed, last = replay(run, config, replays=replays, stop_at_pass=True, run_many=run_many)
         tally = Confirmed(config, last, runs, failed) if last is not None else None
         if tally is not None:
             tried.append(tally)
@@ -79,7 +92,7 @@ def confirm(run: Callable[[RunConfig], RunResult], candidates: Iterable[RunConfi
             shrunk = False
             for i in range(len(tally.config.schedule.faults)):
                 smaller = dataclasses.replace(tally.config, schedule=without(tally.config.schedule, i))
-                runs, failed, last = replay(run, smaller, replays=replays, stop_at_pass=True)
+                runs, failed, last = replay(run, smaller, replays=replays, stop_at_pass=True, run_many=run_many)
                 if last is not None and failed == replays:
                     tally = Confirmed(smaller, last, runs, failed)
                     shrunk = True

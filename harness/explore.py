@@ -161,19 +161,23 @@ def database_key(config: RunConfig, max_faults: int, steps: Sequence[str], point
 def explore(config: RunConfig, *, steps: Sequence[str], points: Sequence[str], budget: int = 100,
             seed: int = 0, max_faults: int = 3, database: str | None = DEFAULT_DATABASE,
             session: Session | None = None,
-            on_run: Callable[[str, RunResult | None], None] | None = None) -> Exploration:
+            on_run: Callable[[str, RunResult | None], None] | None = None, jobs: int = 1) -> Exploration:
     """Draw up to ``budget`` schedules over ``steps`` x ``points`` from ``seed``, run each with
     ``config`` (its schedule and restart rule replaced), and shrink the first counterexample.
 
     ``database`` is Hypothesis's folder for the search (None: keep no examples); ``session`` the
     session to run in (default: a new one, closed at the end); ``on_run(schedule, result)`` is
-    called before each run (``result`` None) and after it, for progress.
+    called before each run (``result`` None) and after it, for progress. ``jobs`` > 1 runs the
+    schedules drawn before the first failure, and the confirming replays, that many side by side
+    (:mod:`killpoint.harness.lookahead`); the same seed explores the same schedules with any ``jobs``.
     """
     from hypothesis import HealthCheck, Phase, Verbosity, given, settings
     from hypothesis import seed as hypothesis_seed
     from hypothesis import strategies as st
-    from hypothesis.database import DirectoryBasedExampleDatabase
+    from hypothesis.database import DirectoryBasedExampleDatabase, ReadOnlyDatabase
     from hypothesis.errors import Flaky
+
+    from killpoint.harness.lookahead import Lookahead, drawn
 
     from killpoint.chaos.strategies import schedules, stall_durations
 
@@ -181,6 +185,8 @@ def explore(config: RunConfig, *, steps: Sequence[str], points: Sequence[str], b
         raise ValueError(f"budget {budget}: use a whole number of at least 1")
     if max_faults < 1:
         raise ValueError(f"max_faults {max_faults}: use a whole number of at least 1")
+    if jobs < 1:
+        raise ValueError(f"jobs {jobs}: use a whole number of at least 1")
     workers = [chr(ord("A") + i) for i in range(config.workers)]
     stalls = stall_durations(config.timing.lease_ttl_ms, config.timing.stuck_bound_ms)
     experiments = st.builds(Experiment, schedules(workers, tuple(steps), points=tuple(points),
@@ -192,38 +198,54 @@ def explore(config: RunConfig, *, steps: Sequence[str], points: Sequence[str], b
     started = time.monotonic()
     note = on_run or (lambda schedule, result: None)
 
+    def hypothesis_test(body: Callable[[Experiment], None], db: Any) -> Callable[[], None]:
+        """The search as a Hypothesis test of ``body``: the same settings, seed and key for the
+        real search and for the dry pass that plans what it draws."""
+        test = settings(database=db, max_examples=budget, deadline=None,
+                        suppress_health_check=list(HealthCheck), verbosity=Verbosity.quiet,
+                        phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink),
+                        report_multiple_bugs=False, derandomize=False, print_blob=False)(
+            hypothesis_seed(seed)(given(experiments)(body)))
+        test._hypothesis_internal_database_key = database_key(  # type: ignore[attr-defined]
+            config, max_faults, steps, points)
+        return test  # type: ignore[no-any-return]
+
     with contextlib.ExitStack() as stack:
         if session is None:
             session = stack.enter_context(Session())
         run = session.run
+        ahead = None
+        if jobs > 1:
+            with _hypothesis_home(home):
+                plan = drawn(lambda body: hypothesis_test(
+                    body, None if examples is None else ReadOnlyDatabase(examples))())
+            ahead = Lookahead(session, config, plan, jobs)
 
         def trial(experiment: Experiment) -> None:
             run_config = dataclasses.replace(config, schedule=experiment.schedule,
                                              same_identity=experiment.same_identity)
             note(str(experiment.schedule), None)
-            result = run(run_config)
+            result = ahead.take(experiment) if ahead is not None else None
+            if result is None:
+                result = run(run_config)
             search.record(result)
             note(str(experiment.schedule), result)
             if result.valid is False:
+                if ahead is not None:
+                    ahead.leave()  # Hypothesis shrinks from here, each step decided by the last
                 search.failed(experiment, result)
                 raise _Found
 
-        test = settings(database=examples, max_examples=budget, deadline=None,
-                        suppress_health_check=list(HealthCheck), verbosity=Verbosity.quiet,
-                        phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink),
-                        report_multiple_bugs=False, derandomize=False, print_blob=False)(
-            hypothesis_seed(seed)(given(experiments)(trial)))
-        test._hypothesis_internal_database_key = database_key(  # type: ignore[attr-defined]
-            config, max_faults, steps, points)
         flaky = False
         with _hypothesis_home(home):
             try:
-                test()
+                hypothesis_test(trial, examples)()
             except _Found:
                 pass
             except Flaky:
                 flaky = True  # the shrunk example did not fail again: confirmation decides
-        confirmed, tried = _confirm(run, config, search)
+        many = None if jobs == 1 else (lambda configs: session.run_many(configs, jobs=jobs))
+        confirmed, tried = _confirm(run, config, search, many)
     found = search.smallest if flaky else search.last
     minimal = None
     if confirmed is not None:
@@ -238,8 +260,11 @@ def explore(config: RunConfig, *, steps: Sequence[str], points: Sequence[str], b
                        time.monotonic() - started, tuple(search.seen), search.points)
 
 
-def _confirm(run: Callable[[RunConfig], RunResult], config: RunConfig, search: _Search) -> tuple[Any, list[Any]]:
-    """Replay the smallest counterexamples seen (see :mod:`killpoint.harness.confirm`)."""
+def _confirm(run: Callable[[RunConfig], RunResult], config: RunConfig, search: _Search,
+             run_many: Callable[[Sequence[RunConfig]], Iterator[RunResult]] | None = None
+             ) -> tuple[Any, list[Any]]:
+    """Replay the smallest counterexamples seen (see :mod:`killpoint.harness.confirm`), side by
+    side with ``run_many``."""
     from killpoint.harness.confirm import confirm
 
     if not search.failing:
@@ -248,7 +273,7 @@ def _confirm(run: Callable[[RunConfig], RunResult], config: RunConfig, search: _
     smallest = sorted(distinct.values(), key=_size)[:CANDIDATES]
     configs = [dataclasses.replace(config, schedule=e.schedule, same_identity=e.same_identity)
                for e in smallest]
-    return confirm(run, configs)
+    return confirm(run, configs, run_many=run_many)
 
 
 @contextlib.contextmanager

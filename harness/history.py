@@ -268,7 +268,21 @@ def read_journal(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Read a worker journal: JSON lines, a torn last line (the worker was killed mid-write) tolerated."""
     entries: list[dict[str, Any]] = []
     with open(path, "rb") as fh:
-        lines = fh.read().split(b"\n")
+        text = fh.read().decode("utf-8", errors="replace")
+    body = text[:text.rfind("\n") + 1]  # every complete line, each one JSON object
+    try:  # one parse for the whole journal; line by line only when something is off
+        whole = json.loads("[" + body.rstrip("\n").replace("\n", ",") + "]") if body.strip() else []
+    except ValueError:
+        whole = None
+    lines = text.split("\n")
+    if whole is not None and all(type(e) is dict for e in whole):
+        if not lines[-1].strip():
+            return whole
+        try:  # a last line without its newline: the write the kill interrupted, or whole
+            whole.append(json.loads(lines[-1]))
+        except ValueError:
+            pass
+        return whole
     for n, line in enumerate(lines):
         if not line.strip():
             continue

@@ -43,7 +43,7 @@ def _harness(e: Event) -> str:
         return f"SIGCONT to {worker}{_pid(pid)}: {d.get('reason')}"
     if e.kind == v.DOWNSTREAM_RESTART:
         return (f"restarted the downstream: pid {d.get('pid_before')} killed, pid "
-                f"{d.get('pid')} serves the same ledger at the same address {d.get('url')}")
+                f"{d.get('pid')} serves the same ledger at the same address {d.get('address')}")
     if e.kind == v.STORE_RESTART:
         killed = ", ".join(d.get("killed") or ()) or "no worker"
         return (f"restarted the store: every connection to it cut ({killed} killed with "
@@ -70,12 +70,15 @@ def _store(e: Event) -> str:
     d = e.data
     where = f"{d.get('instance')}:{d.get('step')}"
     fence = f" with fence {d['fence']}" if d.get("fence") is not None else ""
+    # A target's own records may not say who wrote a change (procrastinate's job events do not).
+    who = d.get("worker") or "a worker"
     if e.kind == v.CLAIMED:
-        return (f"{d.get('worker')} claimed {where}{fence} "
+        return (f"{who} claimed {where}{fence} "
                 f"(attempt {d.get('attempt')}, {d.get('from_state')} -> {d.get('to_state')})")
     if e.kind == v.COMMITTED:
         why = f"; reason: {d['reason']}" if d.get("reason") else ""
-        return (f"accepted {d.get('worker')}'s commit{fence}: {where} "
+        whose = f"{d['worker']}'s commit" if d.get("worker") else "a commit"
+        return (f"accepted {whose}{fence}: {where} "
                 f"{d.get('from_state')} -> {d.get('to_state')} (state version {d.get('state_version')}"
                 f"{why})")
     if e.kind == v.COMMIT_REJECTED:

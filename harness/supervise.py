@@ -412,7 +412,7 @@ class Supervisor:
                 before = self.downstream.pid
                 self.downstream.restart()
                 self.note(vocab.DOWNSTREAM_RESTART, fault=fault, pid_before=before,
-                          pid=self.downstream.pid, url=self.downstream.url)
+                          pid=self.downstream.pid, address=self.downstream.address)
                 continue
             if service == "target":
                 # The target's own server (its restart() hook), e.g. a Restate server killed and

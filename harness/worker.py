@@ -159,8 +159,16 @@ class Heartbeat:
             if claim is None:
                 next_beat = None
                 continue
-            with self._in_store:
-                renewed = self._store.heartbeat(claim, self._timing.lease_ttl_ms)
+            try:
+                with self._in_store:
+                    renewed = self._store.heartbeat(claim, self._timing.lease_ttl_ms)
+            except StoreUnavailable as exc:
+                # The connection died (the store restarted, the session was ended): the store has
+                # dropped it and the next beat opens another. The thread goes on; had it died, the
+                # lease would lapse under a business thread still at work.
+                self._journal.write(vocab.STORE_UNAVAILABLE, error=str(exc), thread="heartbeat",
+                                    outcome_unknown=isinstance(exc, OutcomeUnknown))
+                continue
             if not renewed:
                 self._journal.write(vocab.HEARTBEAT_LOST, instance=claim.instance, step=claim.step,
                                     fence=claim.fence)

@@ -26,6 +26,7 @@ __all__ = [
     "OutcomeUnknown",
     "StoreError",
     "StoreUnavailable",
+    "StoreUnreachable",
     "UnknownScenario",
 ]
 
@@ -114,3 +115,9 @@ class LostResponse(KillpointError):
 class InfrastructureError(KillpointError, RuntimeError):
     """The infrastructure a run needs broke: the store went away, the downstream failed, the disk
     is full, a process could not be started. A run it ends is unknown, never violated."""
+
+
+class StoreUnreachable(InfrastructureError):
+    """The store's server did not answer at all (the connection refused, timed out, no route) when
+    checked before the first run: the infrastructure's failure (exit 3), as a store lost mid-run is,
+    not a bad value (a server that answered and refused us is :class:`InvalidStore`, exit 2)."""

@@ -47,7 +47,7 @@ def run(session: Session, *, target: str | Target = "reference", seed: int = 0, 
     last = wl.instances[-1]
     key = last.step(STEP).key(last.id)
     schedule = f"A@{STEP}.after_call#{len(wl.instances)}:kill,{STORE_RESTART},{DOWNSTREAM_RESTART}"
-    url = session.downstream.url
+    url, address = session.downstream.url, session.downstream.address
     h = story.run(session, config(target, seed, store, schedule, workload=wl.name, workload_spec=wl,
                                   workers=1, same_identity=0.0,
                                   restarts={STORE_RESTART: ("store",), DOWNSTREAM_RESTART: ("downstream",)}),
@@ -68,9 +68,10 @@ def run(session: Session, *, target: str | Target = "reference", seed: int = 0, 
                  who(claims, "worker", "fence"))
     moved = h.harness_events(vocab.DOWNSTREAM_RESTART)
     story.expect(len(moved) == 1 and moved[0].get("pid") != moved[0].get("pid_before")
-                 and moved[0].get("url") == url and session.downstream.url == url,
+                 and moved[0].get("address") == address and session.downstream.address == address
+                 and session.downstream.url == url,
                  "the provider restarted as a new process on the same address",
-                 who(moved, "pid_before", "pid", "url"))
+                 who(moved, "pid_before", "pid", "address"))
     evidence = h.worker_events(vocab.RECOVER, process="C", step=STEP)
     story.expect(len(evidence) == 1 and moved and evidence[0].time > moved[0].time
                  and evidence[0].get("source") == "downstream" and evidence[0].get("receipt") == "succeeded"

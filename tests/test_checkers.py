@@ -224,6 +224,20 @@ def test_stale_writes_rejected_flags_a_downstream_that_applied_a_lower_fence():
     assert (v.step, v.events) == ("charge", (2, 3))
 
 
+def test_stale_writes_rejected_unchecked_when_a_retaken_step_has_no_fenced_commit():
+    """A library that records no fence (procrastinate's job events) retakes a step: nothing to compare."""
+    unjudged(stale_writes_rejected(build([
+        created(0),
+        store(1, "claimed", "order-1", "charge", worker=None, state_version=2, from_state="pending",
+              to_state="running"),
+        store(2, "committed", "order-1", "charge", worker=None, state_version=3, from_state="running",
+              to_state="retry_scheduled"),
+        store(3, "claimed", "order-1", "charge", worker=None, state_version=4, from_state="retry_scheduled",
+              to_state="running"),
+        store(4, "committed", "order-1", "charge", worker=None, state_version=5, from_state="running",
+              to_state="succeeded")])))
+
+
 def test_stale_writes_rejected_unchecked_without_a_takeover():
     unjudged(stale_writes_rejected(build([
         created(0), claimed(1, "order-1", "charge", "A", 1, 1),

@@ -123,6 +123,21 @@ def test_table_is_found_walking_up_and_sets_the_options_it_names(tmp_path):
     assert s.defaults_for({"seed", "timing"}) == {"seed": 7, "timing": {"lease_ttl_ms": 250.0}}
 
 
+def test_real_time_in_the_table_is_the_default_of_real_time_and_no_real_time_wins(tmp_path):
+    """[tool.killpoint] real-time = true turns the clock off for every command; --no-real-time wins."""
+    from killpoint.harness.cli import build_parser
+
+    settings = parse({"real_time": True})
+    assert dict(settings.values) == {"real_time": True}
+    parser = build_parser(settings)
+    for command in ("matrix", "explore", "replay", "scenario", "selftest"):
+        extra = ["lease_takeover"] if command == "scenario" else ["A@charge.after_call:kill"] \
+            if command == "replay" else []
+        assert parser.parse_args([command, *extra]).real_time is True, command
+        assert parser.parse_args([command, *extra, "--no-real-time"]).real_time is False, command
+    assert build_parser(parse({})).parse_args(["matrix"]).real_time is None  # the clock on
+
+
 def test_no_table_or_no_pyproject_gives_no_settings(tmp_path):
     (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\n', encoding="utf-8")
     assert load(str(tmp_path)).values == {}
@@ -134,6 +149,8 @@ def test_no_table_or_no_pyproject_gives_no_settings(tmp_path):
     ({"workers": 0}, "workers = 0"),
     ({"seed": True}, "seed = True"),
     ({"report": "sometimes"}, "report = 'sometimes'"),
+    ({"real-time": 1}, "real-time = 1"),
+    ({"real_time": "yes"}, "real_time = 'yes'"),
     ({"timing": {"lease": 3}}, "'lease'"),
     ({"timing": {"lease-ttl-ms": -1}}, "lease-ttl-ms = -1"),
 ])

@@ -100,6 +100,61 @@ def test_explore_finds_a_mutants_bug_and_shrinks_it_to_at_most_two_faults(capsys
     assert any((in_tmp / ".killpoint" / "hypothesis" / "examples").iterdir())  # for the next search
 
 
+def test_explore_with_two_jobs_draws_the_same_schedules_and_finds_the_same_counterexample_as_one(
+        capsys, tmp_path, monkeypatch):
+    """--jobs runs drawn schedules side by side (harness.lookahead) without changing the search: the
+    same seed runs the same schedules, in the same order, up to its first failure, and shrinks it to
+    the same confirmed counterexample (each N in a folder of its own: no shared examples)."""
+    found = {}
+    for jobs in ("1", "2"):
+        home = tmp_path / f"jobs{jobs}"
+        home.mkdir()
+        monkeypatch.chdir(home)
+        code, out, err = cli(capsys, "explore", "--target", "mutant:no-fence-check", "--workload", "single",
+                             "--budget", "60", "--seed", "1", "--json", "-q", "--jobs", jobs,
+                             "--junit-xml", str(home / "runs.xml"))
+        report = json.loads(out)
+        assert code == 1, report
+        cases = [(c.get("name").split(" ", 1)[1], c.find("failure") is not None)
+                 for c in ET.parse(home / "runs.xml").getroot().iter("testcase")]
+        first = next(i for i, (_, failed) in enumerate(cases) if failed)
+        found[jobs] = (report["minimal"], cases[:first + 1])
+    (one, drawn_one), (two, drawn_two) = found["1"], found["2"]
+    assert len(drawn_one) > 1  # some schedules passed first: the side-by-side part was exercised
+    assert drawn_two == drawn_one
+    assert one["confirmed"] is two["confirmed"] is True and one["replays_failed"] == two["replays_failed"] == 5
+    assert (two["schedule"], two["same_identity"], two["violated"]) == \
+        (one["schedule"], one["same_identity"], one["violated"])
+    assert "stale_writes_rejected" in one["violated"]
+
+
+def test_lookahead_hands_out_runs_made_ahead_in_order_and_drops_them_when_the_search_leaves_the_plan():
+    """The batching rule alone, on a session that records what it is asked to run: batches of
+    2 x jobs then twice the last, results in plan order, and a draw off the plan runs on its own."""
+    from killpoint.harness.explore import Experiment
+    from killpoint.harness.lookahead import Lookahead
+    from killpoint.harness.run import RunConfig
+
+    class Recording:
+        def __init__(self):
+            self.batches = []
+
+        def run_many(self, configs, *, jobs):
+            self.batches.append(([str(c.schedule) for c in configs], jobs))
+            return iter([f"result of {c.schedule}" for c in configs])
+
+    plan = [Experiment(chaos.parse(f"A@charge.after_call#{n}:kill")) for n in range(1, 16)]
+    session = Recording()
+    ahead = Lookahead(session, RunConfig(), plan, 2)
+    taken = [ahead.take(e) for e in plan[:5]]
+    assert taken == [f"result of {e.schedule}" for e in plan[:5]]
+    assert [(len(b), jobs) for b, jobs in session.batches] == [(4, 2), (8, 2)]
+    assert session.batches[1][0][0] == str(plan[4].schedule)
+    # Hypothesis draws something else (it shrinks a failure): off the plan for good, runs dropped.
+    assert ahead.take(Experiment(chaos.parse("B@charge.in_call:kill"))) is None
+    assert ahead.dropped == 7 and ahead.take(plan[5]) is None and len(session.batches) == 2
+
+
 def test_explore_prints_the_counterexample_and_a_replay_line_that_reproduces_it(capsys, in_tmp):
     code, out, err = cli(capsys, "explore", "--target", "mutant:no-fence-check", "--budget", "150",
                          "--seed", "1")
@@ -223,3 +278,13 @@ def test_confirmation_keeps_only_a_schedule_that_fails_every_replay_and_shrinks_
     assert best.failed == best.replays == 5
     assert any(str(t.config.schedule) == "C@charge.after_call:kill" and not t.reliable for t in tried)
     assert confirm(run, [flaky])[0] is None  # a flaky schedule is never printed as confirmed
+    # Side by side (run_many), the replays are counted in the same order: the same tallies.
+    asked = []
+
+    def run_many(configs):
+        asked.append(len(configs))
+        return (run(c) for c in configs)
+
+    side, tried_side = confirm(run, [reliable], run_many=run_many)
+    assert str(side.config.schedule) == "B@charge.after_call:1*pause" and side.failed == side.replays == 5
+    assert asked and set(asked) == {5}

@@ -17,10 +17,14 @@ import os
 import subprocess
 import sys
 import threading
+from typing import TYPE_CHECKING
 
 import pytest
 
 from killpoint.harness.libs.common import PauseGuard
+
+if TYPE_CHECKING:
+    from killpoint.harness.history import History
 
 
 def need(library: str) -> None:
@@ -83,6 +87,20 @@ def test_dbos_keyed_matrix_is_valid_with_every_declared_point_fired():
     assert_keyed_valid_everywhere("dbos:keyed", code, out)
 
 
+def test_dbos_a_replacement_of_a_replacement_recovers_under_the_dead_executors_id():
+    """Recovery through DBOS's public path: each fresh worker that replaces a dead one launches with the
+    executor id the dead one ran under (C under A's, D under C's, which is A's), and launch recovery
+    finishes the workflow; with both kills fired, the keyed target stays valid."""
+    need("dbos")
+    schedule = "A@charge.before_call:kill,C@charge.after_call:kill"
+    done = subprocess.run([sys.executable, "-m", "killpoint.harness.cli", "replay", schedule, "--target",
+                           "dbos:keyed", "--same-identity", "0", "--json"], capture_output=True, text=True, timeout=300)
+    out = json.loads(done.stdout)
+    assert (done.returncode, out["valid"], out["unknown"]) == (0, True, []), out
+    assert out["results"][0]["fired"] == {"A@charge.before_call:kill": 1, "C@charge.after_call:kill": 1}
+    assert out["invariants"]["terminates"]["checked"] == 1
+
+
 # -- LangGraph --------------------------------------------------------------------------------------
 
 
@@ -128,6 +146,67 @@ def test_procrastinate_keyed_matrix_is_valid_with_every_declared_point_fired(pg_
     need("procrastinate")
     code, out = matrix("procrastinate:keyed", env={"KILLPOINT_PG_DSN": pg_dsn})
     assert_keyed_valid_everywhere("procrastinate:keyed", code, out)
+
+
+def test_procrastinate_history_lets_the_chain_invariants_judge_its_job_events(pg_dsn):
+    """procrastinate's own job events (history()) judged: more invariants than the ledger's, and the
+    duplicate still the only violation of the naive target."""
+    need("procrastinate")
+    code, out = matrix("procrastinate:naive", "--points", "after_call", "--steps", "charge", "--actions", "kill",
+                       env={"KILLPOINT_PG_DSN": pg_dsn})
+    assert_naive_caught(code, out, same_step=False)
+    judged = {name for name, n in out["invariants"].items() if n["checked"]}
+    # without history() only no_duplicate_effects, effects_accounted and terminates judged (3 of 14);
+    # procrastinate records no fence, so stale_writes_rejected has nothing to compare
+    assert judged == {"no_duplicate_effects", "effects_accounted", "terminates", "version_chain",
+                      "legal_transitions"}, judged
+    assert out["judged"] == 5 and out["runs"] == 1
+
+
+def _job_history(*rows: tuple) -> "History":
+    from killpoint.harness.history import merge
+    from killpoint.harness.libs.procrastinate import job_events
+
+    events = job_events(rows, {"order-1": ["reserve", "charge"]}, now=10**15)
+    return merge({}, events, [], [], owns_state=True)
+
+
+def test_procrastinate_job_events_map_a_stalled_retry_to_one_legal_chain_per_step():
+    """A job deferred, started, retried as stalled, started again and succeeded: one chain per step,
+    each transition legal, state_version +1 each, the n-th start attempt n."""
+    need("procrastinate")
+    from killpoint.harness.checkers import check_all
+
+    h = _job_history((1, 7, "deferred", 1000.0, "order-1", "succeeded"),
+                     (2, 7, "started", 1001.0, "order-1", "succeeded"),
+                     (3, 7, "deferred_for_retry", 1002.0, "order-1", "succeeded"),
+                     (4, 7, "abort_requested", 1002.5, "order-1", "succeeded"),  # no status change
+                     (5, 7, "started", 1003.0, "order-1", "succeeded"),
+                     (6, 7, "succeeded", 1003.0, "order-1", "succeeded"))  # same now(): order kept
+    chain = [(e.kind, e.data["from_state"] if "from_state" in e.data else None, e.data["to_state"],
+              e.data["state_version"], e.data.get("attempt")) for e in h.store_events("order-1", "charge")]
+    assert chain == [("created", None, "pending", 1, None), ("claimed", "pending", "running", 2, 1),
+                     ("committed", "running", "retry_scheduled", 3, None),
+                     ("claimed", "retry_scheduled", "running", 4, 2), ("committed", "running", "succeeded", 5, None)]
+    assert len(h.store_events("order-1", "reserve")) == 5
+    results = {r.invariant: r for r in check_all(h).results}
+    for name in ("version_chain", "legal_transitions"):
+        assert (results[name].valid, results[name].judged) == (True, True), results[name]
+
+
+def test_procrastinate_job_started_again_after_it_succeeded_breaks_legal_transitions():
+    """A finished job that runs again (what recovery must never do) is succeeded -> running in its chain."""
+    need("procrastinate")
+    from killpoint.harness.checkers import legal_transitions
+
+    h = _job_history((1, 7, "deferred", 1000.0, "order-1", "succeeded"),
+                     (2, 7, "started", 1001.0, "order-1", "succeeded"),
+                     (3, 7, "succeeded", 1002.0, "order-1", "succeeded"),
+                     (4, 7, "started", 1003.0, "order-1", "succeeded"))
+    result = legal_transitions(h)
+    assert result.valid is False
+    assert {(v.step, "succeeded -> running" in v.detail) for v in result.violations} == {("reserve", True),
+                                                                                          ("charge", True)}
 
 
 # -- names, extras and the pause guard --------------------------------------------------------------

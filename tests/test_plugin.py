@@ -347,6 +347,75 @@ def test_the_tool_killpoint_table_of_pyproject_sets_seed_and_report_dir_and_the_
     result.stdout.fnmatch_lines(["*SETTINGS sqlite 2 after_call 100 (1, 1)*"])
 
 
+REAL_TIME_SUITE = '''
+import json
+
+import pytest
+
+
+def test_the_clock(killpoint):
+    verdict = killpoint.matrix(target="mutant:no-fence-check", workload="single",
+                               points=["after_claim", "after_call"])
+    print("CLOCK", json.dumps({
+        "real_time": killpoint.settings.real_time,
+        "virtual": sorted({r.config.virtual_time for r in verdict.results}),
+        "lease_ms": sorted({r.config.timing.lease_ttl_ms for r in verdict.results}),
+        "verdicts": [[r.schedule, r.valid, sorted({v.invariant for v in r.verdict.violations})]
+                     for r in verdict.results]}))
+    verdict.assert_valid()
+
+
+@pytest.mark.killpoint(points=["after_call"], action="1*pause", target="mutant:no-fence-check",
+                       workload="single", check=False)
+def test_marked(killpoint):
+    (run,) = killpoint.verdict.results
+    print("MARKED", json.dumps([run.config.virtual_time, run.valid, run.config.reproduce_command()]))
+'''
+
+
+def _clock_of(result: pytest.RunResult) -> tuple[dict, list]:
+    """What the real-time suite printed: the matrix's clock and verdicts, the marked item's run."""
+    text = result.stdout.str()
+    return (json.loads(re.search(r"CLOCK (\{.*\})$", text, re.M)[1]),
+            json.loads(re.search(r"MARKED (\[.*\])$", text, re.M)[1]))
+
+
+def test_real_time_from_the_flag_or_the_table_runs_with_the_clock_off_and_gives_the_same_verdicts(pytester):
+    """--killpoint-real-time and [tool.killpoint] real-time = true run the fixture's and the marker's
+    runs off the run clock (real-time timings, --real-time in the reproduce line), with the verdicts
+    the virtual clock gives; -o killpoint_real_time=false turns the table's setting off."""
+    pytester.makepyfile(test_clock=REAL_TIME_SUITE)
+    outcomes = {}
+    for name, args in (("virtual", ()), ("flag", ("--killpoint-real-time",))):
+        result = runpytest(pytester, "-s", *args)
+        result.assert_outcomes(passed=1, failed=1)  # the matrix's pause is caught; the marked test judges it
+        outcomes[name] = (result, *_clock_of(result))
+    pytester.makefile(".toml", pyproject="[tool.killpoint]\nreal-time = true\n")
+    for name, args in (("table", ()), ("table-off", ("-o", "killpoint_real_time=false"))):
+        result = runpytest(pytester, "-s", *args)
+        result.assert_outcomes(passed=1, failed=1)
+        outcomes[name] = (result, *_clock_of(result))
+    virtual = outcomes["virtual"][1]
+    assert virtual["real_time"] is False and virtual["virtual"] == [True] and virtual["lease_ms"] == [30000]
+    assert [v for _, v, _ in virtual["verdicts"]] == [True, True, True, False]  # the pause after the call
+    assert {i for _, _, names in virtual["verdicts"] for i in names} == {"stale_writes_rejected"}
+    for name in ("flag", "table"):
+        result, clock, marked = outcomes[name]
+        assert clock["real_time"] is True and clock["virtual"] == [False] and clock["lease_ms"] == [120]
+        assert clock["verdicts"] == virtual["verdicts"], name
+        assert marked[:2] == [False, False] and marked[2].endswith("--real-time")
+        # The summary's reproduce line of the failed matrix replays it off the clock too.
+        assert re.search(r"test_the_clock .*--real-time", summary_of(result)), name
+    result, clock, marked = outcomes["table-off"]
+    assert clock == virtual and marked[:2] == [True, False] and "--real-time" not in summary_of(result)
+
+
+def test_a_bad_real_time_value_in_the_ini_stops_the_session_naming_it(pytester):
+    pytester.makeini("[pytest]\nkillpoint_real_time = sometimes\n")
+    result = inprocess(pytester)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR and "'sometimes'" in result.stderr.str()
+
+
 def test_an_unknown_key_in_the_tool_killpoint_table_stops_the_session_naming_it(pytester):
     pytester.makefile(".toml", pyproject="[tool.killpoint]\nsede = 5\n")
     result = inprocess(pytester)

@@ -94,3 +94,46 @@ def test_plan_never_touches_a_step_in_manual_review_and_finishes():
 def test_settled_states_have_no_automatic_way_out_but_the_table(state):
     # manual review leaves only by an operator; the others are terminal or wait for an outside event
     assert state not in states.CLAIMABLE
+
+
+def test_the_heartbeat_survives_a_dead_store_connection_and_keeps_renewing(tmp_path):
+    """Protects: a lease renewed to the end. A heartbeat thread that met StoreUnavailable (its
+    session ended, the store restarted) used to die with a traceback on stderr, so the lease then
+    lapsed under a business thread still at work. It journals the loss and renews at the next beat."""
+    import json
+    import time
+
+    from killpoint.chaos.journal import Journal
+    from killpoint.harness.mutants import Delegating
+    from killpoint.harness.store import SQLiteStore, StoreUnavailable
+    from killpoint.harness.worker import Heartbeat, Timing
+
+    class DropsOnce(Delegating):
+        dropped = 0
+
+        def heartbeat(self, claim, ttl_ms):
+            if DropsOnce.dropped == 0:
+                DropsOnce.dropped += 1
+                raise StoreUnavailable("the store ended the session")
+            return self.inner.heartbeat(claim, ttl_ms)
+
+    wl = default_workload(0)
+    store = SQLiteStore(str(tmp_path / "hb.sqlite"))
+    store.setup(wl.checkpoints())
+    row = store.steps()[0]
+    claim = store.claim(row["instance"], row["step"], "A", expected_state_version=row["state_version"],
+                        from_state=row["state"], to_state=states.RUNNING, ttl_ms=500)
+    journal = Journal(str(tmp_path / "journal.jsonl"))
+    beat = Heartbeat(DropsOnce(store), journal, Timing(lease_ttl_ms=500, heartbeat_ms=10,
+                                                       stuck_bound_ms=1000, poll_ms=1))
+    beat.hold(claim)
+    deadline = time.monotonic() + 10
+    renewals: list = []
+    while time.monotonic() < deadline and len(renewals) < 3:
+        time.sleep(0.02)
+        renewals = [e for e in store.events() if e["kind"] == "renewed"]
+    beat.release()
+    assert DropsOnce.dropped == 1 and len(renewals) >= 3  # renewed after the loss, again and again
+    entries = [json.loads(line) for line in open(journal.path)]
+    assert [e["thread"] for e in entries if e["kind"] == "store_unavailable"] == ["heartbeat"]
+    store.close()

@@ -40,6 +40,19 @@ def test_every_story_happens_on_the_reference_worker(session, name):
     assert story.verdict is True and story.checks
 
 
+def test_a_downstream_restart_is_written_down_without_the_sessions_secret(session):
+    """The session's secret (the first path segment of the downstream's URL) keeps other local
+    processes off the downstream; a restart's harness event, the narration and the history must
+    name its address only, never the secret, since histories end up in reports and CI logs."""
+    story = SCENARIOS["recovery_under_restart"].run(session)
+    secret = session.downstream.url.rsplit("/", 1)[1]
+    restarts = [e for r in story.results for e in r.history.harness_events("downstream_restart")]
+    assert restarts and all(e.get("address") == session.downstream.address for e in restarts)
+    dumped = json.dumps([e.to_json() for r in story.results for e in r.history.events], default=str)
+    assert secret not in dumped and secret not in "\n".join(story.lines)
+    assert session.downstream.address in "\n".join(story.lines)
+
+
 @pytest.mark.parametrize("name", [n for n, s in SCENARIOS.items() if s.mutant])
 def test_the_mutant_that_breaks_a_storys_rule_is_caught_by_its_invariant(session, name):
     scenario = SCENARIOS[name]

@@ -464,12 +464,10 @@ def _free_port() -> int:
 
 
 @pytest.mark.parametrize("make_dsn, named, secret", [
-    (lambda: f"postgresql://postgres:hunter2@127.0.0.1:{_free_port()}/test", "127.0.0.1:", "hunter2"),
     (lambda: "postgresql://postgres@127.0.0.1:notaport/test", "127.0.0.1:notaport", None),
     (lambda: "postgresql://postgres:hunter2@[bad", "[bad", "hunter2"),
 ])
-def test_a_bad_or_unreachable_dsn_exits_2_with_one_line_naming_host_and_port(capsys, make_dsn, named,
-                                                                              secret):
+def test_a_bad_dsn_exits_2_with_one_line_naming_it(capsys, make_dsn, named, secret):
     """Protects: the CLI contract — bad input is one line that names what failed, no traceback."""
     dsn = make_dsn()
     code = main(["matrix", "--json", "--points", "after_call", "--steps", "charge", "--store", dsn])
@@ -479,8 +477,33 @@ def test_a_bad_or_unreachable_dsn_exits_2_with_one_line_naming_host_and_port(cap
     assert named in line and "--store" in line
     if secret:
         assert secret not in line
-    if "hunter2@127" in dsn:
-        assert "cannot connect" in line and "refused" in line
+
+
+def test_a_server_that_does_not_answer_is_the_infrastructures_failure_exit_3_with_the_json(capsys):
+    """Protects: the CLI contract — a store nobody answers at (PostgreSQL down, a closed port) is an
+    infrastructure failure before any run, exit 3 with the JSON and the cause naming host and port,
+    never exit 1 and never mistaken for a value the user got wrong (exit 2)."""
+    port = _free_port()
+    dsn = f"postgresql://postgres:hunter2@127.0.0.1:{port}/test"
+    code = main(["matrix", "--json", "--points", "after_call", "--steps", "charge", "--store", dsn])
+    out, err = capsys.readouterr()
+    assert code == 3
+    doc = json.loads(out)
+    assert doc["valid"] is None and doc["runs"] == 0
+    [cause] = doc["unknown_reasons"]
+    assert f"127.0.0.1:{port}" in cause and "refused" in cause and "StoreUnreachable" in cause
+    assert "hunter2" not in out + err and len(err.strip().splitlines()) == 1
+
+
+def test_a_server_that_answers_and_refuses_us_is_a_bad_value_exit_2(capsys, pg_dsn):
+    """Protects: the split between the user's value and the infrastructure — a reachable server
+    that refuses the role or the database is exit 2, one line naming host and port."""
+    dsn = pg_dsn.split("?", 1)[0].rsplit("/", 1)[0] + "/killpoint_no_such_database"
+    code = main(["matrix", "--json", "--points", "after_call", "--steps", "charge", "--store", dsn])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    [line] = err.strip().splitlines()
+    assert "cannot connect" in line and "killpoint_no_such_database" in line
 
 
 # -- end to end on PostgreSQL ------------------------------------------------------------------------

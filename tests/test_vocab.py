@@ -86,6 +86,14 @@ def test_narration_and_report_say_each_event_in_the_same_words():
            {"resource": "payment", "key": None, "status": 200, "outcome": vocab.APPLIED, "applied": True,
             "meta": {"worker": "B"}}),
      "B -> payment key (no key: legacy): 200 applied (a new effect)"),
+    (Event(0, 0, vocab.STORE, vocab.CLAIMED, vocab.EVENT,  # a target's records that name no worker
+           {"instance": "o", "step": "s", "worker": None, "attempt": 2, "from_state": "retry_scheduled",
+            "to_state": "running"}),
+     "a worker claimed o:s (attempt 2, retry_scheduled -> running)"),
+    (Event(0, 0, vocab.STORE, vocab.COMMITTED, vocab.EVENT,
+           {"instance": "o", "step": "s", "worker": None, "from_state": "running", "to_state": "succeeded",
+            "state_version": 5}),
+     "accepted a commit: o:s running -> succeeded (state version 5)"),
 ])
 def test_describe_says_what_an_event_means(event, words):
     assert describe(event) == words

@@ -219,7 +219,8 @@ def stale_writes_rejected(history: History) -> Result:
     current owner. A ``committed`` without a fence is a lease-free planning transition (``settle``,
     e.g. cancelling a pending step), which no lease guards, so it is not judged here. At the
     downstream: an applied request must not carry a fence lower than one already seen in its
-    scope, or a woken stale worker overwrote its successor.
+    scope, or a woken stale worker overwrote its successor. A step claimed again whose commits carry
+    no fence (a library that records none) gives it nothing to judge.
     """
     name = "stale_writes_rejected"
     violations: list[Violation] = []
@@ -230,11 +231,13 @@ def stale_writes_rejected(history: History) -> Result:
         owner: Any = None
         claim_of: dict[tuple[Any, Any], Event] = {}  # (worker, fence) -> its claimed event
         claims = 0
+        fenced = False  # a commit of this step was compared with its lease
         for e in events:
             data = e.data
             if e.kind == v.COMMIT_REJECTED:
                 takeover = True
             if e.kind == v.COMMITTED and fence_src is not None and data.get("fence") is not None:
+                fenced = True
                 held, worker = data.get("fence"), data.get("worker")
                 stale_fence = held != fence
                 stale_owner = worker is not None and owner is not None and worker != owner
@@ -249,13 +252,13 @@ def stale_writes_rejected(history: History) -> Result:
                         f"a stale write", _idx(proof)))
             if e.kind == v.CLAIMED:
                 claims += 1
-                if claims > 1:
-                    takeover = True
                 owner = data.get("worker")
                 claim_of[(owner, data.get("lease_version"))] = e
             lease = data.get("lease_version")
             if lease is not None and (fence_src is None or lease != fence):
                 fence, fence_src = lease, e
+        if claims > 1 and fenced:
+            takeover = True
     violations = _in_order(violations)
 
     highest: dict[tuple[Any, Any], Event] = {}

@@ -39,10 +39,9 @@ def add_common(p: argparse.ArgumentParser, *, target: bool = True) -> None:
     p.add_argument("--report", choices=("always", "on-failure", "never"), default="on-failure",
                    help="when to write HTML reports (default: on-failure)")
     add_jobs(p)
-    p.add_argument("--real-time", action="store_true",
-                   help="turn the run clock off: leases and bounds wait in real time, with short "
-                        "timings (lease 120 ms), instead of production-like ones (lease 30 s) that "
-                        "the virtual clock skips past")
+    add_real_time(p, "turn the run clock off: leases and bounds wait in real time, with short "
+                     "timings (lease 120 ms), instead of production-like ones (lease 30 s) that "
+                     "the virtual clock skips past")
     p.add_argument("--debug", action="store_true",
                    help="print the traceback of an infrastructure failure (store, downstream, disk)")
     p.add_argument("--timing", type=_timing, default=None, metavar="NAME=MS,...",
@@ -50,6 +49,13 @@ def add_common(p: argparse.ArgumentParser, *, target: bool = True) -> None:
                         "stuck-bound-ms, poll-ms (default: 30000, 10000, 60000, 1000 on the run clock; "
                         "120, 30, 300, 2 with --real-time)")
     add_output(p)
+
+
+def add_real_time(p: argparse.ArgumentParser, help_text: str) -> None:
+    """``--real-time``, and ``--no-real-time`` to win over ``real-time = true`` in ``[tool.killpoint]``."""
+    p.add_argument("--real-time", action=argparse.BooleanOptionalAction, default=None,
+                   help=f"{help_text}; --no-real-time keeps the clock on where [tool.killpoint] "
+                        f"sets real-time = true")
 
 
 def add_jobs(p: argparse.ArgumentParser) -> None:

@@ -15,6 +15,10 @@ bound, below and well past them.
 Every draw flows from ``--seed``. Hypothesis keeps what it found under ``.killpoint/hypothesis`` in
 the working directory (laid out as pytest's ``.hypothesis/``, examples under ``examples/``), so
 running the same command again starts from the last counterexample.
+
+``--jobs N`` runs the schedules Hypothesis will draw next, and the replays that confirm a
+counterexample, N side by side (:mod:`killpoint.harness.lookahead`); shrinking goes one run at a
+time. The same seed gives the same counterexample with any N.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import json
 from typing import Any
 
 from killpoint.harness.commands.common import (EXIT_UNKNOWN, EXIT_VALID, EXIT_VIOLATED, BadInput, Summary,
-                                               add_common, progress_for, report_hint, run_config,
+                                               add_common, jobs_of, progress_for, report_hint, run_config,
                                                target_points, write_html, write_junit)
 from killpoint.harness.explore import DEFAULT_DATABASE, Exploration
 
@@ -69,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     found = explore(base, steps=steps, points=points, budget=args.budget, seed=args.seed,
                     max_faults=args.max_faults,
                     database=None if args.database == "none" else args.database,
-                    on_run=progress.step)
+                    on_run=progress.step, jobs=jobs_of(args))
     progress.close()
     return _report(args, found)
 

@@ -15,7 +15,7 @@ import shlex
 from typing import TYPE_CHECKING, Any
 
 from killpoint.harness.commands.common import (EXIT_UNKNOWN, EXIT_VALID, EXIT_VIOLATED, BadInput, Summary,
-                                               add_output, print_judgement, print_stats, redact,
+                                               add_output, add_real_time, print_judgement, print_stats, redact,
                                                validate_store, write_reports)
 
 if TYPE_CHECKING:
@@ -37,8 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeat", type=int, default=1, metavar="N",
                    help="run it N times and check that every verdict is the same (default: 1)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    p.add_argument("--real-time", action="store_true",
-                   help="turn the run clock off: real waits and short timings (see matrix --help)")
+    add_real_time(p, "turn the run clock off: real waits and short timings (see matrix --help)")
     p.add_argument("--report-dir", default=None, help="where to write HTML reports")
     p.add_argument("--report", choices=("always", "on-failure", "never"), default="on-failure",
                    help="when to write HTML reports (default: on-failure)")

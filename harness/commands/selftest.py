@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from killpoint import chaos
-from killpoint.harness.commands.common import (add_jobs, jobs_of, EXIT_VALID, EXIT_VIOLATED, BadInput, Summary, add_output,
+from killpoint.harness.commands.common import (add_jobs, add_real_time, jobs_of, EXIT_VALID, EXIT_VIOLATED, BadInput, Summary, add_output,
                                                print_stats, progress_for, replay_command, run_config, shown,
                                                validate_store)
 
@@ -35,8 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="run the reference only on the mutants' schedules, not the full matrix")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     add_jobs(p)
-    p.add_argument("--real-time", action="store_true",
-                   help="turn the run clock off: real waits and short timings (see matrix --help)")
+    add_real_time(p, "turn the run clock off: real waits and short timings (see matrix --help)")
     p.set_defaults(workers=2, workload="orders", target="reference")
     add_output(p)
 

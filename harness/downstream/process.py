@@ -41,6 +41,7 @@ class DownstreamProcess:
         self._secret = secrets.token_urlsafe(24)
         self.pid: int | None = None
         self.url: str = ""
+        self.address: str = ""
         self._proc: Any = None
         self._finalizer: weakref.finalize | None = None
         self._launch()
@@ -79,6 +80,9 @@ class DownstreamProcess:
         self._proc = proc
         self.pid = proc.pid
         self.url = f"http://127.0.0.1:{value}/{self._secret}"
+        # Where it listens, without the session's secret: what may be written down (histories,
+        # reports, narration); the secret only ever travels to the processes of the session.
+        self.address = f"127.0.0.1:{value}"
         # Kill the server if this handle is dropped or the interpreter exits without stop():
         # multiprocess would otherwise wait forever for its non-daemon child at exit. Registered
         # after multiprocess's own exit hook, so it runs first.

@@ -4,12 +4,16 @@ Each worker process launches DBOS after the fork (``DBOS()`` and ``DBOS.launch()
 which a fork would not carry) on one SQLite system database per run, with its killpoint worker id as
 DBOS's executor id. That is what makes DBOS's own recovery the recovery under test:
 
-* a worker that comes back under its own identity launches and DBOS recovers the workflows its
-  executor left pending (launch recovery);
-* a fresh worker that replaces a dead one recovers the dead executor's pending workflows, as DBOS's
-  workflow-recovery endpoint does for a dead executor (``DBOS._recover_pending_workflows``, the
-  call behind that endpoint: it re-enqueues only workflows still pending on that executor, so it
-  never takes one a live worker runs);
+* a worker that replaces a dead one launches DBOS with the dead worker's executor id, and DBOS's
+  launch recovery re-enqueues the workflows that executor left pending: DBOS's documented recovery
+  for a self-hosted executor that restarts under its id (``executor_id`` in the config, or
+  ``DBOS__VMID``). A fresh killpoint identity that replaces a dead one is a new process given the
+  old one's executor id, as an orchestrator restarting a dead VM does; the executor id a worker ran
+  under is kept in the run's folder (``dbos-executors/``), so a replacement of a replacement takes
+  the same one. Recovery re-enqueues only workflows still pending on that executor, so it never
+  takes one a live worker runs. (DBOS also documents an admin endpoint that recovers another
+  executor's workflows, ``POST /dbos-workflow-recovery``; DBOS 3.4 ships no admin server, and the
+  call behind it, ``DBOS._recover_pending_workflows``, is private: neither is used.)
 * a worker that is merely paused keeps its workflow: no other executor takes it (DBOS has no lease),
   the others find nothing for them and exit, and the paused one finishes once resumed.
 
@@ -52,6 +56,7 @@ QUEUE_POLL_S = 0.005
 WORKFLOW = "killpoint_order"
 TERMINAL = frozenset({"SUCCESS", "ERROR", "CANCELLED", "MAX_RECOVERY_ATTEMPTS_EXCEEDED"})
 DB_FILE = "dbos-system.sqlite"
+EXECUTORS = "dbos-executors"  # in the run's folder: worker id -> the DBOS executor id it ran under
 
 logging.getLogger("dbos").setLevel(logging.WARNING)
 
@@ -98,16 +103,39 @@ def order_workflow(instance: str) -> str:
 # -- in a worker ----------------------------------------------------------------------------------
 
 
-def _launch(ctx: Any, keyed: bool) -> None:
-    """Launch DBOS in this worker process, once: executor id = the killpoint worker id."""
+def _executor_path(run_dir: str, worker_id: str) -> str:
+    return os.path.join(run_dir, EXECUTORS, worker_id)
+
+
+def executor_of(ctx: Any) -> str:
+    """The DBOS executor id this worker runs under: its own id on a first start; the executor id of
+    the dead worker it replaces otherwise (whose launch recovery then takes that executor's pending
+    workflows). Written to the run's folder before DBOS launches, for a replacement of this one."""
+    executor = ctx.worker_id
+    if ctx.replaces is not None:
+        try:
+            with open(_executor_path(ctx.run_dir, ctx.replaces)) as fh:
+                executor = fh.read()
+        except FileNotFoundError:
+            executor = ctx.replaces  # it died before it launched: no workflow ran under another id
+    path = _executor_path(ctx.run_dir, ctx.worker_id)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".tmp", "w") as fh:
+        fh.write(executor)
+    os.replace(path + ".tmp", path)
+    return executor
+
+
+def _launch(ctx: Any, keyed: bool, executor: str) -> None:
+    """Launch DBOS in this worker process, once, as DBOS executor ``executor``."""
     if _worker.get("ctx") is ctx:
         return
     guard_sqlalchemy(install_guard(ctx))
     _worker.update(ctx=ctx, keyed=keyed, http=Downstream(ctx.downstream_url, ctx.worker_id))
-    DBOS(config={"name": APP_NAME, "system_database_url": _url(ctx.run_dir), "executor_id": ctx.worker_id,
+    DBOS(config={"name": APP_NAME, "system_database_url": _url(ctx.run_dir), "executor_id": executor,
                  "application_version": APP_VERSION, "log_level": "WARNING", "run_migrations": False,
                  "system_database_engine": _engine(ctx.run_dir)})
-    DBOS.launch()  # the queue is registered in the system database already (see setup)
+    DBOS.launch()  # recovers ``executor``'s pending workflows; the queue is registered already (see setup)
 
 
 def _engine(run_dir: str) -> Any:
@@ -129,17 +157,6 @@ def _engine(run_dir: str) -> Any:
     return engine
 
 
-def _recover(ctx: Any, dead: str) -> None:
-    """A fresh worker replacing dead worker ``dead``: recover the workflows its executor left."""
-    _launch(ctx, _worker_keyed(ctx))
-    if dead != ctx.worker_id:  # the same identity: DBOS's launch recovery already does it
-        DBOS._recover_pending_workflows([dead])
-
-
-def _worker_keyed(ctx: Any) -> bool:
-    return bool(ctx.run is not None and ctx.run.state.get("keyed"))
-
-
 def _statuses(run_dir: str, ids: list[str]) -> list[tuple[str, str]]:
     """(status, executor id) of the workflows ``ids``, read from the system database with sqlite3
     (cheaper than DBOS's own listing, which a worker waiting for the end would call every poll)."""
@@ -151,17 +168,18 @@ def _statuses(run_dir: str, ids: list[str]) -> list[tuple[str, str]]:
         db.close()
 
 
-def _nothing_for(worker_id: str, rows: list[tuple[str, str]], ids: list[str]) -> bool:
+def _nothing_for(executor: str, rows: list[tuple[str, str]], ids: list[str]) -> bool:
     """Every workflow is enqueued, and each unfinished one runs on another executor."""
     return len(rows) == len(ids) and not any(
-        status == "ENQUEUED" or (status == "PENDING" and executor == worker_id) for status, executor in rows)
+        status == "ENQUEUED" or (status == "PENDING" and on == executor) for status, on in rows)
 
 
 def _work(ctx: Any, keyed: bool) -> None:
     ids = [inst.id for inst in ctx.workload.instances]
-    if ctx.replaces is None and _nothing_for(ctx.worker_id, _statuses(ctx.run_dir, ids), ids):
+    executor = executor_of(ctx)
+    if ctx.replaces is None and _nothing_for(executor, _statuses(ctx.run_dir, ids), ids):
         return  # read before launching: this worker would only launch DBOS to exit
-    _launch(ctx, keyed)
+    _launch(ctx, keyed, executor)
     for instance in ids:
         with SetWorkflowID(instance):  # the workflow id is the instance: enqueuing again is a no-op
             DBOS.enqueue_workflow(QUEUE, order_workflow, instance)
@@ -170,7 +188,7 @@ def _work(ctx: Any, keyed: bool) -> None:
         rows = _statuses(ctx.run_dir, ids)
         if len(rows) == len(ids) and all(status in TERMINAL for status, _ in rows):
             return
-        if _nothing_for(ctx.worker_id, rows, ids):
+        if _nothing_for(executor, rows, ids):
             # Every unfinished workflow runs on another executor, alive (perhaps paused) or to be
             # recovered by the worker that replaces it: nothing here for this worker.
             return
@@ -281,13 +299,9 @@ def _declare(variant: str) -> killpoint.Target:
     def body(ctx: killpoint.WorkerContext) -> None:
         _work(ctx, keyed)
 
-    def setup_run(run: killpoint.TargetRun) -> None:
-        run.state["keyed"] = keyed
-        setup(run)
-
     return killpoint.Target(body, name=f"dbos:{variant}", points=POINTS, owns_state=True,
-                            workload="killpoint.harness.libs.common:order_workload", setup=setup_run,
-                            done=done, final_states=final_states, history=history, recover=_recover)
+                            workload="killpoint.harness.libs.common:order_workload", setup=setup,
+                            done=done, final_states=final_states, history=history)
 
 
 naive = _declare("naive")

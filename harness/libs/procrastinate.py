@@ -14,6 +14,16 @@ Every query of the worker goes through the connector, which enters the pause gua
 (:mod:`killpoint.harness.libs.common`): a paused worker never sits frozen inside a transaction.
 
 Crash points: ``before_call`` and ``after_call`` around each step's HTTP call inside the job.
+
+``history()`` reads procrastinate's own record of each job's life, the ``procrastinate_events`` rows
+its triggers write on every status change (deferred, started, deferred_for_retry, succeeded, failed,
+cancelled, aborted, retried), and walks each job's chain: every change is a transition of each step
+of the order (procrastinate knows the job, not the steps inside it), from the state the chain left it
+in (never from what the event's name promises) to the state the event names, ``state_version`` +1
+each. So ``version_chain`` and ``legal_transitions`` judge what procrastinate recorded: a job started
+again once it had succeeded would be ``succeeded -> running``, which the transition table refuses.
+procrastinate records no worker and no fence with a change (any worker may finish a ``doing`` job),
+so the events carry neither, and the lease invariants have no fence of procrastinate's to compare.
 """
 
 from __future__ import annotations
@@ -22,10 +32,12 @@ import asyncio
 import atexit
 import hashlib
 import os
-from typing import Any
+import time
+from typing import Any, Iterable, Mapping, Sequence
 
 import killpoint
-from killpoint.harness.libs.common import TIMING, Downstream, PauseGuard, install_guard, order_workload
+from killpoint.harness.libs.common import (TIMING, Downstream, PauseGuard, install_guard, monotonic_ns,
+                                           order_workload)
 
 # Imported in the parent, before any fork.
 import procrastinate  # noqa: E402
@@ -34,8 +46,15 @@ from procrastinate.schema import SchemaManager  # noqa: E402
 
 POINTS = ("before_call", "after_call")
 TASK = "killpoint_order"
-FINAL = {"succeeded": "succeeded", "failed": "failed", "cancelled": "cancelled", "aborted": "cancelled",
+# A job's status as its steps' state. An aborted job stopped while it ran: killpoint's table lets a
+# running step end failed, never cancelled (only a step that has not started is cancelled).
+FINAL = {"succeeded": "succeeded", "failed": "failed", "cancelled": "cancelled", "aborted": "failed",
          "doing": "running", "todo": "pending"}
+# procrastinate's event types that change a job's status -> the state they leave its steps in
+# ("cancelled" is also what its trigger writes for a todo job finished as succeeded or failed without
+# running; the job's status then says which). "abort_requested" and "scheduled" change no status.
+EVENT_STATE = {"started": "running", "deferred_for_retry": "retry_scheduled", "succeeded": "succeeded",
+               "failed": "failed", "cancelled": "cancelled", "aborted": "failed", "retried": "retry_scheduled"}
 _schemas: dict[int, tuple[str, str]] = {}  # harness pid -> (conninfo, schema with procrastinate's tables)
 _worker: dict[str, Any] = {}  # this worker process's own
 
@@ -58,8 +77,6 @@ def order_job(context: procrastinate.JobContext, instance: str) -> None:
 
 
 def _call(ctx: Any, spec: Any, key: str, instance: str) -> tuple[int, dict[str, Any]]:
-    import time
-
     for _ in range(200):
         status, body = _worker["http"].post(spec.resource, spec.params, key=key, instance=instance, step=spec.name)
         if status == 409 and body.get("error") == "in_flight":
@@ -223,6 +240,56 @@ def final_states(run: killpoint.TargetRun) -> dict[tuple[str, str], str]:
             for inst in run.workload.instances for spec in inst.steps}
 
 
+def job_events(rows: Iterable[Sequence[Any]], steps: Mapping[str, Sequence[str]], *,
+               now: int) -> list[dict[str, Any]]:
+    """Store events from procrastinate's event rows ``(event id, job id, type, epoch ms, instance,
+    job status)``, for each step in ``steps[instance]``: ``created`` on ``deferred``, ``claimed`` on
+    ``started`` (the job's n-th start is attempt n), ``committed`` on every other status change.
+    Pure: ``now`` (CLOCK_MONOTONIC) places a row without a time; rows of one job in id order keep
+    their order even where one transaction wrote several at the same ``now()``."""
+    events: list[dict[str, Any]] = []
+    chain: dict[int, dict[str, Any]] = {}  # job id -> its state, state_version, starts and last time
+    for event_id, job_id, kind, at_ms, instance, status in sorted(rows, key=lambda r: (r[1], r[0])):
+        job = chain.setdefault(job_id, {"state": None, "version": 0, "starts": 0, "t": None})
+        t = monotonic_ns(at_ms, now)
+        if job["t"] is not None and t <= job["t"]:
+            t = job["t"] + 1
+        if kind == "deferred":
+            if job["state"] is not None:
+                continue  # a job is deferred once; its insert trigger cannot fire again
+            out: dict[str, Any] = {"kind": "created", "to_state": "pending"}
+        elif kind in EVENT_STATE:
+            to_state = EVENT_STATE[kind]
+            if kind == "cancelled" and status in ("succeeded", "failed"):
+                to_state = status  # finished from todo: the trigger's word, the job's real end
+            out = {"kind": "claimed" if kind == "started" else "committed", "from_state": job["state"],
+                   "to_state": to_state}
+            if kind == "started":
+                job["starts"] += 1
+                out["attempt"] = job["starts"]
+        else:
+            continue
+        job["version"] += 1
+        job["state"], job["t"] = out["to_state"], t
+        for step in steps.get(instance, ()):
+            events.append({"t": t, "instance": instance, "step": step, "worker": None,
+                           "source": "procrastinate.events", "job_id": job_id, "event_id": event_id,
+                           "event": kind, "state_version": job["version"], **out})
+    return events
+
+
+def history(run: killpoint.TargetRun) -> list[dict[str, Any]]:
+    """procrastinate's job events as store events on each step of the job's order (see the module
+    docstring)."""
+    rows = _query(run, "SELECT e.id, e.job_id, e.type::text, extract(epoch FROM e.at) * 1000, "
+                       "j.args->>'instance', j.status::text FROM procrastinate_events e "
+                       "JOIN procrastinate_jobs j ON j.id = e.job_id WHERE j.queue_name = %s",
+                  run.state["queue"])
+    steps = {inst.id: [spec.name for spec in inst.steps] for inst in run.workload.instances}
+    return job_events([(r[0], r[1], r[2], None if r[3] is None else float(r[3]), r[4], r[5]) for r in rows],
+                      steps, now=time.monotonic_ns())
+
+
 def teardown(run: killpoint.TargetRun) -> None:
     if "queue" in run.state:
         _query(run, "DELETE FROM procrastinate_jobs WHERE queue_name = %s RETURNING id", run.state["queue"])
@@ -236,7 +303,7 @@ def _declare(variant: str) -> killpoint.Target:
 
     return killpoint.Target(body, name=f"procrastinate:{variant}", points=POINTS, owns_state=True,
                             workload="killpoint.harness.libs.common:order_workload", setup=setup, done=done,
-                            final_states=final_states, teardown=teardown)
+                            final_states=final_states, history=history, teardown=teardown)
 
 
 naive = _declare("naive")
@@ -252,4 +319,4 @@ def target_named(variant: str) -> killpoint.Target:
                                       f"{', '.join('procrastinate:' + v for v in TARGETS)}") from None
 
 
-__all__ = ["POINTS", "final_states", "keyed", "naive", "order_workload", "target_named"]
+__all__ = ["POINTS", "final_states", "history", "job_events", "keyed", "naive", "order_workload", "target_named"]

@@ -6,7 +6,7 @@ import os
 import re
 import secrets
 
-from killpoint.errors import InvalidStore, OutcomeUnknown, StoreError, StoreUnavailable
+from killpoint.errors import InvalidStore, OutcomeUnknown, StoreError, StoreUnavailable, StoreUnreachable
 from killpoint.harness.store.base import Claim, Store
 from killpoint.harness.store.sqlite import SQLiteStore
 
@@ -20,7 +20,7 @@ def schema_name(run_id: str, pid: int | None = None) -> str:
     id alone would collide; the PID (which lets a process find the schemas it made) and a random
     suffix make the name unique. Lowercase letters, digits and ``_`` only, at most 63 characters.
     """
-    from killpoint.harness.store.postgres import SCHEMA_PREFIX
+    from killpoint.harness.store.base import SCHEMA_PREFIX
 
     tail = f"_p{os.getpid() if pid is None else pid}_{secrets.token_hex(3)}"
     slug = re.sub(r"[^a-z0-9_]+", "_", run_id.lower()).strip("_") or "run"
@@ -30,7 +30,7 @@ def schema_name(run_id: str, pid: int | None = None) -> str:
 def open_store(spec: str, run_dir: str, run_id: str) -> Store:
     """``sqlite`` (a file in the run's folder) or a ``postgresql://`` URL (a fresh schema)."""
     if spec in ("sqlite", "", None):
-        return SQLiteStore(os.path.join(run_dir, f"{run_id}.sqlite"))
+        return SQLiteStore(os.path.join(run_dir, f"{run_id}.sqlite"), harness_pid=os.getpid())
     if spec.startswith(_PG_SCHEMES):
         from killpoint.harness.store.postgres import PostgresStore
 
@@ -42,7 +42,10 @@ def check_store(spec: str) -> None:
     """Refuse a --store value we cannot use, with one line naming it (before any run starts).
 
     For PostgreSQL this connects once, with a 2 s bound, so an unreachable server is reported as
-    such, naming host and port, instead of as a crash of the first worker.
+    such, naming host and port, instead of as a crash of the first worker. A server that answered
+    and refused us (no such role or database, a wrong password) is a value we cannot use:
+    :class:`InvalidStore`. One that did not answer at all (the connection refused, timed out, no
+    route) is the infrastructure's failure, as a store lost mid-run is: :class:`StoreUnreachable`.
     """
     if spec in ("sqlite", "", None):
         return
@@ -63,7 +66,17 @@ def check_store(spec: str) -> None:
         with psycopg.connect(spec, connect_timeout=2, autocommit=True) as conn:
             conn.execute("SELECT 1")
     except psycopg.Error as exc:
-        raise InvalidStore(f"--store {shown}: cannot connect to {where} ({redact(_first_line(exc))})") from None
+        reason = redact(_first_line(exc))
+        line = f"--store {shown}: cannot connect to {where} ({reason})"
+        if any(words in reason.lower() for words in _UNREACHABLE):
+            raise StoreUnreachable(line) from None
+        raise InvalidStore(line) from None
+
+
+# libpq's words for a server that never answered (as opposed to one that answered and refused us).
+_UNREACHABLE = ("connection refused", "timeout expired", "timed out", "no route to host",
+                "network is unreachable", "server closed the connection unexpectedly",
+                "no such file or directory")  # the last: no server on that Unix socket
 
 
 def check_faults(spec: str | None, schedule) -> None:
@@ -95,5 +108,5 @@ def _first_line(exc: BaseException) -> str:
 
 
 __all__ = ["check_faults", "check_store", "Claim", "InvalidStore", "OutcomeUnknown", "SQLiteStore", "Store",
-           "StoreError", "StoreUnavailable", "open_store",
+           "StoreError", "StoreUnavailable", "StoreUnreachable", "open_store",
            "schema_name"]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+# Every PostgreSQL schema a run makes starts with it (here, so that naming one never imports psycopg).
+SCHEMA_PREFIX = "killpoint_"
+
 import json
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Protocol

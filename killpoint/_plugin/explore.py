@@ -44,7 +44,7 @@ def explore(handle: "Killpoint", *, target: Any, budget: int | None, seed: int |
         points = tuple(p for p in own if settings.points is None or p in settings.points)
     handle._guard()
     found = search(config, steps=steps, points=points, budget=share, seed=seed,
-                   session=handle._session_getter())
+                   session=handle._session_getter(), jobs=handle._jobs())
     judged = ([found.minimal.result] if found.minimal is not None else []) + list(found.unknown)
     runs = [handle._keep(result) for result in judged]
     if found.runs > len(runs):  # the valid runs, as one record: an exploration may make thousands

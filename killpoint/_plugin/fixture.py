@@ -37,7 +37,7 @@ class Killpoint:
 
     @property
     def settings(self) -> Settings:
-        """This session's options (store, report dir, seed, points, budget, shard)."""
+        """This session's options (store, report dir, seed, points, budget, shard, jobs, real time)."""
         return self._state.settings
 
     @property
@@ -149,8 +149,11 @@ class Killpoint:
                 resolve_workload(workload, seed)
             except InvalidWorkload as exc:
                 pytest.fail(f"killpoint: {exc}", pytrace=False)
-        return RunConfig(schedule=schedule, target=target, workload=workload, workers=workers,
-                         seed=seed, store=self.settings.store, **extra)
+        config = RunConfig(schedule=schedule, target=target, workload=workload, workers=workers,
+                           seed=seed, store=self.settings.store, **extra)
+        # --killpoint-real-time: the clock off, as killpoint matrix --real-time (a default timing
+        # becomes the real-time one; the reproduce line says --real-time).
+        return config.with_clock(False) if self.settings.real_time else config
 
     def _guard(self) -> None:
         """Crashes must only ever hit children: refuse if this (pytest's) process has failpoints."""
@@ -160,13 +163,17 @@ class Killpoint:
             raise RuntimeError("killpoint: failpoints are installed in the pytest process itself, so a "
                                "scheduled kill would kill pytest; only worker processes may install them")
 
-    def _judge(self, configs: Sequence["RunConfig"]) -> CrashVerdict:
+    def _jobs(self) -> int:
+        """Runs side by side: --killpoint-jobs, else the cores (1 in an xdist worker, already one of many)."""
         from killpoint.harness.jobs import default_jobs
 
+        return self.settings.jobs or (1 if self._state.worker_id else default_jobs())
+
+    def _judge(self, configs: Sequence["RunConfig"]) -> CrashVerdict:
         session = self._session_getter()
         results, runs = [], []
         self._guard()
-        jobs = self.settings.jobs or (1 if self._state.worker_id else default_jobs())
+        jobs = self._jobs()
         for config, result in zip(configs, session.run_many(configs, jobs=jobs)):
             self._guard()
             results.append(result)
@@ -274,13 +281,13 @@ def _killpoint_session(pytestconfig: pytest.Config,
     the downstream listens on an ephemeral port; PostgreSQL runs each get a schema of their own.
     """
     from killpoint.harness.run import Session
-    from killpoint.harness.store import InvalidStore, check_store
+    from killpoint.harness.store import InvalidStore, StoreUnreachable, check_store
 
     settings = pytestconfig.stash[_STATE].settings
     try:
         check_store(settings.store)
         problem = None
-    except InvalidStore as exc:
+    except (InvalidStore, StoreUnreachable) as exc:  # one line, never a fixture traceback
         problem = str(exc)
     if problem is not None:
         pytest.fail(f"killpoint: {problem.replace('--store', '--killpoint-store', 1)}", pytrace=False)

@@ -22,10 +22,17 @@ _OPTIONS = (
     ("budget", "N", "schedules killpoint.explore() draws when the test does not say (default: 100)"),
     ("shard", "K/N", "run only the K-th of N deterministic shares of the crash points of marked "
                      "tests, of each killpoint.matrix() and of each exploration's budget"),
-    ("jobs", "N", "runs of one killpoint.matrix() side by side, each in a process of its own "
-                  "(default: the number of cores; 1 in an xdist worker, which is already one of many)"),
+    ("jobs", "N", "runs of one killpoint.matrix() or killpoint.explore() side by side, each in a "
+                  "process of its own (default: the number of cores; 1 in an xdist worker, which is "
+                  "already one of many)"),
 )
+# A flag, not a value: on when given (the ini key and [tool.killpoint] can say true or false).
+_REAL_TIME_HELP = ("run every crash run with the run clock off, as killpoint matrix --real-time: leases and "
+                   "bounds wait in real time with short timings (lease 120 ms) instead of production-like "
+                   "ones (lease 30 s) that the virtual clock skips past; -o killpoint_real_time=false turns "
+                   "off an ini or [tool.killpoint] real-time = true")
 DEFAULT_BUDGET = 100
+_TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
 
 
 @dataclass(frozen=True)
@@ -39,6 +46,7 @@ class Settings:
     budget: int = DEFAULT_BUDGET
     shard: tuple[int, int] = (1, 1)  # (K, N), 1 <= K <= N
     jobs: int | None = None  # None: the number of cores, or 1 under xdist
+    real_time: bool = False  # every run with the run clock off (killpoint matrix --real-time)
 
     def in_shard(self, position: int) -> bool:
         """Whether the ``position``-th (0-based) member of a deterministic list is this shard's
@@ -56,10 +64,13 @@ def add_options(parser: pytest.Parser) -> None:
         group.addoption(f"--killpoint-{name}", dest=ini, metavar=metavar, default=None,
                         help=f"{help_text}; ini: {ini}")
         parser.addini(ini, help_text, default=None)
+    group.addoption("--killpoint-real-time", dest="killpoint_real_time", action="store_true", default=None,
+                    help=f"{_REAL_TIME_HELP}; ini: killpoint_real_time")
+    parser.addini("killpoint_real_time", _REAL_TIME_HELP, default=None)
 
 
 # The options [tool.killpoint] of pyproject.toml sets too (the table's key, the same as the CLI's).
-_TABLE = {"store": "store", "report-dir": "report_dir", "seed": "seed"}
+_TABLE = {"store": "store", "report-dir": "report_dir", "seed": "seed", "real-time": "real_time"}
 
 
 def _raw(config: pytest.Config, name: str, table: Any = None) -> tuple[str | None, str]:
@@ -114,6 +125,12 @@ def _settings(config: pytest.Config) -> Settings:
         if number < low:
             raise pytest.UsageError(f"{where} {text!r}: expected a whole number of at least {low}")
         values[name] = number
+    real_time, where = _raw(config, "real-time", table)
+    if real_time is not None:
+        word = real_time.strip().lower()
+        if word not in _TRUE + _FALSE:
+            raise pytest.UsageError(f"{where} {real_time!r}: expected true or false")
+        values["real_time"] = word in _TRUE
     points, where = _raw(config, "points")
     if points is not None:
         from killpoint.chaos.points import ORDERED_POINTS
