@@ -13,7 +13,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import threading
+import time
 from typing import Any, Iterator
 
 import pytest
@@ -119,6 +121,61 @@ def test_the_next_call_after_a_terminated_idle_session_fails_cleanly_then_reconn
     assert type(err.value) is StoreUnavailable
     assert _row(pg_store)["lease_version"] == 0  # that claim never happened
     assert _claim(pg_store).fence == 1
+
+
+def _stalled_reads(store: PostgresStore, stall_s: float) -> list[str]:
+    """Two reads that stall mid-transaction (a long GC, a starved CPU): after their last statement,
+    and between two statements. What became of each: ``ok`` or the exception's class name."""
+    def after_last(cur: Any) -> None:
+        cur.execute("SELECT 1")
+        time.sleep(stall_s)
+
+    def between(cur: Any) -> None:
+        cur.execute("SELECT 1")
+        time.sleep(stall_s)
+        cur.execute("SELECT 2")
+
+    outcomes = []
+    for fn in (after_last, between):
+        try:
+            store._read(fn)
+            outcomes.append("ok")
+        except Exception as exc:
+            outcomes.append(type(exc).__name__)
+    return outcomes
+
+
+def test_a_stall_past_the_idle_timeout_ends_a_workers_session_never_the_harnesss(pg_dsn):
+    """Protects: the run's verdicts from a false infrastructure failure. A worker's sessions end
+    after ``idle_tx_timeout_ms`` idle in a transaction (a frozen worker must not hold its locks),
+    and that is a lost connection (StoreUnavailable, never the driver's own exception, which
+    would read as the target raising); the harness's session -- the process that made the handle,
+    never frozen -- outlives a stall of its own (it used to be ended, and the run with it)."""
+    store = PostgresStore(pg_dsn, schema_name("stall"), idle_tx_timeout_ms=100)
+    store.setup(INSTANCES)
+    pid = 0
+    try:
+        assert _stalled_reads(store, 0.5) == ["ok", "ok"]
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # a worker: its own handle's sessions and its heartbeat handle's
+            try:
+                os.close(r)
+                os.write(w, json.dumps(_stalled_reads(store, 0.5) + _stalled_reads(store.clone(), 0.5)).encode())
+            finally:
+                os._exit(0)
+        os.close(w)
+        with os.fdopen(r, "rb") as fh:
+            seen = json.loads(fh.read() or b"null")
+        os.waitpid(pid, 0)
+        pid = 0
+        assert seen == ["StoreUnavailable"] * 4
+        assert _stalled_reads(store, 0.0) == ["ok", "ok"]  # and the harness's handle still works
+    finally:
+        if pid:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        store.drop()
 
 
 def test_terminate_backends_ends_only_sessions_of_its_own_run(pg_store, pg_dsn):
