@@ -78,7 +78,8 @@ class WorkerContext:
     journal: Journal
     workload: Workload
     timing: Timing = field(default_factory=Timing)
-    heartbeat: "Heartbeat | None" = None
+    # Renews the lease of the step being worked on (hold / release); one is made when none is given.
+    heartbeat: "Heartbeat" = None  # type: ignore[assignment]  # made in __post_init__
     run_dir: str = ""
     downstream_url: str = ""
     # Invariant: None (any name) or the target's declared points; ctx.point refuses any other.
@@ -88,6 +89,10 @@ class WorkerContext:
     # The run's clock: wait through it (ctx.clock.sleep, wait_until) and the harness can move the
     # run's time past a wait when every worker waits, instead of anybody waiting it out.
     clock: Clock = field(default_factory=current_clock)
+
+    def __post_init__(self) -> None:
+        if self.heartbeat is None and self.store is not None:
+            self.heartbeat = Heartbeat(self.store, self.journal, self.timing, self.clock)
 
     def point(self, name: str) -> str | None:
         """Mark crash point ``name``; what happens here comes from the schedule. A name the target
@@ -239,8 +244,6 @@ class ReferenceWorker:
         self.store = ctx.store
         self.journal = ctx.journal
         self.timing = ctx.timing
-        if ctx.heartbeat is None:
-            ctx.heartbeat = Heartbeat(ctx.store, ctx.journal, ctx.timing, ctx.clock)
         self.heartbeat = ctx.heartbeat
         self._loaded: dict[str, checkpoint.Loaded] = {}  # instance id -> its verified checkpoint
 

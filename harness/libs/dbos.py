@@ -110,20 +110,39 @@ def _executor_path(run_dir: str, worker_id: str) -> str:
 def executor_of(ctx: Any) -> str:
     """The DBOS executor id this worker runs under: its own id on a first start; the executor id of
     the dead worker it replaces otherwise (whose launch recovery then takes that executor's pending
-    workflows). Written to the run's folder before DBOS launches, for a replacement of this one."""
+    workflows). Written to the run's folder before DBOS launches, with the time, for a replacement
+    of this one and for :func:`history` to tell which worker ran a step under a shared executor id."""
     executor = ctx.worker_id
     if ctx.replaces is not None:
-        try:
-            with open(_executor_path(ctx.run_dir, ctx.replaces)) as fh:
-                executor = fh.read()
-        except FileNotFoundError:
-            executor = ctx.replaces  # it died before it launched: no workflow ran under another id
+        executor = _executors(ctx.run_dir).get(ctx.replaces, (ctx.replaces, 0.0))[0]
     path = _executor_path(ctx.run_dir, ctx.worker_id)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path + ".tmp", "w") as fh:
-        fh.write(executor)
+        fh.write(f"{executor}\n{time.time() * 1000:.3f}")
     os.replace(path + ".tmp", path)
     return executor
+
+
+def _executors(run_dir: str) -> dict[str, tuple[str, float]]:
+    """worker id -> (the executor id it ran under, when it took it, epoch ms); a worker that died
+    before it took one is missing (no workflow ran under it)."""
+    folder = os.path.join(run_dir, EXECUTORS)
+    out: dict[str, tuple[str, float]] = {}
+    for worker in os.listdir(folder) if os.path.isdir(folder) else ():
+        if worker.endswith(".tmp"):
+            continue
+        with open(os.path.join(folder, worker)) as fh:
+            executor, _, at = fh.read().partition("\n")
+        out[worker] = (executor, float(at or 0))
+    return out
+
+
+def _runner(executors: dict[str, tuple[str, float]], executor: str, started_ms: float | None) -> str:
+    """The worker that ran a step started at ``started_ms`` under ``executor``: the last to take that
+    executor id before then (one takes it only once the previous holder died)."""
+    took = [(at, worker) for worker, (e, at) in executors.items()
+            if e == executor and (started_ms is None or at <= started_ms)]
+    return max(took)[1] if took else executor
 
 
 def _launch(ctx: Any, keyed: bool, executor: str) -> None:
@@ -273,9 +292,11 @@ def final_states(run: killpoint.TargetRun) -> dict[tuple[str, str], str]:
 
 def history(run: killpoint.TargetRun) -> list[dict[str, Any]]:
     """DBOS's operation outputs as store events: the step claimed when its recorded attempt
-    started, committed when DBOS recorded its output (function id n is the workflow's n-th step)."""
+    started, committed when DBOS recorded its output (function id n is the workflow's n-th step),
+    by the worker that held the workflow's executor id then (``executor`` says which id that was)."""
     outputs = _outputs(run)
     executor = dict(_read(run, "SELECT workflow_uuid, executor_id FROM workflow_status"))
+    executors = _executors(run.run_dir)
     events: list[dict[str, Any]] = []
     now = time.monotonic_ns()
     for inst in run.workload.instances:
@@ -283,7 +304,9 @@ def history(run: killpoint.TargetRun) -> list[dict[str, Any]]:
             out = outputs.get((inst.id, n))
             if out is None:
                 continue
-            base = {"instance": inst.id, "step": spec.name, "worker": executor.get(inst.id),
+            on = executor.get(inst.id)
+            base = {"instance": inst.id, "step": spec.name, "executor": on,
+                    "worker": on if on is None else _runner(executors, on, out[4]),
                     "source": "dbos.operation_outputs", "function_id": n}
             started, finished = monotonic_ns(out[4], now), monotonic_ns(out[5], now)
             events.append({**base, "t": started, "kind": "claimed", "from_state": "pending",

@@ -19,11 +19,15 @@ Crash points: ``before_call`` and ``after_call`` around each step's HTTP call in
 its triggers write on every status change (deferred, started, deferred_for_retry, succeeded, failed,
 cancelled, aborted, retried), and walks each job's chain: every change is a transition of each step
 of the order (procrastinate knows the job, not the steps inside it), from the state the chain left it
-in (never from what the event's name promises) to the state the event names, ``state_version`` +1
-each. So ``version_chain`` and ``legal_transitions`` judge what procrastinate recorded: a job started
-again once it had succeeded would be ``succeeded -> running``, which the transition table refuses.
-procrastinate records no worker and no fence with a change (any worker may finish a ``doing`` job),
-so the events carry neither, and the lease invariants have no fence of procrastinate's to compare.
+in (never from what the event's name promises) to the state the event names. ``legal_transitions``
+then judges procrastinate's own status path against killpoint's table, where the two can differ: a
+failed job retried by hand (``retried``, failed -> todo) or a todo job finished without running is a
+path procrastinate allows and the table refuses, as is any recorded path that skips a state (a job
+started again after it succeeded would read ``succeeded -> running``). ``state_version`` is numbered
+here, +1 per recorded change, so ``version_chain`` holds by construction: it says the changes form one
+chain per step, no more. procrastinate records no worker and no fence with a change (any worker may
+finish a ``doing`` job), so the events carry neither, and the lease invariants have no fence of
+procrastinate's to compare.
 """
 
 from __future__ import annotations
