@@ -81,7 +81,7 @@ def measure(store: str, runs: int) -> tuple[list[float], list[float], int]:
     schedule = chaos.parse("A@charge.after_call:kill")
     config = RunConfig(schedule=schedule, workload="single", workers=2, store=store, timing=TIMING,
                        same_identity=0.0)
-    with Session() as session, tempfile.TemporaryDirectory() as base:
+    with Session() as session, tempfile.TemporaryDirectory(dir=session.base_dir) as base:
         for n in range(3):  # warm up
             session.run(config)
             floor_once(base, -1 - n, session.downstream.url, store)

@@ -99,7 +99,8 @@ def main() -> int:
           f"jobs {', '.join(map(str, jobs))} on {default_jobs()} cores")
     print(f"{'workload':<9} {'clock':<8} {'jobs':>4} {'runs':>5} {'pass':>8} {'per run':>9} "
           f"{'floor':>8} {'ratio':>6}  verdict")
-    with Session() as session, tempfile.TemporaryDirectory() as base:
+    # The floor's files go where the runs' go (the session's folder: memory when the machine has it).
+    with Session() as session, tempfile.TemporaryDirectory(dir=session.base_dir) as base:
         url = session.downstream.url
         for workload in [w.strip() for w in args.workloads.split(",") if w.strip()]:
             floor_once(workload, base, -1, url)  # warm up

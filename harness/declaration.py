@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence, overload
 
 from killpoint.chaos.points import DEFAULT_POINTS, ORDERED_POINTS
 from killpoint.errors import InvalidPoint, InvalidTarget
@@ -145,6 +145,22 @@ class Target:
         return tuple(p for p in self.points if p not in ORDERED_POINTS)
 
 
+@overload
+def target(fn: Callable[["WorkerContext"], None], /) -> "Target": ...
+
+
+@overload
+def target(fn: None = None, *, points: Sequence[str] | None = None,
+           owns_state: bool = False, workload: str | None = None,
+           setup: Callable[[TargetRun], None] | None = None,
+           done: Callable[[TargetRun], bool] | None = None,
+           final_states: Callable[[TargetRun], Any] | None = None,
+           history: Callable[[TargetRun], Any] | None = None,
+           recover: Callable[["WorkerContext", str], None] | None = None,
+           teardown: Callable[[TargetRun], None] | None = None
+           ) -> Callable[[Callable[["WorkerContext"], None]], "Target"]: ...
+
+
 def target(fn: Callable[["WorkerContext"], None] | None = None, *, points: Sequence[str] | None = None,
            owns_state: bool = False, workload: str | None = None,
            setup: Callable[[TargetRun], None] | None = None,
@@ -152,7 +168,8 @@ def target(fn: Callable[["WorkerContext"], None] | None = None, *, points: Seque
            final_states: Callable[[TargetRun], Any] | None = None,
            history: Callable[[TargetRun], Any] | None = None,
            recover: Callable[["WorkerContext", str], None] | None = None,
-           teardown: Callable[[TargetRun], None] | None = None) -> Any:
+           teardown: Callable[[TargetRun], None] | None = None
+           ) -> "Target | Callable[[Callable[[WorkerContext], None]], Target]":
     """Declare a target: ``@killpoint.target`` or ``@killpoint.target(points=..., owns_state=True)``.
 
     ``points``: the crash points the target marks with ``ctx.point(name)`` (any names; default the

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Callable, Iterable, Mapping
 
+from killpoint import vocab
 from killpoint.errors import StoreError
 from killpoint.harness import checkpoint, recovery, states
 from killpoint.harness.downstream import Answer
@@ -274,7 +275,7 @@ class FenceReset(Delegating):
             if row is None:
                 return None
             fence, sv, attempt = row
-            store._event(cur, "claimed", instance, step, worker=worker, from_state=from_state,
+            store._event(cur, vocab.CLAIMED, instance, step, worker=worker, from_state=from_state,
                          to_state=to_state, state_version=sv, fence=fence, lease_version=fence,
                          attempt=attempt)
             return Claim(instance, step, worker, fence, sv, attempt, from_state, to_state)

@@ -14,8 +14,33 @@ if TYPE_CHECKING:
     from killpoint.harness.run import RunResult
 
 
+# Times in narration and reports are the run's time: CLOCK_MONOTONIC plus the run clock's offset
+# then in force (harness.clock), so on the virtual clock a 30 s lease is 30 s here although it cost
+# no wall time. Below LONG_NS they read in milliseconds, from it in seconds.
+LONG_NS = 10_000_000_000
+# Consecutive lines of a narration this far apart get a line saying how much run time passed.
+GAP_TOLD_NS = 1_000_000_000
+
+
+def run_time(ns: int, *, ms_places: int = 1, s_places: int = 4) -> str:
+    """A time of the run (nanoseconds since its first event), in ms below 10 s, else in s."""
+    return f"{ns / 1e6:.{ms_places}f} ms" if ns < LONG_NS else f"{ns / 1e9:.{s_places}f} s"
+
+
+def gap(ns: int) -> str:
+    """A stretch of run time, as a timeline's axis break and a narration's gap line say it: "+30.0 s"."""
+    return f"+{ns / 1e6:.1f} ms" if ns < 1_000_000_000 else f"+{ns / 1e9:.1f} s"
+
+
+def clock_note(virtual: bool) -> str:
+    """What the times of a run are, in a few words."""
+    return ("run time on the virtual clock: a wait every worker was blocked in (a lease running out, "
+            "a stuck bound) is there at its full length but cost no wall time"
+            if virtual else "run time with the clock off (--real-time): wall time")
+
+
 def _ms(e: Event, t0: int) -> str:
-    return f"{(e.time - t0) / 1e6:7.1f} ms"
+    return f"{run_time(e.time - t0):>10}"
 
 
 def focus(history: History) -> set[tuple[str, str]]:
@@ -194,6 +219,7 @@ def narrate(history: History, steps: Iterable[tuple[str, str]] | None = None) ->
         return []
     t0 = history.events[0].time
     out = []
+    last: int | None = None
     for e in history.events:
         where = (e.meta.get("instance"), e.meta.get("step")) if e.process == v.DOWNSTREAM else \
             (e.get("instance"), e.get("step"))
@@ -202,7 +228,10 @@ def narrate(history: History, steps: Iterable[tuple[str, str]] | None = None) ->
             continue
         text = line(e)
         if text:
+            if last is not None and e.time - last >= GAP_TOLD_NS:
+                out.append(f"{'':>10}  \u22ee {gap(e.time - last)} of run time")
             out.append(f"{_ms(e, t0)}  {text}")
+            last = e.time
     return out
 
 
@@ -222,4 +251,11 @@ def story(result: RunResult) -> list[str]:
     word = {True: "valid", False: "VIOLATED", None: "unknown"}[result.valid]
     out.append(f"verdict: {word} ({len(judged)} of {len(result.verdict.results)} invariants had "
                f"something to judge; {result.duration_s * 1000:.0f} ms)")
+    out.append(f"times: {clock_note(result.config.virtual_time)}; "
+               f"{run_time(span(history))} of run time in {result.duration_s * 1000:.0f} ms of wall time")
     return out
+
+
+def span(history: History) -> int:
+    """The run time from the first event of a history to its last, in nanoseconds."""
+    return history.events[-1].time - history.events[0].time if history.events else 0

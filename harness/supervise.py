@@ -41,7 +41,7 @@ from killpoint.harness import signals
 from killpoint.harness.signals import sigint_deferred, unblock_sigint
 from killpoint.harness.store.base import Store
 from killpoint.harness.targets import Target
-from killpoint.harness.worker import DONE, Heartbeat, WorkerContext, plan
+from killpoint.harness.worker import DONE, WorkerContext, plan
 from killpoint.harness.workload import Workload
 
 if TYPE_CHECKING:
@@ -142,8 +142,7 @@ def worker_main(target: Target, ctx_args: dict[str, Any], faults, hits, seed: in
                             ctx_args["timing"], run_dir=ctx_args["run_dir"],
                             downstream_url=f"{ctx_args['url']}/runs/{ctx_args['run_id']}",
                             points=declared.points, run=ctx_args["target_run"],
-                            replaces=ctx_args["replaces"], clock=clock)
-        ctx.heartbeat = Heartbeat(store, journal, ctx.timing, clock)
+                            replaces=ctx_args["replaces"], clock=clock)  # its heartbeat on that clock
         # An exception of the target is a finding (journaled with its traceback, told to the
         # harness); a full disk is the infrastructure's, and is passed on to be named as such.
         code = hooks.worker_body(declared, ctx, journal, events_fd, passes=disk_failed)

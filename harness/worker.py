@@ -55,7 +55,9 @@ REAL_TIME_TIMING = Timing(lease_ttl_ms=120.0, heartbeat_ms=30.0, stuck_bound_ms=
 # milliseconds.
 _EXPIRY_MARGIN_S = 0.002
 # After a lost connection a worker opens another at once, after a breath (not a poll period: it has
-# work in hand, and the lease it may still hold is running out).
+# work in hand, and the lease it may still hold is running out); lost again, it waits twice as long
+# each time, up to a poll period, so a worker whose every transaction fails (a store down, a
+# ``terminate`` at each COMMIT) lets the run's clock move past it instead of holding it still.
 _RECONNECT_S = 0.002
 
 
@@ -76,7 +78,8 @@ class WorkerContext:
     journal: Journal
     workload: Workload
     timing: Timing = field(default_factory=Timing)
-    heartbeat: "Heartbeat | None" = None
+    # Renews the lease of the step being worked on (hold / release); one is made when none is given.
+    heartbeat: "Heartbeat" = None  # type: ignore[assignment]  # made in __post_init__
     run_dir: str = ""
     downstream_url: str = ""
     # Invariant: None (any name) or the target's declared points; ctx.point refuses any other.
@@ -86,6 +89,10 @@ class WorkerContext:
     # The run's clock: wait through it (ctx.clock.sleep, wait_until) and the harness can move the
     # run's time past a wait when every worker waits, instead of anybody waiting it out.
     clock: Clock = field(default_factory=current_clock)
+
+    def __post_init__(self) -> None:
+        if self.heartbeat is None and self.store is not None:
+            self.heartbeat = Heartbeat(self.store, self.journal, self.timing, self.clock)
 
     def point(self, name: str) -> str | None:
         """Mark crash point ``name``; what happens here comes from the schedule. A name the target
@@ -237,8 +244,6 @@ class ReferenceWorker:
         self.store = ctx.store
         self.journal = ctx.journal
         self.timing = ctx.timing
-        if ctx.heartbeat is None:
-            ctx.heartbeat = Heartbeat(ctx.store, ctx.journal, ctx.timing, ctx.clock)
         self.heartbeat = ctx.heartbeat
         self._loaded: dict[str, checkpoint.Loaded] = {}  # instance id -> its verified checkpoint
 
@@ -246,6 +251,7 @@ class ReferenceWorker:
     def run(self) -> None:
         clock = self.ctx.clock
         next_monitor = 0.0  # database time of the next stuck check
+        backoff = _RECONNECT_S
         while True:
             try:
                 now, rows = self.store.snapshot()
@@ -255,21 +261,23 @@ class ReferenceWorker:
                 # The stuck check runs a few times per bound, busy or idle, so a hung lease holder is
                 # flagged even when no worker is idle (and an idle one does not check on every look).
                 if now >= next_monitor:
-                    self.monitor()
                     next_monitor = now + self.timing.stuck_bound_ms / 4000.0
+                    self.monitor()
                 if not isinstance(task, Task):  # WAIT
                     # Nothing to do until a lease expires, the next stuck check, or another worker
                     # moves a step (the harness wakes us then): no polling in between.
                     clock.wait_until(self.wake_at(rows, now, next_monitor), or_moved=True)
-                    continue
-                self.execute(task)
-                clock.moved()
+                else:
+                    self.execute(task)
+                    clock.moved()
+                backoff = _RECONNECT_S
             except StoreUnavailable as exc:
                 # The store dropped the dead connection; the next call opens another. Whatever
                 # step we were on is left to its lease and to recovery.
                 self.journal.write(vocab.STORE_UNAVAILABLE, error=str(exc),
                                    outcome_unknown=isinstance(exc, OutcomeUnknown))
-                clock.sleep(_RECONNECT_S)
+                clock.sleep(backoff)
+                backoff = min(2 * backoff, max(_RECONNECT_S, self.timing.poll_ms / 1000.0))
 
     def wake_at(self, rows: list[dict[str, Any]], now: float, next_monitor: float) -> float:
         """When a waiting worker must look again by itself: the first lease to expire (just past

@@ -27,7 +27,7 @@ from killpoint.errors import (InfrastructureError as InfrastructureError, Invali
                               KillpointError as KillpointError, KillpointUnavailable as KillpointUnavailable,
                               LostResponse as LostResponse, OutcomeUnknown as OutcomeUnknown,
                               StoreError as StoreError, StoreUnavailable as StoreUnavailable,
-                              UnknownScenario as UnknownScenario)
+                              StoreUnreachable as StoreUnreachable, UnknownScenario as UnknownScenario)
 
 __version__ = "0.1.0"
 
@@ -100,6 +100,6 @@ __all__ = ["Claim", "CrashVerdict", "DownstreamClient", "Event", "Evidence", "Fa
            "INVARIANTS", "InfrastructureError", "InstanceSpec", "InvalidAction", "InvalidPoint", "InvalidSchedule",
            "InvalidStore", "InvalidTarget", "InvalidWorkload", "KillpointError",
            "KillpointUnavailable", "LostResponse", "OutcomeUnknown", "ReferenceWorker", "Result", "RunConfig", "RunResult", "Schedule",
-           "Session", "StepSpec", "StoreError", "StoreUnavailable", "Target", "TargetRun",
+           "Session", "StepSpec", "StoreError", "StoreUnavailable", "StoreUnreachable", "Target", "TargetRun",
            "Timing", "UnknownScenario", "Verdict", "Violation", "WorkerContext", "Workload", "at",
            "check_all", "parse_schedule", "point", "recover", "target"]

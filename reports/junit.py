@@ -10,7 +10,6 @@ file.
 
 from __future__ import annotations
 
-import os
 import re
 import socket
 import xml.etree.ElementTree as ET
@@ -102,21 +101,14 @@ def write(path: str, results: Sequence[RunResult], *, suite: str, reproduce: Cal
           reports: Sequence[str | None] | None = None, tests: Sequence[str | None] | None = None,
           elapsed_s: float | None = None, expect: Sequence[str | None] | None = None) -> str:
     """Write the JUnit XML of ``results`` to ``path`` atomically; returns ``path``."""
+    from killpoint.reports.files import write_text
+
     tree = build(results, suite=suite, reproduce=reproduce, reports=reports, tests=tests,
                  elapsed_s=elapsed_s, expect=expect)
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
-    try:
-        tree.write(tmp, encoding="utf-8", xml_declaration=True)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    return path
+    root = tree.getroot()
+    assert root is not None  # build() always makes the <testsuites> element
+    text = ET.tostring(root, encoding="unicode")
+    return write_text(path, "<?xml version='1.0' encoding='utf-8'?>\n" + text)
 
 
 def _violated(r: RunResult) -> list[str]:

@@ -6,7 +6,8 @@ Nothing here escapes anything: the templates do, because only they know the cont
 in this model may come from a run (instance ids, worker ids, payloads, exception text) and must be
 treated as hostile by whoever shows it.
 
-Times are nanoseconds since the first event of the run. Every item and row names the event it
+Times are nanoseconds of the run's time since its first event: CLOCK_MONOTONIC plus the run clock's
+offset (on the virtual clock, waits the harness skipped are in them at their full length). Every item and row names the event it
 comes from by its link id, ``e<index>``, which is the anchor of that event's row in the event table.
 """
 
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 from killpoint import vocab
 from killpoint.harness.checkers.base import rank
 from killpoint.harness.history import OP_KINDS, Event, History
+from killpoint.harness.narrate import clock_note, run_time, span
 from killpoint.harness.narrate import describe as describe_event
 from killpoint.harness.redact import redact
 
@@ -71,6 +73,11 @@ class Banner:
     unknown_reasons: tuple[str, ...]
     violated: tuple[str, ...]  # names of the violated invariants, in checker order
     reproduce: str
+    # The timeline's times are the run's: on the virtual clock they include the waits the harness
+    # skipped (a 30 s lease in a 100 ms run); ``run_time`` is their span, as "30.0734 s".
+    virtual: bool = False
+    run_time: str = ""
+    clock: str = ""  # what the times are, in words (narrate.clock_note)
 
 
 @dataclass(frozen=True)
@@ -258,6 +265,7 @@ class RunReport:
                                 "detail": v.detail, "events": [e.index for e in v.events]}
                                for v in self.violations],
                 "unknown_reasons": list(b.unknown_reasons),
+                "clock": "virtual" if b.virtual else "real time",
                 "events": {"shown": self.shown, "total": self.total}}
 
 
@@ -344,7 +352,8 @@ def build_run(result: RunResult, *, max_events: int = DEFAULT_MAX_EVENTS,
         unfired=tuple(str(u) for u in result.unfired),
         unknown_reasons=tuple(str(r) for r in verdict.unknown_reasons),
         violated=tuple(dict.fromkeys(r.invariant for r in verdict.results if r.valid is False)),
-        reproduce=reproduce)
+        reproduce=reproduce, virtual=bool(c.virtual_time), run_time=run_time(span(history)),
+        clock=clock_note(bool(c.virtual_time)))
     return RunReport(banner, invariants, violations, timeline, rows, ledger, len(shown), len(events),
                      focus if (focus_table and focus) else ())
 

@@ -11,19 +11,20 @@ The timeline is laid out here, not in the model. Its vertical axis is elapsed ti
 where nothing happens: each distinct time gets a row, and a gap between two times adds height in
 proportion to its length (up to a cap, past which the axis is broken and says how long the gap
 was), so a burst of microsecond-apart operations stays readable next to a lease that ran out over
-a hundred milliseconds. The lanes share a fixed design width that fits a 1280-pixel window, and the
+a hundred milliseconds -- or, on the virtual clock, over 30 s of run time that cost no wall time.
+Times are the run's (:func:`killpoint.harness.narrate.run_time`). The lanes share a fixed design width that fits a 1280-pixel window, and the
 drawing scales down (never sideways-scrolls) when a run has many workers.
 """
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import dataclass
 
 import jinja2
 
+from killpoint.harness.narrate import gap, run_time
 from killpoint.harness.redact import redact
+from killpoint.reports.files import write_text  # noqa: F401  (re-exported: the pages' writer)
 from killpoint.reports.model import IndexReport, Item, Lane, Lease, RunReport, Timeline, clip
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
@@ -110,24 +111,37 @@ class Layout:
 
 
 def time_axis(times: list[int]) -> tuple[dict[int, int], list[tuple[int, str]], int]:
-    """The y of each distinct time (ns), the axis breaks, and the height of the drawing."""
+    """The y of each distinct time (ns), the axis breaks, and the height of the drawing.
+
+    A gap adds height in proportion to its length up to ``MAX_GAP``; a longer one (a lease or a
+    stuck bound the virtual clock skipped, 30 s in no wall time) is drawn ``MAX_GAP`` tall and
+    breaks the axis, labelled with the run time it stands for ("+30.0 s"). Every time keeps its
+    own row, so the order of events is the same on both sides of a break.
+    """
     y_of: dict[int, int] = {}
     breaks: list[tuple[int, str]] = []
     y = 4
     for n, time in enumerate(times):
         if n:
-            gap_ms = (time - times[n - 1]) / 1e6
-            grow = gap_ms * PX_PER_MS
+            gap_ns = time - times[n - 1]
+            grow = gap_ns / 1e6 * PX_PER_MS
             if grow > MAX_GAP:
-                breaks.append((y + ROW_H + MAX_GAP // 2 - ROW_H // 2, f"{gap_ms:.1f} ms"))
+                breaks.append((y + ROW_H + MAX_GAP // 2 - ROW_H // 2, gap(gap_ns)))
             y += ROW_H + int(min(grow, MAX_GAP))
         y_of[time] = y
     return y_of, breaks, y + ROW_H + 4
 
 
+def axis_label(time: int) -> str:
+    """A row's run time on the axis: "+51.194 ms", or past 10 s "+30.047495 s" (it fits the gutter)."""
+    return "+" + run_time(time, ms_places=3, s_places=6)
+
+
 def layout(t: Timeline) -> Layout:
+    # A lease's expiry is a time of its own: its mark sits on its row, on the right side of a break.
     times = sorted({i.start for i in t.items} | {i.end for i in t.items}
-                   | {p for lease in t.leases for p in (lease.start, lease.held_until, lease.end)})
+                   | {p for lease in t.leases for p in (lease.start, lease.held_until, lease.end)}
+                   | {lease.expiry for lease in t.leases if lease.expiry is not None})
     at, breaks, height = time_axis(times)
 
     def y_of(time: int) -> int:
@@ -165,7 +179,7 @@ def layout(t: Timeline) -> Layout:
         y0, y1, y2 = (y_of(time) + ROW_H // 2 for time in (lease.start, lease.held_until, lease.end))
         bars.append(LeaseBar(lease, lane_x[lease.lane] + LEASE_X, y0, max(2, y1 - y0), max(0, y2 - y1),
                              None if lease.expiry is None else y_of(lease.expiry) + ROW_H // 2))
-    rows = tuple((y, f"+{time / 1e6:.3f} ms") for time, y in at.items())
+    rows = tuple((y, axis_label(time)) for time, y in at.items())
     first = min((m.y for m in marks if m.item.proof), default=None)
     if first is None:
         first = min((m.y for m in marks if m.item.kind == "point"), default=None)
@@ -183,6 +197,7 @@ def environment() -> jinja2.Environment:
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.filters["clip"] = clip
     env.globals.update(CSP=CSP, GLYPHS=GLYPHS, ROW_H=ROW_H, GUTTER=GUTTER, HEAD_H=HEAD_H,
+                       MAX_GAP=MAX_GAP, BREAK_MS=f"{MAX_GAP / PX_PER_MS:g}",
                        LEASE_X=LEASE_X)
     return env
 
@@ -196,21 +211,3 @@ def render_index(index: IndexReport) -> str:
     return environment().get_template("index.html").render(ix=index, data=index.to_json())
 
 
-def write_text(path: str, text: str) -> str:
-    """Write a whole file atomically, so a reader never opens half a report; no password in it
-    (reports travel as CI artefacts: every file goes through :func:`killpoint.harness.redact.redact`)."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".report-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(redact(text))
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    return path

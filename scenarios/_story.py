@@ -14,7 +14,7 @@ from typing import Any, Iterable
 from killpoint import chaos
 from killpoint.harness.checkers.base import rank
 from killpoint.harness.history import Event
-from killpoint.harness.narrate import narrate
+from killpoint.harness.narrate import clock_note, narrate, run_time, span
 from killpoint.harness.run import RunConfig, RunResult, Session
 from killpoint.harness.worker import ReferenceWorker
 
@@ -60,6 +60,8 @@ class Story:
         judged = sum(1 for r in result.verdict.results if r.checked)
         self.say(f"  verdict: {WORD[result.valid]} ({judged} of {len(result.verdict.results)} "
                  f"invariants had something to judge; {result.duration_s * 1000:.0f} ms)")
+        self.say(f"  times: {clock_note(result.config.virtual_time)}; {run_time(span(result.history))} "
+                 f"of run time in {result.duration_s * 1000:.0f} ms of wall time")
         return result
 
     def expect(self, held: object, expected: str, found: str = "") -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -330,6 +331,9 @@ def test_replay_narrates_the_run_and_a_failure_without_report_dir_says_how_to_ge
     assert code == 1
     assert "SIGSTOP to A" in out and "B claimed order-1:charge with fence 2" in out
     assert "accepted A's commit with fence 1" in out  # the stale write, told as it happened
+    # The 30 s lease, skipped by the virtual clock, is told as run time that passed, not wall time.
+    assert re.search(r"\u22ee \+(29|30)\.\d s of run time\n.*B claimed order-1:charge", out)
+    assert "times: run time on the virtual clock" in out and "of wall time" in out
     assert "add --report-dir DIR" in out
 
 

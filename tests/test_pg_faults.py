@@ -13,7 +13,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import threading
+import time
 from typing import Any, Iterator
 
 import pytest
@@ -121,6 +123,61 @@ def test_the_next_call_after_a_terminated_idle_session_fails_cleanly_then_reconn
     assert _claim(pg_store).fence == 1
 
 
+def _stalled_reads(store: PostgresStore, stall_s: float) -> list[str]:
+    """Two reads that stall mid-transaction (a long GC, a starved CPU): after their last statement,
+    and between two statements. What became of each: ``ok`` or the exception's class name."""
+    def after_last(cur: Any) -> None:
+        cur.execute("SELECT 1")
+        time.sleep(stall_s)
+
+    def between(cur: Any) -> None:
+        cur.execute("SELECT 1")
+        time.sleep(stall_s)
+        cur.execute("SELECT 2")
+
+    outcomes = []
+    for fn in (after_last, between):
+        try:
+            store._read(fn)
+            outcomes.append("ok")
+        except Exception as exc:
+            outcomes.append(type(exc).__name__)
+    return outcomes
+
+
+def test_a_stall_past_the_idle_timeout_ends_a_workers_session_never_the_harnesss(pg_dsn):
+    """Protects: the run's verdicts from a false infrastructure failure. A worker's sessions end
+    after ``idle_tx_timeout_ms`` idle in a transaction (a frozen worker must not hold its locks),
+    and that is a lost connection (StoreUnavailable, never the driver's own exception, which
+    would read as the target raising); the harness's session -- the process that made the handle,
+    never frozen -- outlives a stall of its own (it used to be ended, and the run with it)."""
+    store = PostgresStore(pg_dsn, schema_name("stall"), idle_tx_timeout_ms=100)
+    store.setup(INSTANCES)
+    pid = 0
+    try:
+        assert _stalled_reads(store, 0.5) == ["ok", "ok"]
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # a worker: its own handle's sessions and its heartbeat handle's
+            try:
+                os.close(r)
+                os.write(w, json.dumps(_stalled_reads(store, 0.5) + _stalled_reads(store.clone(), 0.5)).encode())
+            finally:
+                os._exit(0)
+        os.close(w)
+        with os.fdopen(r, "rb") as fh:
+            seen = json.loads(fh.read() or b"null")
+        os.waitpid(pid, 0)
+        pid = 0
+        assert seen == ["StoreUnavailable"] * 4
+        assert _stalled_reads(store, 0.0) == ["ok", "ok"]  # and the harness's handle still works
+    finally:
+        if pid:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        store.drop()
+
+
 def test_terminate_backends_ends_only_sessions_of_its_own_run(pg_store, pg_dsn):
     """Protects: whatever PIDs a worker reports, the harness never ends a session that is not
     this run's (another run's, or anybody else's on a shared server)."""
@@ -200,6 +257,25 @@ def test_terminate_in_db_commit_commits_unknown_to_the_worker_and_recovery_settl
     if kind == "claim":  # the claim A never learned of was taken over after its lease expired
         assert [e for e in result.history.events if e.kind == "recover" and e.get("step") == step
                 and e.get("instance") == instance]
+
+
+def test_a_worker_terminated_at_every_commit_does_not_hold_the_run_clock(session, pg_dsn):
+    """Protects: a worker whose every transaction is lost (an uncounted ``terminate``) waits
+    through the run's clock between attempts, so the clock still jumps: the 30 s lease of a worker
+    killed after its claim expires and is taken over in less wall time than the lease (the failing
+    worker used to spin and hold the clock still until the run hit its bound)."""
+    result = session.run(RunConfig(schedule=chaos.parse("A@in_db_commit:terminate,B@charge.after_claim:kill"),
+                                   workers=3, store=pg_dsn))
+    assert result.config.virtual_time and result.config.timing.lease_ttl_ms == 30_000
+    assert result.valid is True, ([v.detail for v in result.verdict.violations],
+                                  result.verdict.unknown_reasons)
+    assert result.fired["A@in_db_commit:terminate"] >= 2
+    assert len([e for e in result.history.of_workers("store_unavailable") if e.process == "A"]) >= 2
+    killed = next(e for e in result.history.of("store", "claimed")
+                  if e.get("worker") == "B" and e.get("step") == "charge")
+    assert [e for e in result.history.of("store", "claimed") if e.get("step") == "charge"
+            and e.get("instance") == killed.get("instance") and e.get("fence") > killed.get("fence")]
+    assert result.duration_s < result.config.timing.lease_ttl_ms / 1000.0
 
 
 @pytest.mark.parametrize("hit, kind", [(1, "claim"), (2, "receipt"), (3, "commit")])

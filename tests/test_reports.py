@@ -235,7 +235,31 @@ def test_time_axis_is_elapsed_time_with_long_gaps_drawn_short_and_marked():
     at, breaks, _ = time_axis([0, 1_000, 10 * MS, 11 * MS, 1000 * MS])
     assert at[1_000] - at[0] == ROW_H  # a burst: one row each
     assert at[10 * MS] - at[1_000] > at[11 * MS] - at[10 * MS]  # a 10 ms gap is taller than 1 ms
-    assert at[1000 * MS] - at[11 * MS] == ROW_H + MAX_GAP and breaks == [(breaks[0][0], "989.0 ms")]
+    assert at[1000 * MS] - at[11 * MS] == ROW_H + MAX_GAP and breaks == [(breaks[0][0], "+989.0 ms")]
+    # a gap the virtual clock skipped (a 30 s lease) is drawn no taller, its length in seconds
+    at, breaks, _ = time_axis([0, MS, 30_001 * MS, 30_002 * MS])
+    assert at[30_001 * MS] - at[MS] == ROW_H + MAX_GAP and [b for _, b in breaks] == ["+30.0 s"]
+
+
+def test_a_lease_that_ran_out_inside_a_skipped_wait_is_drawn_expiring_between_the_breaks():
+    """A dies 9 ms in; its 30 s lease runs out at 30.009 s; B claims only at 30.5 s. The expiry gets
+    a row of its own: after the "+30.0 s" break, before the "+491.0 ms" one, at the end of the bar."""
+    h = build([ev(0, "harness", "spawn", worker="A", identity="A", pid=1),
+               ev(4, "store", "claimed", instance="o", step="s", worker="A", fence=1),
+               ev(5, "A", "claim", "ok", op=1, instance="o", step="s", fence=1),
+               ev(9, "harness", "exit", worker="A", pid=1, code=-9, signal="SIGKILL"),
+               ev(30_500, "store", "claimed", instance="o", step="s", worker="B", fence=2),
+               ev(30_501, "harness", "exit", worker="B", pid=2, code=0, signal=None)])
+    t = build_timeline(h, lease_ttl_ms=30_000.0)
+    a = next(lease for lease in t.leases if lease.fence == 1)
+    assert (a.held_until, a.expiry, a.end, a.estimated) == (9 * MS, 30_009 * MS, 30_009 * MS, True)
+    drawn = layout(t)
+    (first, second) = drawn.breaks
+    assert (first[1], second[1]) == ("+30.0 s", "+491.0 ms")
+    (bar,) = [b for b in drawn.leases if b.lease.fence == 1]
+    assert bar.y + bar.held_h < first[0] < bar.expiry_y < second[0]
+    assert bar.expiry_y == bar.y + bar.held_h + bar.out_h  # the hatched part ends where it expired
+    assert "+30.009000 s" in {label for _, label in drawn.rows}
 
 
 def test_timeline_fits_the_design_width_and_scales_down_when_there_are_many_lanes():
@@ -421,6 +445,40 @@ def test_reports_of_many_runs_keep_the_focus_instances_and_stay_small(violated_r
     assert max(sizes) < 70_000, sizes
     page = Page(open(os.path.join(tmp_path, run_report_name(1)), encoding="utf-8").read()).all_text
     assert "--report-dir DIR" in page and os.path.getsize(index) < 20_000
+
+
+def test_a_virtual_time_run_breaks_its_axis_at_the_skipped_lease_and_keeps_every_event_in_order(
+        violated_reports):
+    """On the virtual clock a pause past the 30 s lease is 30 s of run time in no wall time: the
+    timeline draws it as one broken gap labelled with that run time, every event keeps its order
+    across the break, A's lease runs out across it, and the page says the times are the run's."""
+    result = violated_reports["result"]
+    assert result.config.virtual_time and result.config.timing.lease_ttl_ms == 30_000
+    report = build_run(result)
+    drawn = layout(report.timeline)
+    long = [(y, label) for y, label in drawn.breaks if label.endswith(" s")]
+    assert len(long) == 1, drawn.breaks  # the lease is the one long wait of this run
+    y_break, label = long[0]
+    assert re.fullmatch(r"\+\d+\.\d s", label) and 20 <= float(label[1:-2]) <= 31, label
+    assert result.duration_s < float(label[1:-2])  # ... and it cost far less wall time than that
+    # Every mark in the order of its event: down the page as the run's time goes on, and the marks
+    # above the break are exactly those before the skipped wait.
+    marks = sorted(drawn.marks, key=lambda m: (m.item.start, m.item.index))
+    assert [m.y for m in marks] == sorted(m.y for m in marks)
+    before = [m.item.start for m in drawn.marks if m.y < y_break]
+    after = [m.item.start for m in drawn.marks if m.y > y_break]
+    assert before and after and min(after) - max(before) >= 20 * 1000 * MS
+    # A's lease (fence 1) is held, then runs out across the break; its expiry is drawn after it.
+    (a,) = [b for b in drawn.leases
+            if (b.lease.instance, b.lease.step, b.lease.fence) == ("order-1", "charge", 1)]
+    assert a.lease.how == "expired" and a.y < y_break < a.y + a.held_h + a.out_h
+    assert a.expiry_y is not None and y_break < a.expiry_y <= a.y + a.held_h + a.out_h
+    assert any(label.endswith(" s") for _, label in drawn.rows)  # rows past 10 s read in seconds
+    # The page says what the times are, and draws the break with its label.
+    assert report.banner.virtual and report.banner.run_time.endswith(" s")
+    page = Page(open(os.path.join(violated_reports["dir"], run_report_name(1)), encoding="utf-8").read())
+    assert f"\u22ee {label}" in page.all_text
+    assert "of run time on the virtual clock" in page.all_text and "cost no wall time" in page.all_text
 
 
 def test_report_command_runs_one_schedule_writes_its_report_and_exits_1(tmp_path, capsys):

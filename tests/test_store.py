@@ -576,10 +576,9 @@ def _race_runs(pg_dsn: str, runs: int, seed: int) -> list[Any]:
     steps = tuple(WORKLOADS["orders"](0).step_names)
     rng = random.Random(seed)
     results = []
-    # Real time: a terminate with no count fires at every store transaction of its worker, which
-    # then spins reconnecting; that busy worker holds the virtual clock still, so only a lease
-    # expiring in real time lets the seven others take its step over (seed 1106 hit the bound).
-    with Session(real_time=True) as session:
+    # On the run's virtual clock (production leases): a worker whose every transaction a
+    # ``terminate`` ends backs off through the clock, so it does not hold it (seed 1106).
+    with Session() as session:
         for i in range(runs):
             schedule = chaos.parse(_race_schedule(rng, steps))
             results.append(session.run(RunConfig(schedule=schedule, workers=8, seed=seed + i, store=pg_dsn)))
@@ -587,20 +586,13 @@ def _race_runs(pg_dsn: str, runs: int, seed: int) -> list[Any]:
 
 
 def _assert_race_valid(results: list[Any]) -> None:
-    """No invariant violated in any run; an unjudged run is one whose fault never fired (or, rarely,
-    one the infrastructure broke, which is never a verdict)."""
-    infra: list[Any] = []
+    """No invariant violated in any run; an unjudged run is only one whose fault never fired (an
+    infrastructure failure fails the test: it is never a verdict, and never expected)."""
     for r in results:
         assert r.valid is not False, (r.schedule, r.config.seed, [v.detail for v in r.verdict.violations])
-        if r.valid is None and any(u.startswith("infrastructure failure") for u in r.verdict.unknown_reasons):
-            infra.append((r.schedule, r.config.seed, r.verdict.unknown_reasons))
-        elif r.valid is None:  # a fault scheduled at a step some other worker finished first
+        if r.valid is None:  # a fault scheduled at a step some other worker finished first
             assert r.unfired and all("never fired" in u for u in r.verdict.unknown_reasons), \
                 (r.schedule, r.config.seed, r.verdict.unknown_reasons)
-    # Known and open: on rare runs, with no terminate scheduled, the store's pre-COMMIT check reports
-    # the session ended (StoreUnavailable; cause not yet found). It is an infrastructure unknown,
-    # never a verdict, and must stay rare.
-    assert len(infra) <= max(1, len(results) // 50), infra
     assert sum(1 for r in results if r.valid) >= len(results) // 2
     assert sum(n for r in results for n in r.fired.values()) >= len(results) // 2
 

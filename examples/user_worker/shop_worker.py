@@ -71,7 +71,9 @@ class Shop:
     def step(self, row: dict[str, Any]) -> None:
         ctx = self.ctx
         spec = ctx.workload.instance(row["instance"]).step(row["step"])
-        key = spec.key(row["instance"])  # instance:step:resource-version, the same on every retry
+        # instance:step:resource-version, the same on every retry (every step of "single" calls out)
+        key, resource = spec.key(row["instance"]), spec.resource
+        assert key is not None and resource is not None, "this worker only runs steps that call out"
         ctx.point("before_claim")
         claim = ctx.store.claim(row["instance"], row["step"], ctx.worker_id,
                                 expected_state_version=row["state_version"], from_state=row["state"],
@@ -86,9 +88,9 @@ class Shop:
             if outcome is None:
                 ctx.point("before_call")
                 op = ctx.journal.invoke("call", instance=claim.instance, step=claim.step, key=key,
-                                        resource=spec.resource, fence=claim.fence, attempt=claim.attempt)
+                                        resource=resource, fence=claim.fence, attempt=claim.attempt)
                 answer = ctx.downstream.call(
-                    spec.resource, key=key, params=spec.params, fence=claim.fence,
+                    resource, key=key, params=spec.params, fence=claim.fence,
                     fence_scope=f"{claim.instance}:{claim.step}",
                     meta={"instance": claim.instance, "step": claim.step, "worker": ctx.worker_id},
                     before_read=lambda: ctx.point("in_call"))  # applied, answer not yet read
@@ -116,7 +118,7 @@ class Shop:
         which we record as our receipt before anything is committed on its strength."""
         receipt = self.ctx.store.receipt(key)
         if receipt is not None:
-            return receipt["status"]
+            return str(receipt["status"])
         remote = self.ctx.downstream.receipt(key)
         if remote is not None and remote["status"] < 500:
             outcome = "succeeded" if remote["status"] < 300 else "failed_permanent"

@@ -25,10 +25,14 @@ The protocol is :mod:`harness.store.sql`, shared with SQLite; this module is Pos
 * **A stopped process must not hold locks forever.** The harness pauses a worker with SIGSTOP,
   and its heartbeat thread may be stopped inside a transaction, holding its step's row lock; a
   worker that then claims the step would wait for as long as the pause lasts, and the harness
-  waits for that worker. So every connection sets ``idle_in_transaction_session_timeout``: the
-  server ends such a session after ``idle_tx_timeout_ms`` and releases its locks, as a production
-  server configured against stalled clients would. (SQLite has no such remedy: there the stopped
-  transaction holds the whole database until ``busy_timeout``.)
+  waits for that worker. So every connection a worker opens sets
+  ``idle_in_transaction_session_timeout``: the server ends such a session after
+  ``idle_tx_timeout_ms`` and releases its locks, as a production server configured against stalled
+  clients would. (SQLite has no such remedy: there the stopped transaction holds the whole database
+  until ``busy_timeout``.) Not the connections of the process that made the handle (the harness): it
+  is never stopped and its reads lock no rows, while a stall of its own -- a long garbage
+  collection, a starved CPU -- between a read and its COMMIT must not end its session, which would
+  end the run as an infrastructure failure that never happened.
 * **Event order.** The history orders store events by their ``t`` (``CLOCK_MONOTONIC``, taken in
   the process that writes the event). SQLite serialises every write, so ``t`` order is commit
   order. Here each event is written while its transaction holds the lock on its step's row, so
@@ -162,6 +166,7 @@ class PostgresStore(SqlStore):
         self._conn: psycopg.Connection[Any] | None = None
         self._inherited: psycopg.Connection[Any] | None = None
         self._pid = -1
+        self._maker = os.getpid()  # the harness: its sessions get no idle-in-transaction timeout
         # Handles made by clone() in this process: a terminate ends the worker's every session.
         self._clones: list[PostgresStore] = []
         self._committing = False  # COMMIT sent and its answer not read yet
@@ -192,16 +197,19 @@ class PostgresStore(SqlStore):
                 # termination from a process that did not open the connection, but dropping it
                 # would still warn about an unclosed connection.
                 self._inherited = self._conn
-            c = connect(self.dsn, application_name=self.application_name)
-            c.execute("SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
-                      (str(int(self.idle_tx_timeout_ms)),))
-            c.commit()
+            c = connect(self.dsn, application_name=self.application_name, autocommit=True)
+            if os.getpid() != self._maker:  # a worker, which the harness may stop (SIGSTOP)
+                # Outside a transaction: a stall here must not meet the timeout it sets.
+                c.execute("SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
+                          (str(int(self.idle_tx_timeout_ms)),))
+            c.autocommit = False
             self._conn, self._pid = c, os.getpid()
         return self._conn
 
     def clone(self) -> "PostgresStore":
         """A handle with a connection of its own (for the heartbeat thread)."""
         other = PostgresStore(self.dsn, self.schema, idle_tx_timeout_ms=self.idle_tx_timeout_ms)
+        other._maker = self._maker  # a worker's heartbeat handle is a worker's
         self._clones.append(other)
         return other
 

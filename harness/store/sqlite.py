@@ -56,7 +56,8 @@ CREATE TABLE IF NOT EXISTS receipts (
     response TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS events (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    seq INTEGER PRIMARY KEY,  -- rows are never deleted, so each new seq is the largest plus one
+                              -- (AUTOINCREMENT would add a write of sqlite_sequence to every event)
     t INTEGER NOT NULL,
     db_time REAL NOT NULL,
     kind TEXT NOT NULL,

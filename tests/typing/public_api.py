@@ -23,6 +23,23 @@ def worker(ctx: WorkerContext) -> None:
     ctx.point("before_call")
 
 
+@killpoint.target(points=("before_call", "after_call"), workload="single")
+def declared(ctx: WorkerContext) -> None:
+    ctx.heartbeat.release()  # always there: the harness (or the context itself) makes one
+    ctx.point("after_call")
+
+
+@killpoint.target
+def bare(ctx: WorkerContext) -> None:
+    ctx.clock.sleep(0.1)
+
+
+def declarations() -> None:
+    assert_type(declared, killpoint.Target)
+    assert_type(bare, killpoint.Target)
+    assert_type(declared.points, "tuple[str, ...]")
+
+
 def session() -> None:
     with Session() as s:
         result = s.run(RunConfig(schedule=parse_schedule("A@charge.after_call:kill"), target=worker))
