@@ -74,8 +74,10 @@ def test_a_failing_test_body_still_ends_every_process():
     assert set(children_of(os.getpid())) - before == set()
 
 
-def _cli(marker: str) -> subprocess.Popen:
-    env = {**os.environ, "KILLPOINT_TEST_MARK": marker, "PYTHONPATH": ROOT}
+def _cli(marker: str, tmpdir: str) -> subprocess.Popen:
+    # Its run files under the test's folder: a CLI killed with SIGKILL cannot remove its own, and
+    # they must not pile up in memory (/dev/shm) from one test session to the next.
+    env = {**os.environ, "KILLPOINT_TEST_MARK": marker, "PYTHONPATH": ROOT, "TMPDIR": tmpdir}
     return subprocess.Popen([sys.executable, "-m", "killpoint.harness.cli", "matrix", "--json"], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)
 
@@ -92,18 +94,19 @@ def _wait_for_workers(marker: str, cli: subprocess.Popen) -> None:
                          f"{cli.stderr.read().decode(errors='replace')[-2000:]}")
 
 
-def test_an_interrupted_matrix_ends_every_process_it_started():
+def test_an_interrupted_matrix_ends_every_process_it_started(tmp_path):
     marker = f"kp-{uuid.uuid4().hex}"
-    cli = _cli(marker)
+    cli = _cli(marker, str(tmp_path))
     _wait_for_workers(marker, cli)
     cli.send_signal(signal.SIGINT)
     assert cli.wait(20) == 130
     assert wait_until_gone(marker) == []
+    assert os.listdir(tmp_path) == []  # and its run folder, ledger and journals with them
 
 
-def test_a_killed_matrix_takes_its_workers_and_downstream_with_it():
+def test_a_killed_matrix_takes_its_workers_and_downstream_with_it(tmp_path):
     marker = f"kp-{uuid.uuid4().hex}"
-    cli = _cli(marker)
+    cli = _cli(marker, str(tmp_path))
     _wait_for_workers(marker, cli)
     cli.kill()
     cli.wait(20)
