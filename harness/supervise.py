@@ -1,8 +1,8 @@
 """Supervision: the worker processes of one run, from fork to reaping.
 
-Workers are forked (the ``multiprocess`` package, fork start method), so a worker costs a fork, not
-an interpreter start, and a target may be any function, even one defined inside a test. Every
-process started here is ended here, by PID.
+Workers are forked straight from this warm process (``os.fork``, each watched through a pidfd),
+so a worker costs a fork, not an interpreter start, and a target may be any function, even one
+defined inside a test. Every process started here is ended here, by PID.
 
 Workers start in name order: B starts once every fault scheduled for A has fired (or A is gone), so
 a scheduled fault lands where it was asked to. A worker killed by a fault is replaced at once, by a
@@ -20,12 +20,12 @@ import random
 import select
 import signal
 import string
+import sys
 import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-import multiprocess
 
 from killpoint import chaos, vocab
 from killpoint.chaos.journal import Journal
@@ -47,7 +47,6 @@ from killpoint.harness.workload import Workload
 if TYPE_CHECKING:
     from killpoint.harness.run import RunConfig
 
-_FORK = multiprocess.get_context("fork")
 # Errors that say the disk the run writes to is full or unusable: infrastructure, not the target.
 DISK_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO})
 EXIT_DISK = 75  # EX_TEMPFAIL: a worker that ended because the disk failed it
@@ -157,6 +156,70 @@ def worker_main(target: Target, ctx_args: dict[str, Any], faults, hits, seed: in
     os._exit(code)
 
 
+class ForkedWorker:
+    """A worker process forked straight from this one (``os.fork``), watched through a pidfd.
+
+    What ``multiprocess.Process`` gave the worker loop (``pid``, ``sentinel``, ``join``,
+    ``exitcode``) without what it costs a worker that only runs a function and then calls
+    ``os._exit``: its child bootstrap and bookkeeping took about 1 ms of CPU a worker (a run
+    starts three or four). The child gets what the bootstrap gave it that matters: stdin on /dev/null, and an
+    exception that escapes printed and turned into exit code 1.
+    """
+
+    def __init__(self, target: Callable[..., None], args: tuple[Any, ...], name: str) -> None:
+        self._target = target
+        self._args = args
+        self.name = name
+        self.pid: int | None = None
+        self.sentinel = -1
+        self.exitcode: int | None = None
+
+    def start(self) -> None:
+        pid = os.fork()
+        if pid == 0:  # the child: never returns
+            code = 1
+            try:
+                try:
+                    fd = os.open(os.devnull, os.O_RDONLY)
+                    os.dup2(fd, 0)
+                    os.close(fd)
+                except OSError:
+                    pass
+                self._target(*self._args)
+                code = 0
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            except BaseException:  # noqa: BLE001 - said on stderr, as multiprocess did
+                import traceback
+
+                sys.stderr.write(f"Process {self.name}:\n")
+                traceback.print_exc()
+            finally:
+                os._exit(code)
+        self.pid = pid
+        try:
+            self.sentinel = os.pidfd_open(pid)
+        except BaseException:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise
+
+    def join(self, timeout: float | None = None) -> None:
+        """Reap the process once it has ended (waiting up to ``timeout`` seconds for it to end)."""
+        if self.exitcode is not None or self.pid is None:
+            return
+        ready, _, _ = select.select([self.sentinel], [], [], timeout)
+        if not ready:
+            return
+        _, status = os.waitpid(self.pid, 0)
+        self.exitcode = os.waitstatus_to_exitcode(status)
+        os.close(self.sentinel)
+
+    def is_alive(self) -> bool:
+        self.join(0)
+        return self.pid is not None and self.exitcode is None
+
+
 def kill(w: WorkerProcess) -> None:
     """SIGKILL a worker by PID (resuming it first if stopped) and reap it."""
     pid = w.proc.pid
@@ -241,9 +304,8 @@ class Supervisor:
                     "journal": journal, "target_run": self.target_run, "run_dir": self.run_dir,
                     "replaces": self.replaces.pop(worker_id, None), "parent_pid": os.getpid()}
         seed = seeds.derive(self.config.seed, f"worker:{label}")
-        proc = _FORK.Process(target=worker_main, name=f"killpoint-worker-{label}",
-                             args=(self.target, ctx_args, faults, self.tally.hits, seed, events_w,
-                                   control_r))
+        proc = ForkedWorker(worker_main, (self.target, ctx_args, faults, self.tally.hits, seed,
+                                           events_w, control_r), name=f"killpoint-worker-{label}")
         # Registered before a signal can be delivered: a Ctrl-C or SIGTERM that lands at any point
         # of the fork finds the new worker among those the cleanup ends.
         with sigint_deferred():
@@ -259,6 +321,7 @@ class Supervisor:
             self.clock.forked(slot)
             w = WorkerProcess(label, worker_id, proc, Inbox(events_r), control_w, journal, clock=slot)
             self.workers.append(w)
+            assert proc.pid is not None  # started
             self.registry[proc.pid] = w
         self.note(vocab.SPAWN, worker=label, identity=worker_id, pid=proc.pid)
         return w

@@ -9,6 +9,8 @@ import sys
 import time
 import uuid
 
+import pytest
+
 from killpoint import chaos
 from killpoint.harness.run import RunConfig, Session
 
@@ -111,3 +113,43 @@ def test_a_killed_matrix_takes_its_workers_and_downstream_with_it(tmp_path):
     cli.kill()
     cli.wait(20)
     assert wait_until_gone(marker) == []
+
+
+def _exit_with(code):
+    raise SystemExit(code)
+
+
+def _raise():
+    raise RuntimeError("boom before the target")
+
+
+def _read_stdin(path):
+    with open(path, "w") as fh:
+        fh.write(repr(os.read(0, 10)))
+
+
+def test_a_forked_worker_reports_its_exit_like_a_process_and_is_reaped(tmp_path, capfd):
+    """Protects: the worker loop's view of a worker process (pid, sentinel, join, exitcode) now
+    that workers are forked with os.fork and a pidfd: exit codes as multiprocess gave them (a raise
+    is 1 with its traceback on stderr, SystemExit its code), a join that times out on a live
+    process, stdin on /dev/null, and no zombie left."""
+    from killpoint.harness.supervise import ForkedWorker
+
+    cases = [(_exit_with, (0,), 0), (_exit_with, (7,), 7), (_exit_with, (None,), 0), (_raise, (), 1),
+             (_read_stdin, (str(tmp_path / "stdin"),), 0)]
+    for fn, args, code in cases:
+        w = ForkedWorker(fn, args, name="killpoint-worker-T")
+        w.start()
+        w.join(10)
+        assert w.exitcode == code, (fn, w.exitcode)
+        with pytest.raises(ChildProcessError):
+            os.waitpid(w.pid, os.WNOHANG)  # already reaped
+    assert (tmp_path / "stdin").read_text() == "b''"
+    assert "Process killpoint-worker-T" in capfd.readouterr().err
+    sleeper = ForkedWorker(time.sleep, (30,), name="killpoint-worker-S")
+    sleeper.start()
+    sleeper.join(0.05)
+    assert sleeper.exitcode is None and sleeper.is_alive()
+    os.kill(sleeper.pid, signal.SIGKILL)
+    sleeper.join(10)
+    assert sleeper.exitcode == -signal.SIGKILL and not sleeper.is_alive()
