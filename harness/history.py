@@ -266,32 +266,18 @@ def build(raw: Iterable[tuple[int, str, str, str, Mapping[str, Any]]], **meta: A
 
 def read_journal(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Read a worker journal: JSON lines, a torn last line (the worker was killed mid-write) tolerated."""
-    entries: list[dict[str, Any]] = []
     with open(path, "rb") as fh:
         text = fh.read().decode("utf-8", errors="replace")
-    body = text[:text.rfind("\n") + 1]  # every complete line, each one JSON object
-    try:  # one parse for the whole journal; line by line only when something is off
-        whole = json.loads("[" + body.rstrip("\n").replace("\n", ",") + "]") if body.strip() else []
+    head, _, tail = text.rpartition("\n")  # tail: a last line without its newline, torn or whole
+    try:  # one parse for every complete line; line by line only when one is off (or blank)
+        entries: list[dict[str, Any]] = json.loads("[" + head.replace("\n", ",") + "]") if head else []
     except ValueError:
-        whole = None
-    lines = text.split("\n")
-    if whole is not None and all(type(e) is dict for e in whole):
-        if not lines[-1].strip():
-            return whole
-        try:  # a last line without its newline: the write the kill interrupted, or whole
-            whole.append(json.loads(lines[-1]))
-        except ValueError:
-            pass
-        return whole
-    for n, line in enumerate(lines):
-        if not line.strip():
-            continue
+        entries = [json.loads(line) for line in head.split("\n") if line.strip()]
+    if tail.strip():
         try:
-            entries.append(json.loads(line))
+            entries.append(json.loads(tail))
         except ValueError:
-            if n == len(lines) - 1:
-                break  # torn last line: the write the kill interrupted
-            raise
+            pass  # the write the kill interrupted
     return entries
 
 

@@ -15,7 +15,8 @@ import os
 from typing import TYPE_CHECKING, Sequence
 
 from killpoint.reports.model import DEFAULT_MAX_EVENTS, build_index, build_run
-from killpoint.reports.render import render_index, render_run, write_text
+from killpoint.reports.files import write_text
+from killpoint.reports.render import render_index, render_run
 
 if TYPE_CHECKING:
     from killpoint.harness.run import RunResult

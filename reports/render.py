@@ -23,8 +23,6 @@ from dataclasses import dataclass
 import jinja2
 
 from killpoint.harness.narrate import gap, run_time
-from killpoint.harness.redact import redact
-from killpoint.reports.files import write_text  # noqa: F401  (re-exported: the pages' writer)
 from killpoint.reports.model import IndexReport, Item, Lane, Lease, RunReport, Timeline, clip
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"

@@ -7,6 +7,8 @@ loop with production-like timings and compare the virtual clock with ``--real-ti
 
 from __future__ import annotations
 
+import contextlib
+
 import json
 import threading
 import time
@@ -72,11 +74,21 @@ def _serve(run_clock: RunClock, index: int, until, limit_s: float = 20.0) -> Non
         time.sleep(min(timeout, 0.005))
 
 
-def test_autojump_ends_a_30_s_wait_without_waiting_it_out_and_moves_the_store_with_it(tmp_path):
-    store = open_store("sqlite", str(tmp_path), "jump")
+@contextlib.contextmanager
+def _clocked(tmp_path, name: str, *, virtual: bool):
+    """A run's store and its run clock (two worker blocks), both ended afterwards."""
+    store = open_store("sqlite", str(tmp_path), name)
     store.setup(INSTANCES)
-    run_clock = RunClock(virtual=True, capacity=2, set_store_offset=store.set_clock)
+    run_clock = RunClock(virtual=virtual, capacity=2, set_store_offset=store.set_clock)
     try:
+        yield store, run_clock
+    finally:
+        run_clock.close()
+        store.drop()
+
+
+def test_autojump_ends_a_30_s_wait_without_waiting_it_out_and_moves_the_store_with_it(tmp_path):
+    with _clocked(tmp_path, "jump", virtual=True) as (store, run_clock):
         index = run_clock.add_worker()
         run_clock.board.set(index, 0, FREE)  # no business thread here: only the waiter below
         clock = run_clock.worker_clock(index)
@@ -88,16 +100,10 @@ def test_autojump_ends_a_30_s_wait_without_waiting_it_out_and_moves_the_store_wi
         assert time.monotonic() - wall < 15.0  # far less than 30 s, with room for a loaded machine
         assert store.now() - db_before >= 30.0  # the store's time moved with the offset
         assert run_clock.jumps and run_clock.virtual_ns(time.monotonic_ns()) > time.monotonic_ns() + 29e9
-    finally:
-        run_clock.close()
-        store.drop()
 
 
 def test_a_busy_thread_holds_the_run_clock_and_real_time_still_flows(tmp_path):
-    store = open_store("sqlite", str(tmp_path), "busy")
-    store.setup(INSTANCES)
-    run_clock = RunClock(virtual=True, capacity=2, set_store_offset=store.set_clock)
-    try:
+    with _clocked(tmp_path, "busy", virtual=True) as (store, run_clock):
         index = run_clock.add_worker()  # slot 0 stays BUSY: the business thread is working
         clock = run_clock.worker_clock(index)
         seen: dict = {}
@@ -106,16 +112,10 @@ def test_a_busy_thread_holds_the_run_clock_and_real_time_still_flows(tmp_path):
         assert run_clock.jumps == [] and run_clock.offset_s() == 0.0
         assert seen["waited"] >= 0.3  # it waited out its 0.3 s in real time
         assert run_clock.board.state(index, 0)[0] == BUSY
-    finally:
-        run_clock.close()
-        store.drop()
 
 
 def test_the_real_time_clock_never_jumps_even_when_every_thread_waits(tmp_path):
-    store = open_store("sqlite", str(tmp_path), "real")
-    store.setup(INSTANCES)
-    run_clock = RunClock(virtual=False, capacity=2, set_store_offset=store.set_clock)
-    try:
+    with _clocked(tmp_path, "real", virtual=False) as (store, run_clock):
         index = run_clock.add_worker()
         run_clock.board.set(index, 0, FREE)
         clock = run_clock.worker_clock(index)
@@ -123,16 +123,10 @@ def test_the_real_time_clock_never_jumps_even_when_every_thread_waits(tmp_path):
         t = _waiter(clock, 0.2, seen)
         _serve(run_clock, index, lambda: not t.is_alive())
         assert run_clock.jumps == [] and seen["waited"] >= 0.2
-    finally:
-        run_clock.close()
-        store.drop()
 
 
 def test_a_clock_event_wakes_its_waiter_and_marks_it_busy_first(tmp_path):
-    store = open_store("sqlite", str(tmp_path), "event")
-    store.setup(INSTANCES)
-    run_clock = RunClock(virtual=True, capacity=2, set_store_offset=store.set_clock)
-    try:
+    with _clocked(tmp_path, "event", virtual=True) as (store, run_clock):
         index = run_clock.add_worker()
         clock = run_clock.worker_clock(index)
         event = clock.event()
@@ -151,9 +145,6 @@ def test_a_clock_event_wakes_its_waiter_and_marks_it_busy_first(tmp_path):
         t.join(10)
         assert got == {"set": True}
         assert run_clock.board.state(index, 1)[0] == BUSY
-    finally:
-        run_clock.close()
-        store.drop()
 
 
 def test_a_hang_with_production_timings_is_flagged_in_run_time_at_no_wall_cost():

@@ -24,9 +24,16 @@ from typing import TYPE_CHECKING, Any, Callable
 if TYPE_CHECKING:  # imported lazily: Temporal's workflow sandbox re-imports this package
     from killpoint.harness.downstream import Answer, DownstreamClient
 
-__all__ = ["KEY_POLICIES", "SdkMissing", "call_downstream", "random_key"]
+__all__ = ["KEY_POLICIES", "SdkMissing", "call_downstream", "check_policy", "random_key"]
 
 KEY_POLICIES = ("naive", "keyed")
+
+
+def check_policy(family: str, policy: str) -> None:
+    """Refuse a key policy ``family:policy`` does not have, naming the ones it has."""
+    if policy not in KEY_POLICIES:
+        raise ValueError(f"{family}:{policy}: expected one of "
+                         f"{', '.join(f'{family}:{p}' for p in KEY_POLICIES)}")
 
 
 class SdkMissing(ImportError):

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from killpoint import chaos
 from killpoint.harness import states
-from killpoint.harness.servers import KEY_POLICIES, SdkMissing, random_key
+from killpoint.harness.servers import SdkMissing, check_policy, random_key
 
 if TYPE_CHECKING:
     from killpoint.harness.declaration import Target, TargetRun
@@ -468,8 +468,7 @@ def restate_target(policy: str) -> "Target":
     harness, so that a missing one is said at once and forked workers do not pay for the import."""
     from killpoint.harness.declaration import Target
 
-    if policy not in KEY_POLICIES:
-        raise ValueError(f"restate:{policy}: expected one of {', '.join('restate:' + p for p in KEY_POLICIES)}")
+    check_policy("restate", policy)
     sdk()
     server_binary()
     fn = functools.partial(serve, keyed=policy == "keyed")

@@ -39,7 +39,7 @@ from killpoint import chaos, vocab
 from killpoint.harness import states
 from killpoint.harness.downstream import LostResponse
 from killpoint.harness.intent import intent_hash
-from killpoint.harness.servers import KEY_POLICIES, SdkMissing, call_downstream, random_key
+from killpoint.harness.servers import SdkMissing, call_downstream, check_policy, random_key
 from killpoint.harness.store.base import Claim
 from killpoint.harness.worker import ReferenceWorker, Task, WorkerContext
 from killpoint.harness.workload import InstanceSpec, StepSpec
@@ -247,9 +247,7 @@ def activity_target(policy: str, *, workflow: type | None = None) -> "Target":
     """
     from killpoint.harness.declaration import Target
 
-    if policy not in KEY_POLICIES:
-        raise ValueError(f"temporal-activity:{policy}: expected one of "
-                         f"{', '.join('temporal-activity:' + p for p in KEY_POLICIES)}")
+    check_policy("temporal-activity", policy)
     sdk()
     if workflow is None:
         from killpoint.harness.servers.temporal_orders import OrderWorkflow as workflow

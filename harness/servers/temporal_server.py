@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from killpoint import chaos
 from killpoint.harness import states
-from killpoint.harness.servers import KEY_POLICIES, SdkMissing, random_key
+from killpoint.harness.servers import SdkMissing, check_policy, random_key
 from killpoint.harness.servers.temporal import sdk
 
 if TYPE_CHECKING:
@@ -307,8 +307,7 @@ def server_target(policy: str) -> "Target":
     """``temporal:naive`` or ``temporal:keyed`` against ``$KILLPOINT_TEMPORAL_ADDRESS``."""
     from killpoint.harness.declaration import Target
 
-    if policy not in KEY_POLICIES:
-        raise ValueError(f"temporal:{policy}: expected one of {', '.join('temporal:' + p for p in KEY_POLICIES)}")
+    check_policy("temporal", policy)
     sdk()
     address()
     fn = functools.partial(serve, keyed=policy == "keyed")

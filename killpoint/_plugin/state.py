@@ -46,7 +46,8 @@ class _State:
         if not lights:
             return
         from killpoint.reports.model import build_index
-        from killpoint.reports.render import render_index, write_text
+        from killpoint.reports.files import write_text
+        from killpoint.reports.render import render_index
 
         results = [pickle.loads(base64.b64decode(r["light"])) for r in lights]
         model = build_index(results, [os.path.basename(r["page"]) for r in lights],
