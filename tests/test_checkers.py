@@ -782,3 +782,22 @@ def test_stuck_detected_counts_only_time_the_machine_gave_the_run():
     holds(stuck_detected(history([harness(300, "starved", ms=200.0)])))
     # starvation after the deadline excuses nothing
     only(stuck_detected(history([harness(600, "starved", ms=200.0)])))
+
+
+def test_a_journal_is_read_whole_a_torn_last_line_tolerated_and_a_bad_middle_line_never_dropped(tmp_path):
+    """Protects: the verdict's evidence. Journals are parsed in one go; a worker killed mid-write
+    tears at most its last line, which is left out, but an entry that is not JSON in the middle of
+    a journal raises instead of being skipped: dropping it could hide a call and let a broken
+    worker come out valid."""
+    from killpoint.harness.history import read_journal
+
+    path = tmp_path / "journal-A.jsonl"
+    lines = [b'{"t": 1, "kind": "call", "type": "invoke", "op": 1}',
+             b'{"t": 2, "kind": "call", "type": "ok", "op": 1}']
+    path.write_bytes(b"\n".join(lines) + b"\n" + b'{"t": 3, "kind": "com')
+    assert [e["t"] for e in read_journal(path)] == [1, 2]
+    path.write_bytes(lines[0] + b"\n\n" + lines[1])  # a blank line, and a last line whole but unterminated
+    assert [e["t"] for e in read_journal(path)] == [1, 2]
+    path.write_bytes(lines[0] + b'\n{"t": 2, "kind": "ca\n' + lines[1] + b"\n")
+    with pytest.raises(ValueError):
+        read_journal(path)
