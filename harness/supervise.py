@@ -60,7 +60,10 @@ def disk_failed(exc: BaseException) -> bool:
     if isinstance(exc, OSError):
         return exc.errno in DISK_ERRORS
     return type(exc).__module__ == "sqlite3" and ("disk is full" in str(exc) or "disk I/O" in str(exc))
+
+
 _PR_SET_PDEATHSIG = 1
+_PR_SET_NAME = 15
 
 Note = Callable[..., None]
 
@@ -106,7 +109,9 @@ def _die_with_parent(parent_pid: int | None = None) -> None:
     """Be SIGKILLed when the parent dies. ``parent_pid`` is the parent's pid read before the fork:
     a parent that died between the fork and the prctl left us orphaned already, so we end now."""
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        libc.prctl(_PR_SET_NAME, b"kp-worker", 0, 0, 0)  # its name in ps -o comm, top, perf
     except (OSError, AttributeError):
         pass
     if parent_pid is not None and os.getppid() != parent_pid:
@@ -338,6 +343,10 @@ class Supervisor:
                 return True
         return False
 
+    def pool_waiting(self) -> bool:
+        """Whether a worker of the pool (``--workers``) has yet to start."""
+        return not self.halted and len(self.started_names) < len(self.names)
+
     def start_gated(self) -> None:
         """Start held-back workers once no live worker has a fault still to fire.
 
@@ -368,7 +377,12 @@ class Supervisor:
         faulted = any(f.worker == identity and i not in self.tally.spent
                       for i, f in enumerate(self.schedule.faults))
         self.replaces[identity] = dead.worker_id
-        if faulted or not self.pending_faults():
+        # A replacement without a fault of its own waits, as it waits for faults still to fire, for
+        # the workers of the pool that have not started yet and for the replacements before it:
+        # whether the harness read the dead worker's last message before or together with its exit
+        # (a matter of load) must not decide who starts first, or the same seed could let a
+        # replacement take the work a named worker's fault was waiting for.
+        if faulted or not (self.pending_faults() or self.pool_waiting() or self.deferred):
             self.spawn(identity)
         else:
             self.deferred.append(identity)

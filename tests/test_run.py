@@ -108,6 +108,45 @@ def test_a_scheduled_fault_that_never_fires_makes_the_verdict_unknown(session):
     assert any("never fired" in r for r in result.verdict.unknown_reasons)
 
 
+def test_who_starts_after_a_kill_does_not_depend_on_when_the_harness_sees_the_death(session, monkeypatch):
+    """Protects "the same seed gives the same answer on a loaded machine". A quiet harness reads a
+    killed worker's last message before its exit; a loaded one finds both at once. Forced here to
+    find both at once, the pool's worker B must still start before A's replacement: started
+    after it, B found its step taken and its scheduled fault never fired (an unknown verdict that
+    only loaded machines gave)."""
+    import select
+
+    from killpoint.harness.supervise import Supervisor
+
+    on_fired, read_messages = Supervisor.on_fired, Supervisor.read_messages
+    killed: set[str] = set()
+
+    def note_kill(self, w, index, action):
+        on_fired(self, w, index, action)
+        if action == "kill":
+            killed.add(w.label)
+
+    def read_then_reap(self, w):  # as under load: the death is handled with the last message
+        read_messages(self, w)
+        if w.label in killed and w.state != "exited":
+            killed.discard(w.label)
+            select.select([w.proc.sentinel], [], [], 10.0)
+            self.on_exit(w)
+
+    def spawned(result):
+        return [e.get("identity") for e in result.history.events
+                if e.process == "harness" and e.kind == "spawn"]
+
+    schedule = "A@charge.before_call:kill,B@charge.before_claim:kill"
+    as_it_comes = run(session, schedule)
+    monkeypatch.setattr(Supervisor, "on_fired", note_kill)
+    monkeypatch.setattr(Supervisor, "read_messages", read_then_reap)
+    loaded = run(session, schedule)
+    assert spawned(loaded) == spawned(as_it_comes) == ["A", "B", "C", "D"]
+    for result in (as_it_comes, loaded):
+        assert result.unfired == () and result.valid is True, result.verdict
+
+
 def test_a_restart_under_the_same_identity_claims_with_a_new_fence(session):
     result = run(session, "A@charge.before_commit:kill", same_identity=1.0)
     assert result.valid is True

@@ -21,6 +21,7 @@ from killpoint.harness.signals import unblock_sigint
 
 START_TIMEOUT = 10.0
 _PR_SET_PDEATHSIG = 1
+_PR_SET_NAME = 15
 
 
 # What a plain HTTP client says about a request, as headers: the instance and step it is for (so the
@@ -185,6 +186,7 @@ def _die_with_parent(parent_pid: int) -> None:
         try:
             libc = ctypes.CDLL(None, use_errno=True)
             libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            libc.prctl(_PR_SET_NAME, b"kp-downstream", 0, 0, 0)  # its name in ps -o comm, top
         except (OSError, AttributeError):
             pass
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
