@@ -232,6 +232,15 @@ class Session:
             raise
         self._runs = 0
         self._live: dict[int, WorkerProcess] = {}
+        self._client: ds.DownstreamClient | None = None  # the harness's connections, for every run
+
+    def client_for(self, run_id: str) -> ds.DownstreamClient:
+        """The harness's client of ``run_id``, over the session's connection to the downstream."""
+        if self._client is None or self._client.url != self.downstream.url:
+            if self._client is not None:
+                self._client.close()
+            self._client = ds.DownstreamClient(self.downstream.url, "session")
+        return self._client.for_run(run_id)
 
     def __enter__(self) -> "Session":
         return self
@@ -243,6 +252,9 @@ class Session:
         for w in list(self._live.values()):
             kill(w)
         self._live.clear()
+        if self._client is not None:
+            self._client.close()
+            self._client = None
         if self._own_downstream:
             self.downstream.stop()
         if self._own_dir and not self.keep:
@@ -325,11 +337,6 @@ class _Run:
         os.makedirs(self.run_dir, exist_ok=True)
         self.phase = "opening the store"
         store = self.store = open_store(self.config.store, self.run_dir, self.run_id)
-        store.setup(self.workload.checkpoints())
-        self.phase = "configuring the downstream"
-        client = self.client = ds.DownstreamClient(self.s.downstream.url, self.run_id)
-        client.configure(self.downstream_config())
-        self.phase = "supervising the workers"
         clock = self.clock = run_clock.RunClock(
             virtual=self.config.virtual_time, capacity=Supervisor.spawn_cap_for(self.config) + 2,
             set_store_offset=lambda s: sup.store.set_clock(s))
@@ -339,6 +346,17 @@ class _Run:
                                     target_run=self.target_run,
                                     finished=self.hooks.done if self.declared.owns_state else None,
                                     restart_target=self.hooks.restart, clock=clock)
+        if self.declared.hook("setup") is None:
+            # The first worker is forked (and parked) now, to get ready while the store is set up:
+            # it touches nothing until it is told who it is. Not before a setup hook, whose work
+            # in this process the workers must inherit.
+            self.phase = "starting the workers"
+            sup.park()
+        self.phase = "opening the store"
+        store.setup(self.workload.checkpoints())
+        self.phase = "configuring the downstream"
+        client = self.client = self.s.client_for(self.run_id)
+        client.configure(self.downstream_config())
         self.phase = "setting up the target's own state"
         if not self.hooks.setup():
             sup.halted = True  # the target could not set up its own state: no worker starts

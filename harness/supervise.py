@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import pickle
 import random
 import select
 import signal
@@ -94,10 +95,11 @@ class WorkerProcess:
     inbox: Inbox  # read end: messages from the worker
     control: int  # write end: resume byte
     journal: str
-    state: str = "running"  # running | paused | hung | exited
+    state: str = "running"  # running | paused | hung | exited (parked: a spare, see Supervisor.park)
     paused: tuple[str, str, int] | None = None  # (instance, step, state_version) at pause
     exitcode: int | None = None
     clock: int | None = None  # its block on the run clock's page (None: untracked)
+    dying: bool = False  # a kill fired in it: it is about to end (and be replaced)
     raised: tuple[str, str] | None = None  # (signature, "Type: message") when its target raised
 
     @property
@@ -125,13 +127,59 @@ def _thread_hook(args: Any) -> None:
     threading.__excepthook__(args)
 
 
-def worker_main(target: Target, ctx_args: dict[str, Any], faults, hits, seed: int,
-                events_fd: int, control_fd: int) -> None:
-    """The body of a worker process (runs in the forked child)."""
+def _prepare(ctx_args: dict[str, Any]) -> ds.DownstreamClient:
+    """What a worker process does before it knows who it is: end with the harness, leave SIGINT to
+    it, and open its connection to the downstream (the server starts the thread that will answer
+    its first call meanwhile)."""
     _die_with_parent(ctx_args["parent_pid"])
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the harness decides when workers end
     unblock_sigint()
     threading.excepthook = _thread_hook
+    client = ds.DownstreamClient(ctx_args["url"], ctx_args["run_id"])
+    try:
+        client.connect()
+    except OSError:
+        pass  # the first call says what is wrong with the downstream, where it matters
+    return client
+
+
+def worker_main(target: Target, ctx_args: dict[str, Any], faults, hits, seed: int,
+                events_fd: int, control_fd: int) -> None:
+    """The body of a worker process (runs in the forked child)."""
+    _work(target, ctx_args, faults, hits, seed, events_fd, control_fd, _prepare(ctx_args))
+
+
+def parked_main(target: Target, ctx_args: dict[str, Any], events_fd: int, control_fd: int) -> None:
+    """The body of a spare (runs in the forked child): prepared, it waits on its control pipe for
+    who it is (:meth:`Supervisor.spawn` sends it), then is that worker. Until then it has journaled
+    nothing, holds no time on the run clock and no connection to the store; the end of the pipe
+    (the harness dropped it) ends it."""
+    client = _prepare(ctx_args)
+    size = _read_exactly(control_fd, 4)
+    if size is None:
+        os._exit(0)
+    body = _read_exactly(control_fd, int.from_bytes(size, "big"))
+    if body is None:
+        os._exit(0)
+    who = pickle.loads(body)
+    if ForkedWorker.current is not None:
+        ForkedWorker.current.name = f"killpoint-worker-{who['label']}"
+    ctx_args = {**ctx_args, **who["ctx"]}
+    _work(target, ctx_args, who["faults"], who["hits"], who["seed"], events_fd, control_fd, client)
+
+
+def _read_exactly(fd: int, n: int) -> bytes | None:
+    data = b""
+    while len(data) < n:
+        chunk = os.read(fd, n - len(data))
+        if not chunk:
+            return None
+        data += chunk
+    return data
+
+
+def _work(target: Target, ctx_args: dict[str, Any], faults, hits, seed: int,
+          events_fd: int, control_fd: int, client: ds.DownstreamClient) -> None:
     clock = ctx_args["clock"]
     run_clock.install(clock)
     try:
@@ -140,7 +188,6 @@ def worker_main(target: Target, ctx_args: dict[str, Any], faults, hits, seed: in
         store: Store = ctx_args["store"]
         chaos.points.install(Failpoints(list(faults), journal, seed, events_fd, control_fd, dict(hits),
                                         backends=store.backends, clock=clock))
-        client = ds.DownstreamClient(ctx_args["url"], ctx_args["run_id"])
         declared: Declared = target  # type: ignore[assignment]
         ctx = WorkerContext(ctx_args["worker_id"], store, client, journal, ctx_args["workload"],
                             ctx_args["timing"], run_dir=ctx_args["run_dir"],
@@ -171,6 +218,8 @@ class ForkedWorker:
     exception that escapes printed and turned into exit code 1.
     """
 
+    current: "ForkedWorker | None" = None  # in a child: the handle it was forked through
+
     def __init__(self, target: Callable[..., None], args: tuple[Any, ...], name: str) -> None:
         self._target = target
         self._args = args
@@ -190,6 +239,7 @@ class ForkedWorker:
                     os.close(fd)
                 except OSError:
                     pass
+                ForkedWorker.current = self
                 self._target(*self._args)
                 code = 0
             except SystemExit as exc:
@@ -290,6 +340,7 @@ class Supervisor:
         self.clock = clock or run_clock.RunClock(virtual=False, capacity=self.spawn_cap + 2,
                                                  set_store_offset=lambda s: self.store.set_clock(s))
         self.moved = False  # a worker reported a step moved (or died): wake those waiting for it
+        self.spare: WorkerProcess | None = None  # forked ahead of the next start (see park)
 
     @staticmethod
     def spawn_cap_for(config: "RunConfig") -> int:
@@ -300,17 +351,32 @@ class Supervisor:
         n = self.incarnations[worker_id] = self.incarnations.get(worker_id, 0) + 1
         label = worker_id if n == 1 else f"{worker_id}.{n}"
         faults = [(i, f) for i, f in self.schedule.for_worker(worker_id) if i not in self.tally.spent]
+        journal = os.path.join(self.run_dir, f"journal-{label}.jsonl")
+        who = {"worker_id": worker_id, "journal": journal, "replaces": self.replaces.pop(worker_id, None)}
+        seed = seeds.derive(self.config.seed, f"worker:{label}")
+        w = self._release(label, who, faults, seed)
+        if w is None:
+            w = self._fork(worker_main, lambda slot, events_w, control_r: (
+                self.target, {**self._ctx_args(slot), **who}, faults, self.tally.hits, seed, events_w,
+                control_r), label)
+        w.label, w.worker_id, w.journal = label, worker_id, journal
+        self.workers.append(w)
+        self.note(vocab.SPAWN, worker=label, identity=worker_id, pid=w.proc.pid)
+        self.park()
+        return w
+
+    def _ctx_args(self, slot: int | None) -> dict[str, Any]:
+        """What every worker of this run is given, whoever it turns out to be."""
+        return {"clock": self.clock.worker_clock(slot), "store": self.store, "url": self.downstream.url,
+                "run_id": self.run_id, "workload": self.workload, "timing": self.config.timing,
+                "target_run": self.target_run, "run_dir": self.run_dir, "parent_pid": os.getpid()}
+
+    def _fork(self, main: Callable[..., None],
+              args: Callable[[int | None, int, int], tuple[Any, ...]], label: str) -> WorkerProcess:
         events_r, events_w = os.pipe()
         control_r, control_w = os.pipe()
-        journal = os.path.join(self.run_dir, f"journal-{label}.jsonl")
         slot = self.clock.add_worker()
-        ctx_args = {"clock": self.clock.worker_clock(slot), "worker_id": worker_id, "store": self.store, "url": self.downstream.url,
-                    "run_id": self.run_id, "workload": self.workload, "timing": self.config.timing,
-                    "journal": journal, "target_run": self.target_run, "run_dir": self.run_dir,
-                    "replaces": self.replaces.pop(worker_id, None), "parent_pid": os.getpid()}
-        seed = seeds.derive(self.config.seed, f"worker:{label}")
-        proc = ForkedWorker(worker_main, (self.target, ctx_args, faults, self.tally.hits, seed,
-                                           events_w, control_r), name=f"killpoint-worker-{label}")
+        proc = ForkedWorker(main, args(slot, events_w, control_r), name=f"killpoint-worker-{label}")
         # Registered before a signal can be delivered: a Ctrl-C or SIGTERM that lands at any point
         # of the fork finds the new worker among those the cleanup ends.
         with sigint_deferred():
@@ -324,12 +390,68 @@ class Supervisor:
             os.close(events_w)
             os.close(control_r)
             self.clock.forked(slot)
-            w = WorkerProcess(label, worker_id, proc, Inbox(events_r), control_w, journal, clock=slot)
-            self.workers.append(w)
+            w = WorkerProcess(label, label, proc, Inbox(events_r), control_w, "", clock=slot)
             assert proc.pid is not None  # started
             self.registry[proc.pid] = w
-        self.note(vocab.SPAWN, worker=label, identity=worker_id, pid=proc.pid)
         return w
+
+    # -- the spare --------------------------------------------------------------------------------
+    # A start costs a fork and the new process's first steps (about 2 ms, most of it copy-on-write
+    # faults) before its target runs. While another start is still to come -- a worker of the pool
+    # not started yet, a kill still to fire, a killed worker not yet reaped -- one process is forked
+    # ahead and parked (:func:`parked_main`); the start that comes hands it its identity and it goes
+    # at once. It is told who it is only then, so it is the same worker a fork at that moment would
+    # have made: same faults, same hits so far, same seed, same journal.
+    def park(self) -> None:
+        """Fork the spare, if a start is still to come and there is none."""
+        if self.spare is not None or not self._start_ahead():
+            return
+        try:
+            self.spare = self._fork(parked_main, lambda slot, events_w, control_r: (
+                self.target, self._ctx_args(slot), events_w, control_r), "spare")
+        except InfrastructureError:
+            return  # the start that needs one forks it then, and says why it cannot
+        self.spare.state = "parked"
+
+    def _start_ahead(self) -> bool:
+        if self.halted or len(self.workers) >= self.spawn_cap:
+            return False
+        if self.pool_waiting() or any(w.dying and w.state != "exited" for w in self.workers):
+            return True
+        return any(i not in self.tally.fired and any(t.action == "kill" for t in f.actions.terms)
+                   for i, f in enumerate(self.schedule.faults))
+
+    def _release(self, label: str, who: dict[str, Any], faults: list[Any], seed: int) -> WorkerProcess | None:
+        """The spare, told who it is (None: there is none, or it cannot be used)."""
+        w, self.spare = self.spare, None
+        if w is None:
+            return None
+        body = pickle.dumps({"label": label, "ctx": who, "faults": faults, "hits": dict(self.tally.hits),
+                             "seed": seed})
+        message = len(body).to_bytes(4, "big") + body
+        try:
+            if not w.proc.is_alive():
+                raise OSError("the spare ended")
+            while message:
+                message = message[os.write(w.control, message):]
+        except OSError:
+            self.discard(w)
+            return None
+        w.state = "running"
+        return w
+
+    def discard(self, w: WorkerProcess) -> None:
+        """End a spare nobody will use (the run is over, or a restart changed what it inherited)."""
+        if self.spare is w:
+            self.spare = None
+        kill(w)
+        self.registry.pop(w.proc.pid, None)
+        for fd in (w.events, w.control):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.clock.exited(w.clock)
 
     def live(self) -> list[WorkerProcess]:
         return [w for w in self.workers if w.state != "exited"]
@@ -399,6 +521,8 @@ class Supervisor:
         for w in self.live():
             kill(w)
             self.registry.pop(w.proc.pid, None)
+        if self.spare is not None:
+            self.discard(self.spare)
 
     def on_exit(self, w: WorkerProcess) -> None:
         w.proc.join()
@@ -436,6 +560,8 @@ class Supervisor:
         self.tally.fire(index, action)
         if action == "hang":
             w.state = "hung"
+        elif action == "kill":
+            w.dying = True
         self.restart_services(index)
 
     def on_paused(self, w: WorkerProcess, index: int, instance: str | None, step: str | None) -> None:
@@ -483,6 +609,8 @@ class Supervisor:
         harness closes and reopens its own handle (SQLite then replays the write-ahead log).
         """
         fault = str(self.schedule.faults[index])
+        if self.spare is not None and self.config.restarts.get(fault):
+            self.discard(self.spare)  # forked before the restart: it would start on what went away
         for service in self.config.restarts.get(fault, ()):
             if service == "downstream":
                 before = self.downstream.pid

@@ -10,6 +10,7 @@ registered migration (so the checkpoint rule is judged on every run, not only in
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -251,6 +252,13 @@ def default_for(name: object, declared: object = None) -> str:
     return USER_DEFAULT
 
 
+@functools.lru_cache(maxsize=64)
+def _built_in(name: str, seed: int) -> Workload:
+    """A built-in workload: an immutable value of (name, seed), built once (Faker takes
+    milliseconds, and a matrix asks for it once per run)."""
+    return WORKLOADS[name](seed)
+
+
 def resolve_workload(spec: "str | Workload", seed: int = 0) -> Workload:
     """A built-in name (``orders``, ``single``, ``plain``), ``pkg.module:function`` (called with the
     seed when it takes an argument), or a :class:`Workload` as it is."""
@@ -259,7 +267,7 @@ def resolve_workload(spec: "str | Workload", seed: int = 0) -> Workload:
     if not isinstance(spec, str):
         raise InvalidWorkload(f"workload {spec!r}: give a name, pkg.module:function or a Workload")
     if spec in WORKLOADS:
-        return WORKLOADS[spec](seed)
+        return _built_in(spec, seed)
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise InvalidWorkload(f"workload {spec[:200]!r}: known workloads are {', '.join(WORKLOADS)}, "

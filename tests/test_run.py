@@ -147,6 +147,20 @@ def test_who_starts_after_a_kill_does_not_depend_on_when_the_harness_sees_the_de
         assert result.unfired == () and result.valid is True, result.verdict
 
 
+def test_a_worker_started_from_a_spare_is_the_one_a_fork_then_would_have_made(session):
+    """Protects the spare: a process forked ahead of a start, told who it is only at the start. A
+    fault's hits count across a worker's incarnations; the spare that becomes A.2 is forked when
+    A.1 starts, before A.1 hits anything, so it must take the count as it is at its start: the
+    second ``charge.before_claim`` of identity A is A.2's first, and the fault fires there."""
+    result = run(session, "A@charge.after_call:kill,A@charge.before_claim#2:kill", workers=1,
+                 same_identity=1.0)
+    assert result.unfired == () and result.valid is True, result.verdict
+    claims = [e for e in result.history.worker_events("point") if e.data.get("point") == "before_claim"
+              and e.data.get("step") == "charge"]
+    assert [e.process for e in claims[:2]] == ["A", "A.2"], [(e.process, e.data) for e in claims]
+    assert claims[1].data.get("action") == "kill" and claims[0].data.get("action") is None
+
+
 def test_a_restart_under_the_same_identity_claims_with_a_new_fence(session):
     result = run(session, "A@charge.before_commit:kill", same_identity=1.0)
     assert result.valid is True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import http.client
 import json
 import select
@@ -42,6 +43,22 @@ class DownstreamClient:
         self._owner = threading.current_thread()
         self._lock = threading.Lock()
         self._all: set[http.client.HTTPConnection] = set()  # every thread's, for close()
+        self._borrowed = False  # made by for_run: the connections are the lender's to close
+
+    def for_run(self, run: str) -> "DownstreamClient":
+        """A client of ``run`` on the same downstream over this client's connections (a session
+        keeps one for its runs: a new connection costs the server a thread, about a millisecond
+        before its first answer). Closing it leaves the connections open for the next run."""
+        other = copy.copy(self)
+        other.run = run
+        other._prefix = f"{self._prefix.rsplit('/runs/', 1)[0]}/runs/{quote(run, safe='')}"
+        other._borrowed = True
+        return other
+
+    def connect(self) -> None:
+        """Open this thread's connection now, before the first request needs it: the server
+        starts the thread that will answer it meanwhile."""
+        self._connection()
 
     @property
     def _conn(self) -> http.client.HTTPConnection | None:
@@ -76,15 +93,23 @@ class DownstreamClient:
         return conn
 
     def close(self) -> None:
-        """Close this thread's connection; from the thread that made the client, every thread's."""
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        """Close this thread's connection; from the thread that made the client, every thread's.
+        A client made by :meth:`for_run` closes none: they are its lender's."""
+        if self._borrowed:
+            return
+        self._drop()
         if threading.current_thread() is self._owner:
             with self._lock:
                 others, self._all = list(self._all), set()
             for conn in others:
                 conn.close()
+
+    def _drop(self) -> None:
+        """Close this thread's connection (lost, or closed by the server): the next request opens
+        another."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
 
     def __enter__(self) -> DownstreamClient:
         return self
@@ -110,10 +135,10 @@ class DownstreamClient:
             resp = conn.getresponse()
             raw = resp.read()
         except (OSError, http.client.HTTPException) as e:
-            self.close()
+            self._drop()
             raise LostResponse(f"{method} {path}: {type(e).__name__}: {e}") from e
         if resp.will_close:
-            self.close()
+            self._drop()
         try:
             parsed = json.loads(raw) if raw else {}
         except ValueError:
