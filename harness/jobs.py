@@ -94,8 +94,7 @@ def run_many(session: "Session", configs: Sequence["RunConfig"], jobs: int) -> I
     configs = list(configs)
     jobs = max(1, min(jobs, len(configs)))
     if jobs == 1:
-        for config in configs:
-            yield session.run(config)
+        yield from session.run_in_turn(configs)
         return
     runners: list[tuple[Any, Any]] = []
     try:

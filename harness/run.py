@@ -261,13 +261,52 @@ class Session:
             shutil.rmtree(self.base_dir, ignore_errors=True)
 
     def run(self, config: RunConfig) -> RunResult:
+        return self._new_run(config).execute()
+
+    def _new_run(self, config: RunConfig) -> "_Run":
         signals.check()  # a Ctrl-C swallowed where it landed ends the session before another run
         if self.real_time:
             config = config.with_clock(False)
         self._runs += 1
         # Numbered for people, with a random tail so that no other process can guess a live run's id.
         run_id = f"run{self._runs:04d}-s{config.seed}-{secrets.token_hex(4)}"
-        return _Run(self, config, run_id).execute()
+        return _Run(self, config, run_id)
+
+    def run_in_turn(self, configs: "Sequence[RunConfig]") -> "Iterator[RunResult]":
+        """Run ``configs`` one at a time and yield their results in order, each judged while the next
+        one's first worker gets going: gathering a run's history and judging it take the harness a
+        few milliseconds that the workers of the next run need no harness for. Only for targets
+        without hooks, whose runs share nothing in this process (a hook's teardown would otherwise
+        come after the next run's setup); the others run one after the other, as :meth:`run`."""
+        unsettled: list[_Run] = []  # lived, not judged yet
+
+        def settle(run: _Run) -> RunResult:
+            unsettled.remove(run)
+            return run.settle()
+
+        try:
+            for config in configs:
+                run = self._new_run(config)
+                before = unsettled[0] if unsettled else None
+                judged: list[RunResult] = []
+                meanwhile = None if before is None else (lambda b=before: judged.append(settle(b)))
+                result = None
+                if run.deferrable():
+                    run.live(meanwhile)  # what it raises, it has cleaned up after
+                    unsettled.append(run)
+                else:
+                    if meanwhile is not None:
+                        meanwhile()
+                    result = run.execute()
+                if before is not None:
+                    yield judged[0]
+                if result is not None:
+                    yield result
+            while unsettled:
+                yield settle(unsettled[0])
+        finally:
+            for run in unsettled:  # interrupted, or the caller stopped asking
+                run.cleanup()
 
     def run_many(self, configs: "Sequence[RunConfig]", *, jobs: int = 1) -> "Iterator[RunResult]":
         """Run independent configurations, ``jobs`` at a time (each job a process of its own);
@@ -314,26 +353,61 @@ class _Run:
         downstream failing, a full disk, a worker that cannot be started) ends the run as *unknown*
         with its cause, never as a violation and never as a bare traceback; a Ctrl-C or SIGTERM
         ends it too, with every process and the run's schema gone."""
-        started = time.monotonic()
+        self.live()
+        return self.settle()
+
+    def deferrable(self) -> bool:
+        """Whether judging this run may wait until the next one is going: a target without hooks
+        (see :meth:`Session.run_in_turn`)."""
+        return not self.declared.hooks
+
+    def live(self, meanwhile: Callable[[], None] | None = None) -> None:
+        """The run up to its judging (:meth:`settle`); ``meanwhile`` is called once, while its
+        first workers get going (or at the end, if none started)."""
+        self.started = time.monotonic()
         self.phase = "creating the run's folder"
         self.store: Store | None = None
         self.client: ds.DownstreamClient | None = None
         self.sup: Supervisor | None = None
         self.clock: run_clock.RunClock | None = None
+        self._result: RunResult | None = None
+        called: list[bool] = []
+
+        def once() -> None:
+            if meanwhile is not None and not called:
+                called.append(True)
+                meanwhile()
+
         try:
-            result = self._execute(started)
+            self._outcome = self._live(once)
         except Exception as exc:
             self.cleanup()
-            return self.broken(exc, started)
+            self._result = self.broken(exc, self.started)
+        except BaseException:
+            self.cleanup()
+            raise
+        self.lived_s = time.monotonic() - self.started
+        once()
+
+    def settle(self) -> RunResult:
+        """Gather the history, judge it and drop the run's tables: the run's result."""
+        if self._result is not None:
+            return self._result
+        started = time.monotonic()
+        try:
+            result = self._settle(*self._outcome)
+        except Exception as exc:
+            self.cleanup()
+            return self.broken(exc, started - self.lived_s)
         except BaseException:
             self.cleanup()
             raise
         self.close_client()
         if self.clock is not None:
             self.clock.close()
-        return result
+        return dataclasses.replace(result, duration_s=self.lived_s + time.monotonic() - started)
 
-    def _execute(self, started: float) -> RunResult:
+    def _live(self, meanwhile: Callable[[], None]) -> tuple[bool, bool]:
         os.makedirs(self.run_dir, exist_ok=True)
         self.phase = "opening the store"
         store = self.store = open_store(self.config.store, self.run_dir, self.run_id)
@@ -362,8 +436,9 @@ class _Run:
             sup.halted = True  # the target could not set up its own state: no worker starts
         self.phase = "supervising the workers"
         try:
-            bound_hit, quiescent = sup.supervise(started + self.config.bound_s,
-                                                 clock.now() + self.config.virtual_bound_s)
+            bound_hit, quiescent = sup.supervise(self.started + self.config.bound_s,
+                                                 clock.now() + self.config.virtual_bound_s,
+                                                 meanwhile=meanwhile)
         finally:
             sup.end_workers()
         self.phase = "checking the disk"
@@ -372,6 +447,11 @@ class _Run:
             self.phase = "running the outside actor"
             self.note(vocab.AFTER_QUIESCENT)
             self.config.after_quiescent(store, client)
+        return bound_hit, quiescent
+
+    def _settle(self, bound_hit: bool, quiescent: bool) -> RunResult:
+        store, client, sup, clock = self.store, self.client, self.sup, self.clock
+        assert store is not None and client is not None and sup is not None and clock is not None
         self.phase = "gathering the history"
         history = gather_history(workload=self.workload, store=store, client=client,
                                  workers=sup.workers, harness_events=self.harness_events,
@@ -390,7 +470,7 @@ class _Run:
         if not self.s.keep:
             self.hooks.teardown()
         return RunResult(self.config, self.run_id, history, judged.verdict, judged.fired,
-                         judged.unfired, len(sup.workers), time.monotonic() - started, self.run_dir)
+                         judged.unfired, len(sup.workers), time.monotonic() - self.started, self.run_dir)
 
     def check_disk(self) -> None:
         """Write a page into the run's folder: a full or failing disk there (workers that could not

@@ -674,14 +674,18 @@ class Supervisor:
         return plan(rows, now, self.workload) == DONE
 
     # -- the loop ---------------------------------------------------------------------------------
-    def supervise(self, deadline: float, run_deadline: float = float("inf")) -> tuple[bool, bool]:
+    def supervise(self, deadline: float, run_deadline: float = float("inf"),
+                  meanwhile: Callable[[], None] | None = None) -> tuple[bool, bool]:
         """Run the workers until the run is done or the bound is hit: ``(bound_hit, quiescent)``.
         ``deadline`` is CLOCK_MONOTONIC seconds, ``run_deadline`` the run's own time (database
-        time, which the virtual clock moves).
+        time, which the virtual clock moves). ``meanwhile`` is called once the first workers are
+        off (the judging of the run before, see :meth:`Session.run_in_turn`).
 
         The caller ends the workers afterwards (:meth:`end_workers`), also when this raises.
         """
         self.start_gated()
+        if meanwhile is not None:
+            meanwhile()
         while True:
             signals.check()  # a Ctrl-C whose exception was swallowed (in a finalizer) ends the run too
             live = self.live()

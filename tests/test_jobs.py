@@ -73,3 +73,58 @@ def test_a_result_travels_by_the_standard_pickle_and_anything_else_by_dill():
     assert back[1]["verdict"].valid == result.verdict.valid
     odd = _dumps((1, {"note": lambda: 42}, None))
     assert pickle.loads(odd)[1]["note"]() == 42
+
+
+def _store_files(session: Session) -> list[str]:
+    return [name for _, _, files in os.walk(session.base_dir) for name in files if ".sqlite" in name
+            and not name.startswith("downstream-ledger")]
+
+
+def _seen(result) -> tuple:
+    return (str(result.config.schedule), result.config.target, result.valid, result.fired,
+            sorted(v.invariant for v in result.verdict.violations))
+
+
+def test_one_job_judges_a_run_while_the_next_starts_and_gives_what_runs_one_at_a_time_give():
+    """Protects ``--jobs 1`` (Session.run_in_turn): a run is judged while the next run's first worker
+    gets going. A user sees the same verdicts, violations and fired faults in the same order as runs
+    made one at a time, every run's store dropped and no process left; stopped half way (a Ctrl-C,
+    a caller that stops asking), the run lived but not judged yet leaves no file either."""
+    configs = [RunConfig(schedule=chaos.parse(s), workload="single") for s in SCHEDULES[:3]]
+    configs.insert(1, RunConfig(schedule=chaos.parse("A@charge.after_call:1*pause"), workload="single",
+                                target="mutant:no-fence-check"))
+    with Session() as session:
+        before = _children()
+        in_turn = list(session.run_many(configs, jobs=1))
+        alone = [session.run(c) for c in configs]
+        assert [_seen(r) for r in in_turn] == [_seen(r) for r in alone]
+        assert [r.valid for r in in_turn] == [True, False, True, True]
+        assert _store_files(session) == [] and _children() == before
+        stopped = session.run_many(configs, jobs=1)
+        assert next(stopped).valid is True  # the second run has lived by now, not been judged
+        assert _store_files(session) != []
+        stopped.close()
+        assert _store_files(session) == [] and _children() == before
+
+
+def test_one_job_runs_a_target_with_hooks_strictly_one_after_the_other(tmp_path):
+    """A hook's teardown must come before the next run's setup (they may share the target's own
+    state): such a target's runs are not judged while the next starts."""
+    import killpoint
+    from killpoint.harness.worker import reference
+
+    log = tmp_path / "hooks.log"
+
+    def note(what):
+        return lambda run: log.open("a").write(f"{what} {run.run_id.split('-')[0]}\n")
+
+    @killpoint.target(setup=note("setup"), teardown=note("teardown"))
+    def target(ctx):
+        reference(ctx)
+
+    configs = [RunConfig(schedule=chaos.parse(s), workload="single", target=target) for s in SCHEDULES[:3]]
+    with Session() as session:
+        results = list(session.run_many(configs, jobs=1))
+    assert [r.valid for r in results] == [True, True, True], [r.verdict for r in results]
+    lines = log.read_text().split("\n")[:-1]
+    assert [line.split()[0] for line in lines] == ["setup", "teardown"] * 3, lines
