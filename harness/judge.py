@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Generator, Iterable, Mapping, Sequence
 
 from killpoint.chaos.schedule import Schedule
 from killpoint.harness import checkpoint
@@ -25,7 +25,7 @@ from killpoint.harness.workload import Workload, policy_of
 if TYPE_CHECKING:
     from killpoint.harness.hooks import Hooks
 
-__all__ = ["Judgement", "checkpoint_verdicts", "gather_history", "judge"]
+__all__ = ["Judgement", "checkpoint_verdicts", "gather_history", "gathering", "judge"]
 
 
 def checkpoint_verdicts(workload: Workload, store: Store) -> tuple[dict[str, Any], ...]:
@@ -52,11 +52,31 @@ def gather_history(*, workload: Workload, store: Store, client: ds.DownstreamCli
     With the ``hooks`` of a target that owns its state, killpoint's store (which then holds only
     the rows it was set up with) gives way to what the target's ``history()`` and ``final_states()``
     say; with neither, the invariants that read them say "not applicable"."""
+    pieces = gathering(workload=workload, store=store, client=client, workers=workers,
+                       harness_events=harness_events, schedule=schedule, timing=timing,
+                       quiescent=quiescent, bound_hit=bound_hit, hooks=hooks, at=at)
+    while True:
+        try:
+            next(pieces)
+        except StopIteration as done:
+            history: hist.History = done.value
+            return history
+
+
+def gathering(*, workload: Workload, store: Store, client: ds.DownstreamClient,
+              workers: Iterable[Any], harness_events: Sequence[Mapping[str, Any]],
+              schedule: Schedule, timing: Timing, quiescent: bool, bound_hit: bool,
+              hooks: "Hooks | None" = None, at: Callable[[int], int] | None = None,
+              ) -> Generator[None, None, hist.History]:
+    """:func:`gather_history` a piece at a time (each a millisecond or so): it yields between
+    pieces and returns the history, so a harness with workers to answer can look at them in between."""
     workers = list(workers)
     journals = {w.label: hist.read_journal(w.journal) for w in workers if os.path.exists(w.journal)}
     dead = {w.label for w in workers if w.exitcode != 0}
     owns = hooks is not None and hooks.target.owns_state
+    yield
     checkpoints = () if owns else checkpoint_verdicts(workload, store)
+    yield
     store_events = store.events()
     final: tuple[Mapping[str, Any], ...] = tuple(store.steps())
     if owns:
@@ -65,10 +85,13 @@ def gather_history(*, workload: Workload, store: Store, client: ds.DownstreamCli
         end = max([h["t"] for h in harness_events] or [0])
         store_events += hooks.history(end)
         final = hooks.final_states()
+    yield
+    ledger = client.ledger()
+    yield
     steps = tuple(hist.StepConfig(inst.id, s.name, s.resource, s.key(inst.id), not s.retry_safe,
                                   s.max_attempts, s.compensation_key(inst.id))
                   for inst in workload.instances for s in inst.steps)
-    return hist.merge(journals, store_events, client.ledger(), list(harness_events),
+    return hist.merge(journals, store_events, ledger, list(harness_events),
                       dead=dead, steps=steps, final=final, checkpoints=checkpoints, owns_state=owns,
                       schedule=str(schedule), quiescent=quiescent, bound_hit=bound_hit,
                       stuck_bound_ms=timing.stuck_bound_ms, stuck_slack_ms=timing.stuck_slack_ms,

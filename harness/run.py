@@ -20,7 +20,7 @@ import tempfile
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Generator, Iterator, Mapping, Sequence
 
 from killpoint import vocab
 from killpoint.chaos.schedule import Schedule
@@ -29,7 +29,7 @@ from killpoint.harness import downstream as ds
 from killpoint.harness import signals
 from killpoint.harness import history as hist
 from killpoint.harness.checkers.base import Verdict
-from killpoint.harness.judge import gather_history, judge
+from killpoint.harness.judge import gathering, judge
 from killpoint.harness.declaration import TargetRun
 from killpoint.harness.hooks import Hooks
 from killpoint.harness.redact import redact
@@ -279,31 +279,29 @@ class Session:
         without hooks, whose runs share nothing in this process (a hook's teardown would otherwise
         come after the next run's setup); the others run one after the other, as :meth:`run`."""
         unsettled: list[_Run] = []  # lived, not judged yet
-
-        def settle(run: _Run) -> RunResult:
-            unsettled.remove(run)
-            return run.settle()
-
         try:
             for config in configs:
                 run = self._new_run(config)
-                before = unsettled[0] if unsettled else None
-                judged: list[RunResult] = []
-                meanwhile = None if before is None else (lambda b=before: judged.append(settle(b)))
-                result = None
-                if run.deferrable():
-                    run.live(meanwhile)  # what it raises, it has cleaned up after
-                    unsettled.append(run)
-                else:
-                    if meanwhile is not None:
-                        meanwhile()
-                    result = run.execute()
+                before = Settling(unsettled.pop(0)) if unsettled else None
+                try:
+                    if run.deferrable():
+                        run.live(before)  # what it raises, it has cleaned up after
+                        unsettled.append(run)
+                        result = None
+                    else:
+                        if before is not None:
+                            before.finish()
+                        result = run.execute()
+                finally:
+                    if before is not None and before.result is None:
+                        unsettled.insert(0, before.run)  # cut short: cleaned up below
                 if before is not None:
-                    yield judged[0]
+                    assert before.result is not None
+                    yield before.result
                 if result is not None:
                     yield result
             while unsettled:
-                yield settle(unsettled[0])
+                yield unsettled.pop(0).settle()
         finally:
             for run in unsettled:  # interrupted, or the caller stopped asking
                 run.cleanup()
@@ -314,6 +312,32 @@ class Session:
         from killpoint.harness.jobs import run_many
 
         return run_many(self, configs, jobs)
+
+
+class Settling:
+    """A lived run's judging (:meth:`_Run.settling`), done a piece at a time: ``step()`` does the
+    next piece (a millisecond or so) and says whether the result is there."""
+
+    def __init__(self, run: "_Run") -> None:
+        self.run = run
+        self.result: RunResult | None = None
+        self._pieces = run.settling()
+
+    def step(self) -> bool:
+        if self.result is not None:
+            return True
+        try:
+            next(self._pieces)
+        except StopIteration as done:
+            self.result = done.value
+            return True
+        return False
+
+    def finish(self) -> RunResult:
+        while not self.step():
+            pass
+        assert self.result is not None
+        return self.result
 
 
 class _Run:
@@ -361,9 +385,10 @@ class _Run:
         (see :meth:`Session.run_in_turn`)."""
         return not self.declared.hooks
 
-    def live(self, meanwhile: Callable[[], None] | None = None) -> None:
-        """The run up to its judging (:meth:`settle`); ``meanwhile`` is called once, while its
-        first workers get going (or at the end, if none started)."""
+    def live(self, meanwhile: "Settling | None" = None) -> None:
+        """The run up to its judging (:meth:`settle`); ``meanwhile``, another run's judging, is
+        done a piece at a time while this run's workers need nothing of the harness (and
+        finished at the end)."""
         self.started = time.monotonic()
         self.phase = "creating the run's folder"
         self.store: Store | None = None
@@ -371,15 +396,9 @@ class _Run:
         self.sup: Supervisor | None = None
         self.clock: run_clock.RunClock | None = None
         self._result: RunResult | None = None
-        called: list[bool] = []
-
-        def once() -> None:
-            if meanwhile is not None and not called:
-                called.append(True)
-                meanwhile()
-
+        self._cleaned = False
         try:
-            self._outcome = self._live(once)
+            self._outcome = self._live(meanwhile)
         except Exception as exc:
             self.cleanup()
             self._result = self.broken(exc, self.started)
@@ -387,15 +406,20 @@ class _Run:
             self.cleanup()
             raise
         self.lived_s = time.monotonic() - self.started
-        once()
+        if meanwhile is not None:
+            meanwhile.finish()
 
     def settle(self) -> RunResult:
         """Gather the history, judge it and drop the run's tables: the run's result."""
+        return Settling(self).finish()
+
+    def settling(self) -> "Generator[None, None, RunResult]":
+        """:meth:`settle` a piece at a time (see :class:`Settling`)."""
         if self._result is not None:
             return self._result
         started = time.monotonic()
         try:
-            result = self._settle(*self._outcome)
+            result = yield from self._settle(*self._outcome)
         except Exception as exc:
             self.cleanup()
             return self.broken(exc, started - self.lived_s)
@@ -405,9 +429,10 @@ class _Run:
         self.close_client()
         if self.clock is not None:
             self.clock.close()
+        self._cleaned = True  # nothing of it is left to end
         return dataclasses.replace(result, duration_s=self.lived_s + time.monotonic() - started)
 
-    def _live(self, meanwhile: Callable[[], None]) -> tuple[bool, bool]:
+    def _live(self, meanwhile: "Settling | None") -> tuple[bool, bool]:
         os.makedirs(self.run_dir, exist_ok=True)
         self.phase = "opening the store"
         store = self.store = open_store(self.config.store, self.run_dir, self.run_id)
@@ -449,20 +474,22 @@ class _Run:
             self.config.after_quiescent(store, client)
         return bound_hit, quiescent
 
-    def _settle(self, bound_hit: bool, quiescent: bool) -> RunResult:
+    def _settle(self, bound_hit: bool, quiescent: bool) -> "Generator[None, None, RunResult]":
         store, client, sup, clock = self.store, self.client, self.sup, self.clock
         assert store is not None and client is not None and sup is not None and clock is not None
         self.phase = "gathering the history"
-        history = gather_history(workload=self.workload, store=store, client=client,
-                                 workers=sup.workers, harness_events=self.harness_events,
-                                 schedule=self.config.schedule, timing=self.config.timing,
-                                 quiescent=quiescent, bound_hit=bound_hit, hooks=self.hooks,
-                                 at=clock.virtual_ns)
+        history = yield from gathering(workload=self.workload, store=store, client=client,
+                                       workers=sup.workers, harness_events=self.harness_events,
+                                       schedule=self.config.schedule, timing=self.config.timing,
+                                       quiescent=quiescent, bound_hit=bound_hit, hooks=self.hooks,
+                                       at=clock.virtual_ns)
+        yield
         store.close()
         if not self.s.keep:  # the history holds all a report needs; the run's tables can go
             self.phase = "dropping the run's tables"
             store.drop()
         self.store = None
+        yield
         self.phase = "judging"
         # A target that raised, or a hook that did, is a finding: the run cannot be valid.
         judged = judge(history, self.config.schedule, sup.tally.fired,
@@ -493,7 +520,10 @@ class _Run:
 
     def cleanup(self) -> None:
         """End every worker, close the client, drop the run's tables: each on its own, so that one
-        that fails (the store is gone) does not keep the others from happening."""
+        that fails (the store is gone) does not keep the others from happening. Once."""
+        if self._cleaned:
+            return
+        self._cleaned = True
         steps: list[Callable[[], None]] = []
         if self.sup is not None:
             steps.append(self.sup.end_workers)

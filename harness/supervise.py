@@ -46,7 +46,7 @@ from killpoint.harness.worker import DONE, WorkerContext, plan
 from killpoint.harness.workload import Workload
 
 if TYPE_CHECKING:
-    from killpoint.harness.run import RunConfig
+    from killpoint.harness.run import RunConfig, Settling
 
 # Errors that say the disk the run writes to is full or unusable: infrastructure, not the target.
 DISK_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO})
@@ -675,17 +675,16 @@ class Supervisor:
 
     # -- the loop ---------------------------------------------------------------------------------
     def supervise(self, deadline: float, run_deadline: float = float("inf"),
-                  meanwhile: Callable[[], None] | None = None) -> tuple[bool, bool]:
+                  meanwhile: "Settling | None" = None) -> tuple[bool, bool]:
         """Run the workers until the run is done or the bound is hit: ``(bound_hit, quiescent)``.
         ``deadline`` is CLOCK_MONOTONIC seconds, ``run_deadline`` the run's own time (database
-        time, which the virtual clock moves). ``meanwhile`` is called once the first workers are
-        off (the judging of the run before, see :meth:`Session.run_in_turn`).
+        time, which the virtual clock moves). ``meanwhile`` (the judging of the run before, see
+        :meth:`Session.run_in_turn`) is done a piece at a time whenever no worker has anything for
+        the harness, so that a fault that fires is answered within a piece.
 
         The caller ends the workers afterwards (:meth:`end_workers`), also when this raises.
         """
         self.start_gated()
-        if meanwhile is not None:
-            meanwhile()
         while True:
             signals.check()  # a Ctrl-C whose exception was swallowed (in a finalizer) ends the run too
             live = self.live()
@@ -726,6 +725,10 @@ class Supervisor:
             # unread: what a worker said before it started waiting may change what happens next.
             timeout = self.clock.service([w.clock for w in live if w.state != "paused"], self.moved,
                                          quiet=lambda: not select.select(watched, [], [], 0)[0])
+            if meanwhile is not None and timeout != 0.0 and not select.select(watched, [], [], 0)[0]:
+                if meanwhile.step():
+                    meanwhile = None
+                continue
             moved, self.moved = self.moved, False
             asked = time.monotonic()
             ready, _, _ = select.select(watched, [], [], timeout)
