@@ -2,12 +2,15 @@
 
 Workers are forked straight from this warm process (``os.fork``, each watched through a pidfd),
 so a worker costs a fork, not an interpreter start, and a target may be any function, even one
-defined inside a test. Every process started here is ended here, by PID.
+defined inside a test. While another start is still to come, one process is forked ahead and parked
+(:meth:`Supervisor.park`); the start hands it its identity. Every process started here is ended
+here, by PID.
 
 Workers start in name order: B starts once every fault scheduled for A has fired (or A is gone), so
-a scheduled fault lands where it was asked to. A worker killed by a fault is replaced at once, by a
-fresh identity or, drawn from the seed, by one with the same identity; a fault that killed is spent
-and is not inherited. A paused worker (SIGSTOP) is resumed once another worker has moved its step on.
+a scheduled fault lands where it was asked to. A worker killed by a fault is replaced, by a fresh
+identity or, drawn from the seed, by one with the same identity; a replacement without a fault of
+its own starts after the whole pool and after the replacements before it, whenever the harness
+happens to see the death. A fault that killed is spent and is not inherited. A paused worker (SIGSTOP) is resumed once another worker has moved its step on.
 A worker at a ``terminate`` waits while the harness ends its PostgreSQL sessions, then goes on.
 """
 
