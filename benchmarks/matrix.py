@@ -79,6 +79,19 @@ def floor_once(workload: str, base: str, n: int, url: str) -> float:
     return time.perf_counter() - t
 
 
+def cpu_seconds(downstream_pid: int) -> float:
+    """CPU time so far of this process, its reaped children (workers, runners) and the downstream:
+    a pass's CPU, unlike its wall time, hardly moves with the machine's speed drifts and load."""
+    t = os.times()
+    try:
+        with open(f"/proc/{downstream_pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        ticks = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+    except (OSError, IndexError, ValueError):
+        ticks = 0.0
+    return t.user + t.system + t.children_user + t.children_system + ticks
+
+
 def matrix_configs(workload: str, virtual: bool) -> list[RunConfig]:
     steps = WORKLOADS[workload](0).step_names
     points = chaos.DEFAULT_POINTS
@@ -98,13 +111,14 @@ def main() -> int:
     print(f"matrix per run against the floor of its workload; {args.rounds} interleaved rounds; "
           f"jobs {', '.join(map(str, jobs))} on {default_jobs()} cores")
     print(f"{'workload':<9} {'clock':<8} {'jobs':>4} {'runs':>5} {'pass':>8} {'per run':>9} "
-          f"{'floor':>8} {'ratio':>6}  verdict")
+          f"{'floor':>8} {'ratio':>6} {'cpu/run':>8}  verdict")
     # The floor's files go where the runs' go (the session's folder: memory when the machine has it).
     with Session() as session, tempfile.TemporaryDirectory(dir=session.base_dir) as base:
         url = session.downstream.url
         for workload in [w.strip() for w in args.workloads.split(",") if w.strip()]:
             floor_once(workload, base, -1, url)  # warm up
             times: dict[tuple[str, int], list[float]] = {}
+            cpus: dict[tuple[str, int], list[float]] = {}
             floors: list[float] = []
             verdicts: dict[tuple[str, int], set] = {}
             n = 0
@@ -112,9 +126,10 @@ def main() -> int:
                 for mode in modes:
                     configs = matrix_configs(workload, mode == "virtual")
                     for j in jobs:
-                        t = time.perf_counter()
+                        c, t = cpu_seconds(session.downstream.pid), time.perf_counter()
                         results = list(session.run_many(configs, jobs=j))
                         times.setdefault((mode, j), []).append(time.perf_counter() - t)
+                        cpus.setdefault((mode, j), []).append(cpu_seconds(session.downstream.pid) - c)
                         verdicts.setdefault((mode, j), set()).update(r.valid for r in results)
                         for _ in configs:  # as many floor rounds as runs, interleaved with the passes
                             n += 1
@@ -124,9 +139,11 @@ def main() -> int:
             for (mode, j), ts in times.items():
                 best = min(ts)
                 word = "valid" if verdicts[(mode, j)] == {True} else f"{sorted(map(str, verdicts[(mode, j)]))}"
+                cpu = statistics.median(cpus[(mode, j)]) / runs
                 print(f"{workload:<9} {mode:<8} {j:>4} {runs:>5} {best:7.2f}s {best / runs * 1000:7.1f}ms "
-                      f"{floor * 1000:6.1f}ms {best / runs / floor:5.1f}x  {word}")
-    print("pass: the fastest of the rounds for the whole matrix; per run: pass / runs; floor: median")
+                      f"{floor * 1000:6.1f}ms {best / runs / floor:5.1f}x {cpu * 1000:6.1f}ms  {word}")
+    print("pass: the fastest of the rounds for the whole matrix; per run: pass / runs; floor: median; "
+          "cpu/run: the median pass's CPU time (harness, workers, runners, downstream) / runs")
     return 0
 
 
