@@ -242,3 +242,29 @@ def test_junit_of_a_selftest_passes_a_mutant_its_invariant_caught_and_fails_one_
     cases = suite.findall("testcase")
     assert cases[0].find("failure") is None and cases[2].find("failure") is None
     assert cases[1].find("failure").get("message") == "not caught: stale_writes_rejected must be violated, got valid"
+
+
+def test_a_summary_lets_a_valid_runs_events_go_only_when_nothing_will_draw_them():
+    """Protects the matrix's memory (its heap is what every forked worker copies) without losing
+    anything it prints: a valid run added with ``keep_events=False`` keeps its verdict, faults and
+    the crash points it reached (the JSON's ``points``), only its events go; a run that is not
+    valid always keeps them, for its report and its replay."""
+    from killpoint.harness.commands.common import Summary
+
+    history = build([(1 * MS, "A", "point", "event", {"point": "before_claim", "step": "charge", "action": None}),
+                     (2 * MS, "A", "point", "event", {"point": "after_call", "step": "charge", "action": "kill"}),
+                     (3 * MS, "harness", "exit", "event", {"worker": "A", "code": -9})])
+    valid, broken = _result(True), _result(False)
+    valid = RunResult(valid.config, "run1", history, valid.verdict, {"A@charge.after_call:kill": 1}, (), 2, 0.25, "")
+    broken = RunResult(broken.config, "run2", history, broken.verdict, {}, (), 2, 0.25, "")
+    summary = Summary()
+    summary.add(valid, keep_events=False)
+    summary.add(broken, keep_events=False)
+    kept = Summary()
+    kept.add(valid)
+    kept.add(broken)
+    assert summary.results[0].history.events == () and summary.results[1].history.events == history.events
+    assert summary.results[0].verdict == valid.verdict and summary.results[0].fired == valid.fired
+    assert [p.to_json() for p in summary.point_stats()] == [p.to_json() for p in kept.point_stats()]
+    assert summary.point_stats()[0].to_json()["fired"] == {"after_call": {"A": {"kill": 1}}}
+    assert kept.results[0].history.events == history.events

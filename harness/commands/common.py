@@ -284,6 +284,19 @@ class Summary:
     results: list[RunResult] = field(default_factory=list)
     report: str | None = None
     report_error: str | None = None  # why the reports asked for could not be written
+    # The point statistics of runs whose events were let go (see add), by the result's id.
+    _points: dict[int, PointStats] = field(default_factory=dict, repr=False)
+
+    def add(self, result: RunResult, *, keep_events: bool = True) -> None:
+        """Keep a run's result. Without ``keep_events`` (nothing will draw this run: no report is
+        asked for), a valid run keeps its verdict, faults, points reached and history's summary but
+        lets its events go: a matrix's histories otherwise grow this process's heap by tens of MiB,
+        which every worker forked from it pays for in page tables and copy-on-write faults."""
+        if not keep_events and result.valid is True:
+            points = PointStats.of(result.history)
+            result = dataclasses.replace(result, history=dataclasses.replace(result.history, events=()))
+            self._points[id(result)] = points
+        self.results.append(result)
 
     @property
     def valid(self) -> bool | None:
@@ -346,7 +359,8 @@ class Summary:
 
     def point_stats(self) -> list[PointStats]:
         """The crash points each run reached and fired (see :mod:`harness.stats`)."""
-        return [PointStats.of(r.history) for r in self.results]
+        return [self._points[id(r)] if id(r) in self._points else PointStats.of(r.history)
+                for r in self.results]
 
 
 class Progress:

@@ -96,8 +96,9 @@ def run(args: argparse.Namespace) -> int:
     with Session(real_time=args.real_time) as session:
         if configs:
             progress.step(str(configs[0].schedule))  # at once: the first result may take a while
+        drawn = bool(args.report_dir) and args.report != "never"  # reports draw every run's events
         for i, result in enumerate(session.run_many(configs, jobs=jobs_of(args))):
-            summary.results.append(result)
+            summary.add(result, keep_events=drawn)
             progress.step(str(result.config.schedule), result)
             if i + 1 < len(configs):
                 progress.step(str(configs[i + 1].schedule))
