@@ -277,10 +277,13 @@ def _killpoint_session(pytestconfig: pytest.Config,
                        tmp_path_factory: pytest.TempPathFactory) -> Generator["Session", None, None]:
     """The services of this session (per xdist worker): the downstream, and a folder for runs.
 
-    Its folder is under this process's pytest temporary directory, so xdist workers never share one;
-    the downstream listens on an ephemeral port; PostgreSQL runs each get a schema of their own.
+    Its folder is one of its own (xdist workers never share one): in memory when the machine has it
+    (see ``run_files_dir``; a run's files live for milliseconds, and on a disk their fsyncs cost a
+    tenth of a matrix), removed when the session ends; else under this process's pytest temporary
+    directory. The downstream listens on an ephemeral port; PostgreSQL runs each get a schema of
+    their own.
     """
-    from killpoint.harness.run import Session
+    from killpoint.harness.run import Session, run_files_dir
     from killpoint.harness.store import InvalidStore, StoreUnreachable, check_store
 
     settings = pytestconfig.stash[_STATE].settings
@@ -291,7 +294,8 @@ def _killpoint_session(pytestconfig: pytest.Config,
         problem = str(exc)
     if problem is not None:
         pytest.fail(f"killpoint: {problem.replace('--store', '--killpoint-store', 1)}", pytrace=False)
-    with Session(str(tmp_path_factory.mktemp("killpoint"))) as session:
+    base = None if run_files_dir() is not None else str(tmp_path_factory.mktemp("killpoint"))
+    with Session(base) as session:
         if session.downstream.pid == os.getpid():
             raise RuntimeError("killpoint: the downstream must be a child process of pytest")
         yield session
