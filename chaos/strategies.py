@@ -13,8 +13,8 @@ Actions are chosen so that a correct worker stays correct and the verdict stays 
   ``hang`` is not spent like a kill, so every restart under the same identity would hang again
   and the run could never finish);
 * ``1*sleep(MS)`` -- a stall of the business thread while the heartbeat goes on. Given the run's
-  lease TTL and stuck bound (:func:`stall_durations`), stalls are drawn below the lease, past it,
-  and well past the stuck bound: the long ones are what leases and the stuck-worker monitor exist
+  lease TTL and stuck bound (:func:`stall_durations`), stalls are drawn below the lease, past it
+  but short of the stuck bound, and well past the stuck bound: the long ones are what leases and the stuck-worker monitor exist
   for (the monitor frees the lease, another worker takes over, the sleeper wakes up stale).
   Without them, a short delay of at most :data:`MAX_SLEEP_MS`.
 """
@@ -37,10 +37,15 @@ _PLAIN_ACTIONS = ("kill", "1*pause", "1*hang")
 
 
 def stall_durations(lease_ttl_ms: float, stuck_bound_ms: float) -> tuple[int, ...]:
-    """Stalls relative to a run's bounds, shortest first: a quarter and a half of the lease, twice
-    the lease, and one and a half and three times the stuck bound."""
-    wanted = (lease_ttl_ms / 4, lease_ttl_ms / 2, lease_ttl_ms * 2, stuck_bound_ms * 1.5,
-              stuck_bound_ms * 3)
+    """Stalls relative to a run's bounds, shortest first: a quarter and a half of the lease, halfway
+    from the lease to the stuck bound, and one and a half and three times the stuck bound.
+
+    Each keeps clear of the bounds. A stall that ends where the stuck monitor may flag it (from the
+    stuck bound to a check period past it) is a race between the sleeper waking and the monitor
+    looking, settled by milliseconds of real time: the same seed could then give two verdicts.
+    (Twice the lease was one of these once leases became 30 s against a 60 s stuck bound.)"""
+    wanted = (lease_ttl_ms / 4, lease_ttl_ms / 2, (lease_ttl_ms + stuck_bound_ms) / 2,
+              stuck_bound_ms * 1.5, stuck_bound_ms * 3)
     return tuple(sorted({max(1, int(round(ms))) for ms in wanted}))
 
 

@@ -245,11 +245,19 @@ def test_matrix_depth_2_refuses_an_unknown_form(capsys):
 # confirmation and stalls
 
 
-def test_stalls_are_drawn_below_and_well_past_the_lease_and_the_stuck_bound():
+@pytest.mark.parametrize("lease, stuck", [(120, 300), (30_000, 60_000)])  # real time, virtual
+def test_stalls_are_drawn_below_and_well_past_the_lease_and_the_stuck_bound(lease, stuck):
+    """Protects "the same seed, the same verdict": a stall that ends where the stuck monitor may
+    flag it (the stuck bound to a check period, a quarter of it, past it) or at the lease is decided
+    by milliseconds of real time. With the virtual clock's 30 s lease and 60 s stuck bound, "twice
+    the lease" was exactly the stuck bound, and ``explore`` gave two verdicts for one seed under load."""
     from killpoint.chaos.strategies import stall_durations
 
-    stalls = stall_durations(120, 300)
-    assert min(stalls) < 120 and any(120 < s < 300 for s in stalls) and max(stalls) >= 2 * 300
+    stalls = stall_durations(lease, stuck)
+    assert min(stalls) < lease and any(lease < s < stuck for s in stalls) and max(stalls) >= 2 * stuck
+    for s in stalls:
+        assert not 0.9 * lease <= s <= 1.1 * lease, s
+        assert not 0.9 * stuck <= s <= 1.25 * stuck * 1.1, s
 
 
 def test_confirmation_keeps_only_a_schedule_that_fails_every_replay_and_shrinks_it():
