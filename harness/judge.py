@@ -25,7 +25,7 @@ from killpoint.harness.workload import Workload, policy_of
 if TYPE_CHECKING:
     from killpoint.harness.hooks import Hooks
 
-__all__ = ["Judgement", "checkpoint_verdicts", "gather_history", "gathering", "judge"]
+__all__ = ["Judgement", "checkpoint_verdicts", "gathering", "judge"]
 
 
 def checkpoint_verdicts(workload: Workload, store: Store) -> tuple[dict[str, Any], ...]:
@@ -41,35 +41,19 @@ def checkpoint_verdicts(workload: Workload, store: Store) -> tuple[dict[str, Any
     return tuple(verdicts)
 
 
-def gather_history(*, workload: Workload, store: Store, client: ds.DownstreamClient,
-                   workers: Iterable[Any], harness_events: Sequence[Mapping[str, Any]],
-                   schedule: Schedule, timing: Timing, quiescent: bool, bound_hit: bool,
-                   hooks: "Hooks | None" = None,
-                   at: Callable[[int], int] | None = None) -> hist.History:
-    """One history from the journals of ``workers`` (label, journal path, exit code), the store,
-    the downstream's ledger and the harness's events; ``at`` puts each time on the run's clock.
-
-    With the ``hooks`` of a target that owns its state, killpoint's store (which then holds only
-    the rows it was set up with) gives way to what the target's ``history()`` and ``final_states()``
-    say; with neither, the invariants that read them say "not applicable"."""
-    pieces = gathering(workload=workload, store=store, client=client, workers=workers,
-                       harness_events=harness_events, schedule=schedule, timing=timing,
-                       quiescent=quiescent, bound_hit=bound_hit, hooks=hooks, at=at)
-    while True:
-        try:
-            next(pieces)
-        except StopIteration as done:
-            history: hist.History = done.value
-            return history
-
-
 def gathering(*, workload: Workload, store: Store, client: ds.DownstreamClient,
               workers: Iterable[Any], harness_events: Sequence[Mapping[str, Any]],
               schedule: Schedule, timing: Timing, quiescent: bool, bound_hit: bool,
               hooks: "Hooks | None" = None, at: Callable[[int], int] | None = None,
               ) -> Generator[None, None, hist.History]:
-    """:func:`gather_history` a piece at a time (each a millisecond or so): it yields between
-    pieces and returns the history, so a harness with workers to answer can look at them in between."""
+    """One history from the journals of ``workers`` (label, journal path, exit code), the store,
+    the downstream's ledger and the harness's events; ``at`` puts each time on the run's clock.
+    Made a piece at a time (each a millisecond or so): it yields between pieces and returns the
+    history, so a harness with workers to answer can look at them in between.
+
+    With the ``hooks`` of a target that owns its state, killpoint's store (which then holds only
+    the rows it was set up with) gives way to what the target's ``history()`` and ``final_states()``
+    say; with neither, the invariants that read them say "not applicable"."""
     workers = list(workers)
     journals = {w.label: hist.read_journal(w.journal) for w in workers if os.path.exists(w.journal)}
     dead = {w.label for w in workers if w.exitcode != 0}

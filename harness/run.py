@@ -10,7 +10,6 @@ speak to the harness, and :mod:`killpoint.harness.judge` turns what happened int
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 import secrets
 import shlex
@@ -39,13 +38,7 @@ from killpoint.errors import InfrastructureError
 from killpoint.harness.supervise import DISK_ERRORS, Supervisor, WorkerProcess, kill
 from killpoint.harness.targets import Target, declared
 from killpoint.harness.worker import REAL_TIME_TIMING, Timing
-from killpoint.harness.workload import Workload, resolve_workload
-
-
-@functools.lru_cache(maxsize=64)
-def _workload(name: str, seed: int) -> Workload:
-    """Workloads are immutable values of (name, seed); building one with Faker costs milliseconds."""
-    return resolve_workload(name, seed)
+from killpoint.harness.workload import Workload, cached_workload
 
 
 def _owns_state(target: Any) -> bool:
@@ -349,7 +342,7 @@ class _Run:
         self.run_id = run_id
         self.run_dir = os.path.join(session.base_dir, run_id)
         self.declared = declared(config.target)
-        self.workload: Workload = config.workload_spec or _workload(config.workload_name, config.seed)
+        self.workload: Workload = config.workload_spec or cached_workload(config.workload_name, config.seed)
         known = {str(f) for f in config.schedule.faults}
         for fault, services in config.restarts.items():
             if fault not in known or not set(services) <= {"downstream", "store", "target"}:

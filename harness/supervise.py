@@ -449,6 +449,10 @@ class Supervisor:
             self.spare = None
         kill(w)
         self.registry.pop(w.proc.pid, None)
+        self._close_pipes(w)
+
+    def _close_pipes(self, w: WorkerProcess) -> None:
+        """Close the harness's ends of an ended worker's pipes, and its wake pipes on the clock."""
         for fd in (w.events, w.control):
             try:
                 os.close(fd)
@@ -541,12 +545,7 @@ class Supervisor:
             self.halted = True
             self.note(vocab.REPLACEMENTS_STOPPED, worker=w.label, error=w.raised[1],
                       reason="the target raised the same exception again")
-        for fd in (w.events, w.control):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        self.clock.exited(w.clock)
+        self._close_pipes(w)
         self.moved = True  # it may have moved a step on its way out: let the waiting look again
         if code != 0 and len(self.workers) < self.spawn_cap:
             self.replace(w)

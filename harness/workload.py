@@ -252,13 +252,6 @@ def default_for(name: object, declared: object = None) -> str:
     return USER_DEFAULT
 
 
-@functools.lru_cache(maxsize=64)
-def _built_in(name: str, seed: int) -> Workload:
-    """A built-in workload: an immutable value of (name, seed), built once (Faker takes
-    milliseconds, and a matrix asks for it once per run)."""
-    return WORKLOADS[name](seed)
-
-
 def resolve_workload(spec: "str | Workload", seed: int = 0) -> Workload:
     """A built-in name (``orders``, ``single``, ``plain``), ``pkg.module:function`` (called with the
     seed when it takes an argument), or a :class:`Workload` as it is."""
@@ -267,7 +260,7 @@ def resolve_workload(spec: "str | Workload", seed: int = 0) -> Workload:
     if not isinstance(spec, str):
         raise InvalidWorkload(f"workload {spec!r}: give a name, pkg.module:function or a Workload")
     if spec in WORKLOADS:
-        return _built_in(spec, seed)
+        return WORKLOADS[spec](seed)
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise InvalidWorkload(f"workload {spec[:200]!r}: known workloads are {', '.join(WORKLOADS)}, "
@@ -299,3 +292,10 @@ def resolve_workload(spec: "str | Workload", seed: int = 0) -> Workload:
     if not built.instances:
         raise InvalidWorkload(f"workload {spec!r}: it has no instances")
     return built
+
+
+@functools.lru_cache(maxsize=64)
+def cached_workload(name: str, seed: int) -> Workload:
+    """:func:`resolve_workload` of a name, built once per (name, seed): workloads are immutable
+    values, building one with Faker costs milliseconds, and a matrix asks for it once per run."""
+    return resolve_workload(name, seed)

@@ -181,10 +181,10 @@ def workload_name(args: argparse.Namespace) -> str:
 
 def workload_of(args: argparse.Namespace):
     """The run's workload, built (and so checked) once, or a one-line :class:`BadInput`."""
-    from killpoint.harness.workload import InvalidWorkload, resolve_workload
+    from killpoint.harness.workload import InvalidWorkload, cached_workload
 
     try:
-        return resolve_workload(workload_name(args), args.seed)
+        return cached_workload(workload_name(args), args.seed)
     except InvalidWorkload as exc:
         raise BadInput(f"--{str(exc)[:400]}") from None
 
