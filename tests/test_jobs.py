@@ -128,3 +128,18 @@ def test_one_job_runs_a_target_with_hooks_strictly_one_after_the_other(tmp_path)
     assert [r.valid for r in results] == [True, True, True], [r.verdict for r in results]
     lines = log.read_text().split("\n")[:-1]
     assert [line.split()[0] for line in lines] == ["setup", "teardown"] * 3, lines
+
+
+def test_one_job_judges_each_run_on_its_own_ledger():
+    """A false valid the in-turn judging could make: run N judged on run N+1's ledger (one shared
+    connection serves every run). A mutant whose duplicate charge only the ledger shows must be
+    caught on each of its runs, with a valid reference run between them."""
+    configs = [RunConfig(schedule=chaos.parse("A@charge.after_call:kill"), workload="single", target=t)
+               for t in ("mutant:random-request-id", "reference", "mutant:random-request-id")]
+    with Session() as session:
+        results = list(session.run_many(configs, jobs=1))
+    assert [r.valid for r in results] == [False, True, False], [r.verdict for r in results]
+    for r in (results[0], results[2]):
+        assert "no_duplicate_effects" in {v.invariant for v in r.verdict.violations}
+    # Each run's ledger is its own: two charges where the key changed, one for the reference.
+    assert [len(r.history.applied()) for r in results] == [2, 1, 2]
