@@ -12,6 +12,9 @@ import os
 import time
 from typing import Any
 
+# One encoder for every entry (``json.dumps`` with ``default`` makes a new one each call).
+_encode = json.JSONEncoder(default=str).encode
+
 
 class Journal:
     def __init__(self, path: str | os.PathLike[str]):
@@ -21,7 +24,7 @@ class Journal:
 
     def write(self, kind: str, type: str = "event", **data: Any) -> None:
         entry = {"t": time.monotonic_ns(), "kind": kind, "type": type, **data}
-        os.write(self._fd, (json.dumps(entry, default=str) + "\n").encode())
+        os.write(self._fd, (_encode(entry) + "\n").encode())
 
     def invoke(self, kind: str, **data: Any) -> int:
         """Journal the start of an operation; finish it with :meth:`complete` and the returned id."""

@@ -61,9 +61,15 @@ class SqlStore(Store):
         return f"({self.NOW} + (SELECT offset_s FROM {tables['clock']}))"
 
     def _q(self, sql: str) -> str:
-        tables = self._tables()
-        text = sql.format(now=self._now(tables), lock=self.LOCK, skip_locked=self.SKIP_LOCKED, **tables)
-        return text if self.PARAM == "?" else text.replace("?", self.PARAM)
+        # A store's statements are a fixed set, and its tables never change: each is made once.
+        cache = self.__dict__.setdefault("_sql", {})
+        text = cache.get(sql)
+        if text is None:
+            tables = self._tables()
+            text = sql.format(now=self._now(tables), lock=self.LOCK, skip_locked=self.SKIP_LOCKED,
+                              **tables)
+            text = cache[sql] = text if self.PARAM == "?" else text.replace("?", self.PARAM)
+        return text
 
     def _event_sql(self) -> str:
         return self._q(_EVENT)
