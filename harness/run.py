@@ -266,19 +266,29 @@ class Session:
         return _Run(self, config, run_id)
 
     def run_in_turn(self, configs: "Sequence[RunConfig]") -> "Iterator[RunResult]":
-        """Run ``configs`` one at a time and yield their results in order, each judged while the next
-        one's first worker gets going: gathering a run's history and judging it take the harness a
-        few milliseconds that the workers of the next run need no harness for. Only for targets
-        without hooks, whose runs share nothing in this process (a hook's teardown would otherwise
-        come after the next run's setup); the others run one after the other, as :meth:`run`."""
+        """Run ``configs`` one at a time and yield their results in order. While a run's workers
+        need nothing of the harness, the harness judges the run before it and prepares the run
+        after it (its folder, store, downstream configuration and first worker process): gathering
+        and judging a history, and setting a run up, take the harness milliseconds that the
+        workers of the run going need no harness for. Only for targets without hooks, whose runs
+        share nothing in this process (a hook's teardown would otherwise come after the next run's
+        setup); the others run one after the other, as :meth:`run`."""
         unsettled: list[_Run] = []  # lived, not judged yet
+        ahead: _Run | None = None  # the next run, made (and prepared) while this one goes
         try:
-            for config in configs:
-                run = self._new_run(config)
+            for i, config in enumerate(configs):
+                run, ahead = (ahead, None) if ahead is not None else (self._new_run(config), None)
                 before = Settling(unsettled.pop(0)) if unsettled else None
                 try:
                     if run.deferrable():
-                        run.live(before)  # what it raises, it has cleaned up after
+                        if i + 1 < len(configs):
+                            try:
+                                ahead = self._new_run(configs[i + 1])
+                            except Exception:  # noqa: BLE001 - raised again in its turn, after this run
+                                ahead = None
+                        run.live(Meanwhile(before.step if before is not None else None,
+                                           ahead.prepare_step if ahead is not None and ahead.deferrable()
+                                           else None))
                         unsettled.append(run)
                         result = None
                     else:
@@ -298,6 +308,8 @@ class Session:
         finally:
             for run in unsettled:  # interrupted, or the caller stopped asking
                 run.cleanup()
+            if ahead is not None:
+                ahead.cleanup()
 
     def run_many(self, configs: "Sequence[RunConfig]", *, jobs: int = 1) -> "Iterator[RunResult]":
         """Run independent configurations, ``jobs`` at a time (each job a process of its own);
@@ -305,6 +317,26 @@ class Session:
         from killpoint.harness.jobs import run_many
 
         return run_many(self, configs, jobs)
+
+
+class Meanwhile:
+    """What the harness does while a run's workers need nothing of it, a piece at a time: each of
+    ``steps`` is called until it says it is done (True), then the next; ``step()`` does one piece
+    and says whether all of them are done."""
+
+    def __init__(self, *steps: "Callable[[], bool] | None") -> None:
+        self._steps = [step for step in steps if step is not None]
+
+    def step(self) -> bool:
+        while self._steps:
+            if not self._steps[0]():
+                return False
+            self._steps.pop(0)
+        return True
+
+    def finish(self) -> None:
+        while not self.step():
+            pass
 
 
 class Settling:
@@ -354,6 +386,15 @@ class _Run:
                                     f"{session.downstream.url}/runs/{run_id}", config.store, config.seed)
         self.hooks = Hooks(self.declared, self.target_run)
         self.harness_events: list[dict[str, Any]] = []
+        self.phase = "creating the run's folder"
+        self.store: Store | None = None
+        self.client: ds.DownstreamClient | None = None
+        self.sup: Supervisor | None = None
+        self.clock: run_clock.RunClock | None = None
+        self._result: RunResult | None = None
+        self._cleaned = False
+        self._preparing: "Generator[None, None, None] | None" = None
+        self._prepared = False
 
     def note(self, kind: str, **data: Any) -> None:
         self.harness_events.append({"t": time.monotonic_ns(), "kind": kind, **data})
@@ -378,29 +419,50 @@ class _Run:
         (see :meth:`Session.run_in_turn`)."""
         return not self.declared.hooks
 
-    def live(self, meanwhile: "Settling | None" = None) -> None:
-        """The run up to its judging (:meth:`settle`); ``meanwhile``, another run's judging, is
-        done a piece at a time while this run's workers need nothing of the harness (and
-        finished at the end)."""
-        self.started = time.monotonic()
-        self.phase = "creating the run's folder"
-        self.store: Store | None = None
-        self.client: ds.DownstreamClient | None = None
-        self.sup: Supervisor | None = None
-        self.clock: run_clock.RunClock | None = None
-        self._result: RunResult | None = None
-        self._cleaned = False
-        try:
-            self._outcome = self._live(meanwhile)
-        except Exception as exc:
-            self.cleanup()
-            self._result = self.broken(exc, self.started)
-        except BaseException:
-            self.cleanup()
-            raise
+    def live(self, meanwhile: "Meanwhile | None" = None) -> None:
+        """The run up to its judging (:meth:`settle`); ``meanwhile``, another run's judging or
+        preparation, is done a piece at a time while this run's workers need nothing of the
+        harness (and finished at the end)."""
+        ahead = self._prepared  # prepared while the run before went: the bound counts from now
+        while not self.prepare_step():
+            pass
+        if ahead:
+            self.started = time.monotonic()
+        if self._result is None:
+            try:
+                self._outcome = self._supervise(meanwhile)
+            except Exception as exc:
+                self.cleanup()
+                self._result = self.broken(exc, self.started)
+            except BaseException:
+                self.cleanup()
+                raise
         self.lived_s = time.monotonic() - self.started
         if meanwhile is not None:
             meanwhile.finish()
+
+    def prepare_step(self) -> bool:
+        """Do the next piece of the run's preparation (see :meth:`preparing`); True once it is
+        done, or has failed (the run is then *unknown*, with the cause, when it lives)."""
+        if self._prepared:
+            return True
+        if self._preparing is None:
+            self.started = time.monotonic()
+            self._preparing = self.preparing()
+        try:
+            next(self._preparing)
+            return False
+        except StopIteration:
+            self._prepared = True
+        except Exception as exc:
+            self._prepared = True
+            self.cleanup()
+            self._result = self.broken(exc, self.started)
+        except BaseException:
+            self._prepared = True
+            self.cleanup()
+            raise
+        return True
 
     def settle(self) -> RunResult:
         """Gather the history, judge it and drop the run's tables: the run's result."""
@@ -425,7 +487,10 @@ class _Run:
         self._cleaned = True  # nothing of it is left to end
         return dataclasses.replace(result, duration_s=self.lived_s + time.monotonic() - started)
 
-    def _live(self, meanwhile: "Settling | None") -> tuple[bool, bool]:
+    def preparing(self) -> "Generator[None, None, None]":
+        """Everything before the first worker starts: the run's folder, its store and clock, a
+        first worker process (parked until it is told who it is), the store's tables, the
+        downstream's configuration, the target's own setup. Yields between pieces."""
         os.makedirs(self.run_dir, exist_ok=True)
         self.phase = "opening the store"
         store = self.store = open_store(self.config.store, self.run_dir, self.run_id)
@@ -444,14 +509,20 @@ class _Run:
             # in this process the workers must inherit.
             self.phase = "starting the workers"
             sup.park()
+            yield
         self.phase = "opening the store"
         store.setup(self.workload.checkpoints())
+        yield
         self.phase = "configuring the downstream"
         client = self.client = self.s.client_for(self.run_id)
         client.configure(self.downstream_config())
         self.phase = "setting up the target's own state"
         if not self.hooks.setup():
             sup.halted = True  # the target could not set up its own state: no worker starts
+
+    def _supervise(self, meanwhile: "Meanwhile | None") -> tuple[bool, bool]:
+        store, client, sup, clock = self.store, self.client, self.sup, self.clock
+        assert store is not None and client is not None and sup is not None and clock is not None
         self.phase = "supervising the workers"
         try:
             bound_hit, quiescent = sup.supervise(self.started + self.config.bound_s,

@@ -49,7 +49,7 @@ from killpoint.harness.worker import DONE, WorkerContext, plan
 from killpoint.harness.workload import Workload
 
 if TYPE_CHECKING:
-    from killpoint.harness.run import RunConfig, Settling
+    from killpoint.harness.run import Meanwhile, RunConfig
 
 # Errors that say the disk the run writes to is full or unusable: infrastructure, not the target.
 DISK_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO})
@@ -677,11 +677,11 @@ class Supervisor:
 
     # -- the loop ---------------------------------------------------------------------------------
     def supervise(self, deadline: float, run_deadline: float = float("inf"),
-                  meanwhile: "Settling | None" = None) -> tuple[bool, bool]:
+                  meanwhile: "Meanwhile | None" = None) -> tuple[bool, bool]:
         """Run the workers until the run is done or the bound is hit: ``(bound_hit, quiescent)``.
         ``deadline`` is CLOCK_MONOTONIC seconds, ``run_deadline`` the run's own time (database
-        time, which the virtual clock moves). ``meanwhile`` (the judging of the run before, see
-        :meth:`Session.run_in_turn`) is done a piece at a time whenever no worker has anything for
+        time, which the virtual clock moves). ``meanwhile`` (the judging of the run before and the
+        preparation of the run after, see :meth:`Session.run_in_turn`) is done a piece at a time whenever no worker has anything for
         the harness, so that a fault that fires is answered within a piece.
 
         The caller ends the workers afterwards (:meth:`end_workers`), also when this raises.

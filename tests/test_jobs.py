@@ -86,10 +86,12 @@ def _seen(result) -> tuple:
 
 
 def test_one_job_judges_a_run_while_the_next_starts_and_gives_what_runs_one_at_a_time_give():
-    """Protects ``--jobs 1`` (Session.run_in_turn): a run is judged while the next run's first worker
-    gets going. A user sees the same verdicts, violations and fired faults in the same order as runs
+    """Protects ``--jobs 1`` (Session.run_in_turn): while a run's workers go, the run before is
+    judged and the run after is prepared (its store, its downstream configuration, its first worker
+    process). A user sees the same verdicts, violations and fired faults in the same order as runs
     made one at a time, every run's store dropped and no process left; stopped half way (a Ctrl-C,
-    a caller that stops asking), the run lived but not judged yet leaves no file either."""
+    a caller that stops asking), neither the run lived but not judged yet nor the run prepared but
+    not started leaves a file or a process."""
     configs = [RunConfig(schedule=chaos.parse(s), workload="single") for s in SCHEDULES[:3]]
     configs.insert(1, RunConfig(schedule=chaos.parse("A@charge.after_call:1*pause"), workload="single",
                                 target="mutant:no-fence-check"))
@@ -143,3 +145,16 @@ def test_one_job_judges_each_run_on_its_own_ledger():
         assert "no_duplicate_effects" in {v.invariant for v in r.verdict.violations}
     # Each run's ledger is its own: two charges where the key changed, one for the reference.
     assert [len(r.history.applied()) for r in results] == [2, 1, 2]
+
+
+def test_a_run_prepared_while_a_long_one_went_has_its_whole_bound():
+    """Protects the bound of a run prepared ahead (``--jobs 1``): it is prepared while the run before
+    goes, but its bound counts from its own start. Counted from its preparation, a run after one
+    that took longer than the bound would be cut off at once and reported unknown (bound hit)."""
+    slow = RunConfig(schedule=chaos.parse("A@charge.after_call:sleep(1500)"), workload="single",
+                     virtual_time=False)  # 1.5 s of real time, whatever the clock
+    quick = RunConfig(schedule=chaos.parse("A@charge.after_call:kill"), workload="single", bound_s=1.0)
+    with Session() as session:
+        first, second = session.run_many([slow, quick], jobs=1)
+    assert first.duration_s >= 1.5
+    assert second.valid is True and not second.history.bound_hit, second.verdict
