@@ -488,9 +488,9 @@ class _Run:
         return dataclasses.replace(result, duration_s=self.lived_s + time.monotonic() - started)
 
     def preparing(self) -> "Generator[None, None, None]":
-        """Everything before the first worker starts: the run's folder, its store and clock, a
-        first worker process (parked until it is told who it is), the store's tables, the
-        downstream's configuration, the target's own setup. Yields between pieces."""
+        """Everything before the first worker starts: the run's folder, its store and clock, the
+        store's tables, the downstream's configuration, the target's own setup, and a first
+        worker process (parked until it is told who it is). Yields between pieces."""
         os.makedirs(self.run_dir, exist_ok=True)
         self.phase = "opening the store"
         store = self.store = open_store(self.config.store, self.run_dir, self.run_id)
@@ -503,15 +503,10 @@ class _Run:
                                     target_run=self.target_run,
                                     finished=self.hooks.done if self.declared.owns_state else None,
                                     restart_target=self.hooks.restart, clock=clock)
-        if self.declared.hook("setup") is None:
-            # The first worker is forked (and parked) now, to get ready while the store is set up:
-            # it touches nothing until it is told who it is. Not before a setup hook, whose work
-            # in this process the workers must inherit.
-            self.phase = "starting the workers"
-            sup.park()
-            yield
+        yield
         self.phase = "opening the store"
         store.setup(self.workload.checkpoints())
+        sup.store_ready = True
         yield
         self.phase = "configuring the downstream"
         client = self.client = self.s.client_for(self.run_id)
@@ -519,6 +514,12 @@ class _Run:
         self.phase = "setting up the target's own state"
         if not self.hooks.setup():
             sup.halted = True  # the target could not set up its own state: no worker starts
+        yield
+        # The first worker is forked (and parked) now, after the target's setup (whose work in
+        # this process the workers inherit), to open its store connection before it is told who
+        # it is.
+        self.phase = "starting the workers"
+        sup.park()
 
     def _supervise(self, meanwhile: "Meanwhile | None") -> tuple[bool, bool]:
         store, client, sup, clock = self.store, self.client, self.sup, self.clock

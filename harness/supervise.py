@@ -155,9 +155,16 @@ def worker_main(target: Target, ctx_args: dict[str, Any], faults, hits, seed: in
 def parked_main(target: Target, ctx_args: dict[str, Any], events_fd: int, control_fd: int) -> None:
     """The body of a spare (runs in the forked child): prepared, it waits on its control pipe for
     who it is (:meth:`Supervisor.spawn` sends it), then is that worker. Until then it has journaled
-    nothing, holds no time on the run clock and no connection to the store; the end of the pipe
-    (the harness dropped it) ends it."""
+    nothing and holds no time on the run clock; once the store is set up it opens its connection
+    to it (it only reads). The end of the pipe (the harness dropped it) ends it."""
     client = _prepare(ctx_args)
+    if ctx_args.get("store_ready"):
+        # The store is set up: open this process's connection to it now, and read once (the
+        # first statement on a connection reads the schema), instead of after the start.
+        try:
+            ctx_args["store"].now()
+        except Exception:  # noqa: BLE001 - the worker meets it again where it matters, and says so
+            pass
     size = _read_exactly(control_fd, 4)
     if size is None:
         os._exit(0)
@@ -344,6 +351,7 @@ class Supervisor:
                                                  set_store_offset=lambda s: self.store.set_clock(s))
         self.moved = False  # a worker reported a step moved (or died): wake those waiting for it
         self.spare: WorkerProcess | None = None  # forked ahead of the next start (see park)
+        self.store_ready = False  # the store is set up: a spare may connect to it ahead
 
     @staticmethod
     def spawn_cap_for(config: "RunConfig") -> int:
@@ -372,7 +380,8 @@ class Supervisor:
         """What every worker of this run is given, whoever it turns out to be."""
         return {"clock": self.clock.worker_clock(slot), "store": self.store, "url": self.downstream.url,
                 "run_id": self.run_id, "workload": self.workload, "timing": self.config.timing,
-                "target_run": self.target_run, "run_dir": self.run_dir, "parent_pid": os.getpid()}
+                "target_run": self.target_run, "run_dir": self.run_dir, "parent_pid": os.getpid(),
+                "store_ready": self.store_ready}
 
     def _fork(self, main: Callable[..., None],
               args: Callable[[int | None, int, int], tuple[Any, ...]], label: str) -> WorkerProcess:
