@@ -13,9 +13,11 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
+import tempfile
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from killpoint.errors import InvalidWorkload as InvalidWorkload
 from killpoint.harness.checkpoint import (DEFAULT_POLICY, FORMAT_VERSION, Migration, Migrations, Policy, checkpoint_row,
@@ -174,22 +176,15 @@ def default_workload(seed: int = 0) -> Workload:
     after its hash was taken: a correct worker refuses it and sends its first step to manual review
     (and ``checkpoints_honoured`` has a refused checkpoint to judge in every run).
     """
-    from faker import Faker
-
-
-    fake = Faker()
-    fake.seed_instance(seed)
     instances = []
-    for n, kind in enumerate(("plain", "declined", "amended", "flaky", "tampered"), start=1):
-        amount = fake.random_int(500, 50000)
-        customer, email = fake.name(), fake.email()
-        sku, qty = fake.bothify("SKU-????-###").upper(), fake.random_int(1, 5)
-        card = "declined" if kind == "declined" else f"tok_{fake.lexify('????')}"
+    for n, drawn in enumerate(drawn_values("orders", seed, _draw_orders), start=1):
+        kind, amount, customer, email = drawn["kind"], drawn["amount"], drawn["customer"], drawn["email"]
+        sku, qty, card = drawn["sku"], drawn["qty"], drawn["card"]
         data: dict[str, Any] = {"customer": customer, "email": email, "sku": sku, "qty": qty,
                                 "amount": amount, "card": card, "kind": kind}
-        amended_amount: int | None = None
-        if kind == "amended":
-            amended_amount = data["amended_amount"] = amount + fake.random_int(100, 900)
+        amended_amount: int | None = drawn.get("amended_amount")
+        if amended_amount is not None:
+            data["amended_amount"] = amended_amount
         steps = order_steps(sku=sku, qty=qty, amount=amount, card=card, email=email,
                             amended_amount=amended_amount)
         instances.append(InstanceSpec(f"order-{n}", steps, data, "order", ORDER_VERSION))
@@ -207,6 +202,85 @@ def default_workload(seed: int = 0) -> Workload:
                                  tampered.id: corrupt(checkpoint_row(tampered))})
 
 
+def _draw_orders(fake: Any) -> list[dict[str, Any]]:
+    """What the orders workload draws from Faker, in the order it draws it."""
+    drawn = []
+    for kind in ("plain", "declined", "amended", "flaky", "tampered"):
+        amount = fake.random_int(500, 50000)
+        customer, email = fake.name(), fake.email()
+        sku, qty = fake.bothify("SKU-????-###").upper(), fake.random_int(1, 5)
+        card = "declined" if kind == "declined" else f"tok_{fake.lexify('????')}"
+        values = {"kind": kind, "amount": amount, "customer": customer, "email": email, "sku": sku,
+                  "qty": qty, "card": card}
+        if kind == "amended":
+            values["amended_amount"] = amount + fake.random_int(100, 900)
+        drawn.append(values)
+    return drawn
+
+
+def _draw_plain(fake: Any) -> list[dict[str, Any]]:
+    """What the plain workload draws from Faker, in the order it draws it."""
+    return [{"customer": fake.name(), "sku": fake.bothify("SKU-????-###").upper(),
+             "qty": fake.random_int(1, 5), "amount": fake.random_int(500, 50000),
+             "card": f"tok_{fake.lexify('????')}"} for _ in range(3)]
+
+
+def drawn_values(name: str, seed: int, draw: Callable[[Any], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """``draw(fake)`` for a Faker seeded with ``seed``, kept on disk once drawn.
+
+    Importing Faker and making its generator cost a command about 130 ms, more than a run; the
+    values it draws for a seed are the same every time for the same Faker and the same drawing
+    code. So they are kept, as JSON, in the user's cache folder (``$XDG_CACHE_HOME/killpoint`` or
+    ``~/.cache/killpoint``; ``KILLPOINT_NO_CACHE=1`` turns it off), under a name made of the
+    workload, the seed, the drawing code and the installed Faker (its location, size and time).
+    A cache that cannot be read or written is only skipped.
+    """
+    path = _draw_cache_path(name, seed, draw)
+    if path is not None:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                values = json.load(fh)
+            if isinstance(values, list) and all(isinstance(v, dict) for v in values):
+                return values
+        except (OSError, ValueError):
+            pass
+    from faker import Faker
+
+    fake = Faker()
+    fake.seed_instance(seed)
+    values = draw(fake)
+    if path is not None:
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".draw-")
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                json.dump(values, fh)
+            os.replace(tmp, path)  # whole or not at all, whoever else writes it meanwhile
+        except OSError:
+            pass
+    return values
+
+
+def _draw_cache_path(name: str, seed: int, draw: Callable[..., Any]) -> str | None:
+    if os.environ.get("KILLPOINT_NO_CACHE"):
+        return None
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("faker")
+        origin = spec.origin if spec is not None else None
+        st = os.stat(origin) if origin else None
+    except (ImportError, ValueError, OSError):
+        return None
+    if st is None:
+        return None
+    code = draw.__code__
+    fingerprint = hashlib.sha256(repr((name, seed, code.co_code, code.co_consts, code.co_names, origin,
+                                       st.st_size, st.st_mtime_ns)).encode()).hexdigest()[:32]
+    home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(home, "killpoint", "faker", f"{name}-{fingerprint}.json")
+
+
 def single_step_workload(seed: int = 0) -> Workload:
     """One order with one charge: the smallest crash scenario (used by the benchmark)."""
     base = default_workload(seed).instances[0]
@@ -219,15 +293,8 @@ def plain_workload(seed: int = 0) -> Workload:
     well-formed. No tampered checkpoint, no legacy step, no reused key, no declined card, no
     injected downstream error -- the default for a user's own target, which a correct worker
     passes without knowing any of ``orders``' deliberate traps."""
-    from faker import Faker
-
-    fake = Faker()
-    fake.seed_instance(seed)
     instances = []
-    for n in range(1, 4):
-        data = {"customer": fake.name(), "sku": fake.bothify("SKU-????-###").upper(),
-                "qty": fake.random_int(1, 5), "amount": fake.random_int(500, 50000),
-                "card": f"tok_{fake.lexify('????')}"}
+    for n, data in enumerate(drawn_values("plain", seed, _draw_plain), start=1):
         steps = (StepSpec("reserve", IDEMPOTENT, "inventory", params={"sku": data["sku"], "qty": data["qty"]}),
                  StepSpec("charge", IDEMPOTENT, "payment",
                           params={"amount": data["amount"], "currency": "EUR", "card": data["card"]}))
