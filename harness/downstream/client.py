@@ -33,6 +33,13 @@ class _Connection:
         lines += [f"{k}: {v}" for k, v in headers.items()]
         self.sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (body or b""))
 
+    def readable(self, timeout: float) -> bool:
+        """Whether something (an answer, or the end of the connection) can be read within
+        ``timeout`` seconds."""
+        if self._buf or self.sock is None:
+            return True
+        return bool(select.select([self.sock], [], [], timeout)[0])
+
     def _fill(self) -> None:
         assert self.sock is not None
         chunk = self.sock.recv(65536)
@@ -135,8 +142,7 @@ class DownstreamClient:
         if conn is not None and conn.sock is not None:
             # An idle keep-alive connection that is readable was closed by the server (e.g. it
             # was restarted): drop it now rather than lose the next request on it.
-            readable, _, _ = select.select([conn.sock], [], [], 0)
-            if readable:
+            if conn.readable(0):
                 conn.close()
                 conn = None
         if conn is None or conn.sock is None:
@@ -177,8 +183,7 @@ class DownstreamClient:
             conn = self._connection()
             conn.send(method, self._prefix + path, data, headers or {})
             if before_read is not None:
-                readable, _, _ = select.select([conn.sock], [], [], self.timeout)
-                if not readable:
+                if not conn.readable(self.timeout):
                     raise TimeoutError("no answer within the timeout")
                 before_read()
             status, hdrs, raw = conn.answer()
