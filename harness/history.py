@@ -49,7 +49,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any, Callable, Generator, Iterable, Iterator, Mapping, TypeVar, cast
 
 from killpoint import vocab as v
 # Re-exported: the names the checkers and reports have always imported from here.
@@ -264,6 +264,9 @@ def build(raw: Iterable[tuple[int, str, str, str, Mapping[str, Any]]], **meta: A
                    **meta)
 
 
+_PIECE = 400  # events per piece of merging (about a quarter of a millisecond)
+
+
 def read_journal(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Read a worker journal: JSON lines, a torn last line (the worker was killed mid-write) tolerated."""
     with open(path, "rb") as fh:
@@ -292,6 +295,28 @@ def merge(journals: Mapping[str, list[dict[str, Any]]], store_events: Iterable[M
     ``at`` turns each CLOCK_MONOTONIC reading into the run's time (the run clock's offset then in
     force, see :mod:`harness.clock`); it never changes their order.
     """
+    return drained(merging(journals, store_events, ledger, harness, dead=dead, at=at, **meta))
+
+
+_T = TypeVar("_T")
+
+
+def drained(pieces: Generator[None, None, _T]) -> _T:
+    """What a made-a-piece-at-a-time generator (:func:`merging`, ``checking``, ``judging``)
+    returns, run to its end at once."""
+    while True:
+        try:
+            next(pieces)
+        except StopIteration as done:
+            return cast(_T, done.value)
+
+
+def merging(journals: Mapping[str, list[dict[str, Any]]], store_events: Iterable[Mapping[str, Any]],
+            ledger: Iterable[Mapping[str, Any]], harness: Iterable[Mapping[str, Any]],
+            dead: Iterable[str] = (), at: "Callable[[int], int] | None" = None,
+            **meta: Any) -> Generator[None, None, History]:
+    """:func:`merge` a piece at a time: it yields every few hundred events and returns the history
+    (a harness with workers to answer looks at them in between)."""
     raw: list[tuple[int, str, str, str, dict[str, Any]]] = []
     harness = list(harness)
     death = {h["worker"]: h["t"] for h in harness if h.get("kind") == v.EXIT}
@@ -299,7 +324,8 @@ def merge(journals: Mapping[str, list[dict[str, Any]]], store_events: Iterable[M
     for worker, entries in journals.items():
         open_ops: dict[Any, dict[str, Any]] = {}
         for e in entries:
-            data = {k: x for k, x in e.items() if k not in ("t", "kind", "type")}
+            data = dict(e)
+            del data["t"], data["kind"], data["type"]
             raw.append((e["t"], worker, e["kind"], e["type"], data))
             if e["type"] == v.INVOKE:
                 open_ops[e.get("op")] = e
@@ -311,6 +337,7 @@ def merge(journals: Mapping[str, list[dict[str, Any]]], store_events: Iterable[M
                 data = {k: x for k, x in e.items() if k not in ("t", "kind", "type")}
                 data["indeterminate"] = True
                 raw.append((end, worker, e["kind"], v.INFO, data))
+        yield
     for s in store_events:
         data = {k: x for k, x in s.items() if k not in ("t", "kind")}
         raw.append((s["t"], v.STORE, s["kind"], v.EVENT, data))
@@ -320,6 +347,15 @@ def merge(journals: Mapping[str, list[dict[str, Any]]], store_events: Iterable[M
     for h in harness:
         data = {k: x for k, x in h.items() if k not in ("t", "kind")}
         raw.append((h["t"], v.HARNESS, h["kind"], v.EVENT, data))
+    yield
     if at is not None:
         raw = [(at(t), p, k, ty, d) for t, p, k, ty, d in raw]
-    return build(raw, **meta)
+    raw.sort(key=lambda r: r[0])
+    yield
+    # The data dicts were made here: no copy of each, as build() makes for a caller's.
+    events: list[Event] = []
+    for start in range(0, len(raw), _PIECE):
+        events.extend(Event(i, t, p, k, ty, d)
+                      for i, (t, p, k, ty, d) in enumerate(raw[start:start + _PIECE], start))
+        yield
+    return History(tuple(events), **meta)

@@ -16,7 +16,7 @@ from killpoint.chaos.schedule import Schedule
 from killpoint.harness import checkpoint
 from killpoint.harness import downstream as ds
 from killpoint.harness import history as hist
-from killpoint.harness.checkers import check_all
+from killpoint.harness.checkers import checking
 from killpoint.harness.checkers.base import Verdict
 from killpoint.harness.store.base import Store
 from killpoint.harness.worker import Timing
@@ -25,7 +25,7 @@ from killpoint.harness.workload import Workload, policy_of
 if TYPE_CHECKING:
     from killpoint.harness.hooks import Hooks
 
-__all__ = ["Judgement", "checkpoint_verdicts", "gathering", "judge"]
+__all__ = ["Judgement", "checkpoint_verdicts", "gathering", "judge", "judging"]
 
 
 def checkpoint_verdicts(workload: Workload, store: Store) -> tuple[dict[str, Any], ...]:
@@ -55,10 +55,13 @@ def gathering(*, workload: Workload, store: Store, client: ds.DownstreamClient,
     the rows it was set up with) gives way to what the target's ``history()`` and ``final_states()``
     say; with neither, the invariants that read them say "not applicable"."""
     workers = list(workers)
-    journals = {w.label: hist.read_journal(w.journal) for w in workers if os.path.exists(w.journal)}
+    journals = {}
+    for w in workers:
+        if os.path.exists(w.journal):
+            journals[w.label] = hist.read_journal(w.journal)
+            yield
     dead = {w.label for w in workers if w.exitcode != 0}
     owns = hooks is not None and hooks.target.owns_state
-    yield
     checkpoints = () if owns else checkpoint_verdicts(workload, store)
     yield
     store_events = store.events()
@@ -75,11 +78,11 @@ def gathering(*, workload: Workload, store: Store, client: ds.DownstreamClient,
     steps = tuple(hist.StepConfig(inst.id, s.name, s.resource, s.key(inst.id), not s.retry_safe,
                                   s.max_attempts, s.compensation_key(inst.id))
                   for inst in workload.instances for s in inst.steps)
-    return hist.merge(journals, store_events, ledger, list(harness_events),
-                      dead=dead, steps=steps, final=final, checkpoints=checkpoints, owns_state=owns,
-                      schedule=str(schedule), quiescent=quiescent, bound_hit=bound_hit,
-                      stuck_bound_ms=timing.stuck_bound_ms, stuck_slack_ms=timing.stuck_slack_ms,
-                      at=at)
+    return (yield from hist.merging(journals, store_events, ledger, list(harness_events),
+                                    dead=dead, steps=steps, final=final, checkpoints=checkpoints,
+                                    owns_state=owns, schedule=str(schedule), quiescent=quiescent,
+                                    bound_hit=bound_hit, stuck_bound_ms=timing.stuck_bound_ms,
+                                    stuck_slack_ms=timing.stuck_slack_ms, at=at))
 
 
 @dataclass(frozen=True)
@@ -93,7 +96,13 @@ def judge(history: hist.History, schedule: Schedule, fired: Mapping[int, int],
           findings: Sequence[str] = ()) -> Judgement:
     """Every invariant on ``history``; a scheduled fault that never fired, or a ``finding`` (the
     target raised, a hook failed), makes it unknown at best."""
-    verdict = check_all(history, schedule=str(schedule))
+    return hist.drained(judging(history, schedule, fired, findings))
+
+
+def judging(history: hist.History, schedule: Schedule, fired: Mapping[int, int],
+            findings: Sequence[str] = ()) -> Generator[None, None, Judgement]:
+    """:func:`judge` an invariant at a time: it yields between them and returns the judgement."""
+    verdict = yield from checking(history, schedule=str(schedule))
     unfired = tuple(str(f) for i, f in enumerate(schedule.faults) if i not in fired)
     extra = tuple(findings) + tuple(f"scheduled fault {u} never fired" for u in unfired)
     if extra:

@@ -28,7 +28,7 @@ from killpoint.harness import downstream as ds
 from killpoint.harness import signals
 from killpoint.harness import history as hist
 from killpoint.harness.checkers.base import Verdict
-from killpoint.harness.judge import gathering, judge
+from killpoint.harness.judge import gathering, judging
 from killpoint.harness.declaration import TargetRun
 from killpoint.harness.hooks import Hooks
 from killpoint.harness.redact import redact
@@ -557,8 +557,8 @@ class _Run:
         yield
         self.phase = "judging"
         # A target that raised, or a hook that did, is a finding: the run cannot be valid.
-        judged = judge(history, self.config.schedule, sup.tally.fired,
-                       sup.raised.reasons() + tuple(self.hooks.errors))
+        judged = yield from judging(history, self.config.schedule, sup.tally.fired,
+                                    sup.raised.reasons() + tuple(self.hooks.errors))
         if not self.s.keep:
             self.hooks.teardown()
         return RunResult(self.config, self.run_id, history, judged.verdict, judged.fired,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 from types import MappingProxyType
-from typing import Callable, Iterable, Mapping
+from typing import Callable, Generator, Iterable, Mapping
 
 from killpoint import vocab
 from killpoint.harness.checkers.base import Checker, Result, Verdict, Violation, rank
@@ -19,7 +19,7 @@ from killpoint.harness.checkers.invariants import (CHECKERS, checkpoints_honoure
                                          stuck_detected, terminates, version_chain, lease_fenced,
                                          fence_rises, receipt_first)
 from killpoint.harness.checkers.replay import replay_compatible
-from killpoint.harness.history import History
+from killpoint.harness.history import History, drained
 
 # name -> checker, in the order of DESIGN section 7, then checkpoints_honoured (section 3), then
 # lease_fenced, fence_rises and receipt_first (section 7's bug classes);
@@ -50,24 +50,31 @@ def check_all(history: History, checkers: Mapping[str, Checker] | Iterable[Check
     ``schedule`` (default: the history's own) is written into every violation so that a violation
     read on its own still says how to replay it.
     """
+    return drained(checking(history, checkers, schedule))
+
+
+def checking(history: History, checkers: Mapping[str, Checker] | Iterable[Checker] | None = None,
+             schedule: str = "") -> Generator[None, None, Verdict]:
+    """:func:`check_all` a checker at a time: it yields after each and returns the verdict."""
     schedule = schedule or history.schedule
     results: list[Result] = []
-    # The checkers build large indexes over a large history and make no reference cycles, so the
-    # cycle collector would only walk every event again and again (a third of the time on a
-    # million events) and find nothing: it is paused while they run.
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        for name, checker in _named(checkers, history):
-            why_not = not_applicable(name, history)
-            if why_not is not None:
-                results.append(Result(name, True, False, (), f"not applicable: {why_not}",
-                                      applicable=False))
-                continue
+    for name, checker in _named(checkers, history):
+        why_not = not_applicable(name, history)
+        if why_not is not None:
+            results.append(Result(name, True, False, (), f"not applicable: {why_not}",
+                                  applicable=False))
+            continue
+        # The checkers build large indexes over a large history and make no reference cycles, so
+        # the cycle collector would only walk every event again and again (a third of the time on
+        # a million events) and find nothing: it is paused while each runs.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
             results.append(_judge(history, name, checker, schedule))
-    finally:
-        if collecting:
-            gc.enable()
+        finally:
+            if collecting:
+                gc.enable()
+        yield
     unknown = tuple(f"{r.invariant}: {r.detail}" for r in results if r.valid is None)
     valid = rank(r.valid for r in results)
     if valid is True and not any(r.judged for r in results):
