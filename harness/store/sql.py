@@ -273,12 +273,18 @@ class SqlStore(Store):
         between finding and freeing; skipping locked rows in a fixed order means monitors never wait
         on each other or deadlock (a busy row is looked at again on the next poll).
         """
+        stuck = "owner_worker IS NOT NULL AND expires_at >= {now} AND progress_at < {now} - ?"
+        # Almost always nothing is stuck: a read says so without taking the write lock that every
+        # worker's claims and commits wait for (the write below looks again, under that lock).
+        probe = self._q("SELECT 1 FROM {steps} WHERE " + stuck + " LIMIT 1")
+        if not self._read(lambda cur: cur.execute(probe, (bound_ms / 1000.0,)).fetchone()):
+            return []
+
         def do(cur: Any) -> list[tuple[str, str]]:
             rows = cur.execute(self._q(
                 "SELECT instance, step, owner_worker, lease_version, state_version, state, "
-                "({now} - progress_at) * 1000.0 FROM {steps} WHERE owner_worker IS NOT NULL "
-                "AND expires_at >= {now} AND progress_at < {now} - ? "
-                "ORDER BY instance, step{skip_locked}"), (bound_ms / 1000.0,)).fetchall()
+                "({now} - progress_at) * 1000.0 FROM {steps} WHERE " + stuck +
+                " ORDER BY instance, step{skip_locked}"), (bound_ms / 1000.0,)).fetchall()
             found = []
             for inst, step, owner, fence, sv, state, idle_ms in rows:
                 cur.execute(self._q("UPDATE {steps} SET owner_worker = NULL, expires_at = NULL "
