@@ -411,3 +411,26 @@ def test_run_ids_carry_a_random_tail_so_no_other_process_can_guess_them():
     assert a.run_id.startswith("run0001-s0-") and b.run_id.startswith("run0002-s0-")
     assert len(a.run_id.rsplit("-", 1)[1]) == 8 and a.run_id.rsplit("-", 1)[1] != b.run_id.rsplit("-", 1)[1]
     assert a.valid is True and url.rsplit("/", 1)[1] not in a.run_id
+
+
+def test_the_client_reads_an_answer_that_spans_many_reads_and_a_closed_connection_is_reopened(
+        client, downstream):
+    """Protects killpoint's own HTTP client (written by hand, no http.client): an answer far larger
+    than one read (a ledger of half a megabyte) arrives whole, the keep-alive connection serves the
+    next request, and after the server closes it (a 403 says Connection: close) the next request
+    opens another instead of being lost."""
+    big = "x" * 200_000
+    for n in range(3):
+        client.call("payment", key=f"big-{n}", params={"amount": 1, "note": big}, meta=META)
+    rows = client.ledger()
+    assert [r["key"] for r in rows] == ["big-0", "big-1", "big-2"]
+    assert all(r["params"]["note"] == big for r in rows)
+    # The server closes a connection that did not carry the secret: the client's next request on a
+    # connection it believed open must not be lost.
+    stranger = DownstreamClient(downstream.url.rsplit("/", 1)[0] + "/not-the-secret", client.run)
+    status, body, headers = stranger._request("GET", "/ledger")
+    assert status == 403 and headers.get("connection") == "close"
+    status, body, _ = stranger._request("GET", "/ledger")
+    assert status == 403  # answered again, on a new connection
+    stranger.close()
+    assert len(client.ledger()) == 3
