@@ -225,43 +225,60 @@ def _draw_plain(fake: Any) -> list[dict[str, Any]]:
              "card": f"tok_{fake.lexify('????')}"} for _ in range(3)]
 
 
+# Seeds kept per workload (the most recently drawn): an exploration draws a seed per batch.
+_KEPT_SEEDS = 64
+
+
 def drawn_values(name: str, seed: int, draw: Callable[[Any], list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """``draw(fake)`` for a Faker seeded with ``seed``, kept on disk once drawn.
 
     Importing Faker and making its generator cost a command about 130 ms, more than a run; the
     values it draws for a seed are the same every time for the same Faker and the same drawing
     code. So they are kept, as JSON, in the user's cache folder (``$XDG_CACHE_HOME/killpoint`` or
-    ``~/.cache/killpoint``; ``KILLPOINT_NO_CACHE=1`` turns it off), under a name made of the
-    workload, the seed, the drawing code and the installed Faker (its location, size and time).
-    A cache that cannot be read or written is only skipped.
+    ``~/.cache/killpoint``; ``KILLPOINT_NO_CACHE=1`` turns it off): one file per workload, named by
+    the drawing code and the installed Faker (its location, size and time), holding the last
+    :data:`_KEPT_SEEDS` seeds drawn. A cache that cannot be read or written is only skipped.
     """
-    path = _draw_cache_path(name, seed, draw)
+    path = _draw_cache_path(name, draw)
+    kept: dict[str, Any] = {}
     if path is not None:
         try:
             with open(path, encoding="utf-8") as fh:
-                values = json.load(fh)
-            if isinstance(values, list) and all(isinstance(v, dict) for v in values):
-                return values
+                loaded = json.load(fh)
+            kept = loaded if isinstance(loaded, dict) else {}
         except (OSError, ValueError):
             pass
+        values = kept.get(str(seed))
+        if isinstance(values, list) and all(isinstance(v, dict) for v in values):
+            return values
     from faker import Faker
 
     fake = Faker()
     fake.seed_instance(seed)
     values = draw(fake)
     if path is not None:
+        kept.pop(str(seed), None)
+        kept[str(seed)] = values
+        while len(kept) > _KEPT_SEEDS:
+            del kept[next(iter(kept))]  # the seed drawn longest ago
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".draw-")
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump(values, fh)
+                json.dump(kept, fh)
             os.replace(tmp, path)  # whole or not at all, whoever else writes it meanwhile
         except OSError:
             pass
     return values
 
 
-def _draw_cache_path(name: str, seed: int, draw: Callable[..., Any]) -> str | None:
+def _code_fingerprint(code: Any) -> tuple[Any, ...]:
+    """What a function's code is, without the addresses a nested code object's repr carries."""
+    consts = tuple(_code_fingerprint(c) if hasattr(c, "co_code") else repr(c) for c in code.co_consts)
+    return code.co_code, consts, code.co_names
+
+
+def _draw_cache_path(name: str, draw: Callable[..., Any]) -> str | None:
     if os.environ.get("KILLPOINT_NO_CACHE"):
         return None
     import importlib.util
@@ -274,9 +291,8 @@ def _draw_cache_path(name: str, seed: int, draw: Callable[..., Any]) -> str | No
         return None
     if st is None:
         return None
-    code = draw.__code__
-    fingerprint = hashlib.sha256(repr((name, seed, code.co_code, code.co_consts, code.co_names, origin,
-                                       st.st_size, st.st_mtime_ns)).encode()).hexdigest()[:32]
+    fingerprint = hashlib.sha256(repr((name, _code_fingerprint(draw.__code__), origin, st.st_size,
+                                       st.st_mtime_ns)).encode()).hexdigest()[:32]
     home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(home, "killpoint", "faker", f"{name}-{fingerprint}.json")
 

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import glob
+import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -50,7 +53,7 @@ def test_a_damaged_kept_file_is_drawn_again_and_replaced(cache_home):
             fh.write(damage)
         assert _seen(WORKLOADS["orders"](5)) == fresh
         with open(path) as fh:
-            assert fh.read().startswith("[{")
+            assert json.load(fh)["5"][0]["kind"] == "plain"
 
 
 def test_a_cache_folder_that_cannot_be_written_is_only_skipped(tmp_path, monkeypatch):
@@ -62,3 +65,21 @@ def test_a_cache_folder_that_cannot_be_written_is_only_skipped(tmp_path, monkeyp
     monkeypatch.delenv("KILLPOINT_NO_CACHE")
     assert _seen(WORKLOADS["plain"](9)) == expected
     assert os.path.isfile(blocker)
+
+
+def test_the_kept_file_is_found_again_by_another_process_and_holds_the_latest_seeds(cache_home):
+    """Protects the saving itself: a command in another process finds the file this one wrote (its
+    name carries no address of this process), and an exploration's many seeds keep one file of the
+    latest 64, not a file per seed."""
+    code = "from killpoint.harness.workload import WORKLOADS; WORKLOADS['plain'](3); WORKLOADS['orders'](3)"
+    env = {**os.environ, "XDG_CACHE_HOME": str(cache_home)}
+    for _ in range(2):
+        subprocess.run([sys.executable, "-c", code], check=True, env=env)
+    assert sorted(os.path.basename(p).split("-")[0]
+                  for p in glob.glob(str(cache_home / "killpoint" / "faker" / "*.json"))) == ["orders", "plain"]
+    for seed in range(100, 170):
+        WORKLOADS["plain"](seed)
+    (path,) = glob.glob(str(cache_home / "killpoint" / "faker" / "plain-*.json"))
+    with open(path) as fh:
+        kept = json.load(fh)
+    assert list(kept) == [str(s) for s in range(106, 170)]
