@@ -84,6 +84,28 @@ def test_a_dead_downstream_makes_the_run_unknown_with_its_cause_never_an_excepti
     assert reason.startswith("infrastructure failure while configuring the downstream"), reason
 
 
+def test_a_worker_that_cannot_be_started_makes_the_run_unknown_naming_it(monkeypatch):
+    """The machine refuses another process (fork fails with EAGAIN, as at a process limit): each run
+    is unknown, naming the worker it could not start, never a violation and never an exception;
+    in a batch too (``--jobs 1`` prepares the next run and forks its first worker ahead)."""
+    import errno
+
+    def refused() -> int:
+        raise BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable")
+
+    configs = [RunConfig(schedule=chaos.parse("A@charge.after_call:kill"), workload="single")] * 2
+    with Session() as session:
+        before = set(children_of(os.getpid()))
+        monkeypatch.setattr(os, "fork", refused)
+        results = [session.run(configs[0]), *session.run_many(configs, jobs=1)]
+        monkeypatch.undo()
+        assert set(children_of(os.getpid())) == before
+    for result in results:
+        assert result.valid is None and result.verdict.violations == ()
+        (reason,) = result.verdict.unknown_reasons
+        assert "cannot start worker A: BlockingIOError" in reason, reason
+
+
 @pytest.fixture
 def tiny_disk(tmp_path):
     """A real 600 kB filesystem (tmpfs): the run's folder fills it up."""
