@@ -264,9 +264,6 @@ def build(raw: Iterable[tuple[int, str, str, str, Mapping[str, Any]]], **meta: A
                    **meta)
 
 
-_PIECE = 400  # events per piece of merging (about a quarter of a millisecond)
-
-
 def read_journal(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Read a worker journal: JSON lines, a torn last line (the worker was killed mid-write) tolerated."""
     with open(path, "rb") as fh:
@@ -309,6 +306,9 @@ def drained(pieces: Generator[None, None, _T]) -> _T:
             next(pieces)
         except StopIteration as done:
             return cast(_T, done.value)
+
+
+_PIECE = 400  # events per piece of merging (about a quarter of a millisecond)
 
 
 def merging(journals: Mapping[str, list[dict[str, Any]]], store_events: Iterable[Mapping[str, Any]],

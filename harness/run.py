@@ -277,7 +277,8 @@ class Session:
         ahead: _Run | None = None  # the next run, made (and prepared) while this one goes
         try:
             for i, config in enumerate(configs):
-                run, ahead = (ahead, None) if ahead is not None else (self._new_run(config), None)
+                run = ahead if ahead is not None else self._new_run(config)
+                ahead = None
                 before = Settling(unsettled.pop(0)) if unsettled else None
                 try:
                     if run.deferrable():

@@ -10,7 +10,8 @@ Workers start in name order: B starts once every fault scheduled for A has fired
 a scheduled fault lands where it was asked to. A worker killed by a fault is replaced, by a fresh
 identity or, drawn from the seed, by one with the same identity; a replacement without a fault of
 its own starts after the whole pool and after the replacements before it, whenever the harness
-happens to see the death. A fault that killed is spent and is not inherited. A paused worker (SIGSTOP) is resumed once another worker has moved its step on.
+happens to see the death. A fault that killed is spent and is not inherited. A paused worker
+(SIGSTOP) is resumed once another worker has moved its step on.
 A worker at a ``terminate`` waits while the harness ends its PostgreSQL sessions, then goes on.
 """
 
@@ -690,8 +691,9 @@ class Supervisor:
         """Run the workers until the run is done or the bound is hit: ``(bound_hit, quiescent)``.
         ``deadline`` is CLOCK_MONOTONIC seconds, ``run_deadline`` the run's own time (database
         time, which the virtual clock moves). ``meanwhile`` (the judging of the run before and the
-        preparation of the run after, see :meth:`Session.run_in_turn`) is done a piece at a time whenever no worker has anything for
-        the harness, so that a fault that fires is answered within a piece.
+        preparation of the run after, see :meth:`Session.run_in_turn`) is done a piece at a time
+        whenever no worker has anything for the harness, so that a fault that fires is answered
+        within a piece.
 
         The caller ends the workers afterwards (:meth:`end_workers`), also when this raises.
         """

@@ -177,16 +177,9 @@ def default_workload(seed: int = 0) -> Workload:
     (and ``checkpoints_honoured`` has a refused checkpoint to judge in every run).
     """
     instances = []
-    for n, drawn in enumerate(drawn_values("orders", seed, _draw_orders), start=1):
-        kind, amount, customer, email = drawn["kind"], drawn["amount"], drawn["customer"], drawn["email"]
-        sku, qty, card = drawn["sku"], drawn["qty"], drawn["card"]
-        data: dict[str, Any] = {"customer": customer, "email": email, "sku": sku, "qty": qty,
-                                "amount": amount, "card": card, "kind": kind}
-        amended_amount: int | None = drawn.get("amended_amount")
-        if amended_amount is not None:
-            data["amended_amount"] = amended_amount
-        steps = order_steps(sku=sku, qty=qty, amount=amount, card=card, email=email,
-                            amended_amount=amended_amount)
+    for n, data in enumerate(drawn_values("orders", seed, _draw_orders), start=1):
+        steps = order_steps(sku=data["sku"], qty=data["qty"], amount=data["amount"], card=data["card"],
+                            email=data["email"], amended_amount=data.get("amended_amount"))
         instances.append(InstanceSpec(f"order-{n}", steps, data, "order", ORDER_VERSION))
     flaky, tampered = instances[3], instances[4]
     faults = ({"key": flaky.step("reserve").key(flaky.id), "action": "status:503", "times": 2},)
@@ -203,15 +196,16 @@ def default_workload(seed: int = 0) -> Workload:
 
 
 def _draw_orders(fake: Any) -> list[dict[str, Any]]:
-    """What the orders workload draws from Faker, in the order it draws it."""
+    """What the orders workload draws from Faker, in the order it draws it: each order's data."""
     drawn = []
     for kind in ("plain", "declined", "amended", "flaky", "tampered"):
         amount = fake.random_int(500, 50000)
         customer, email = fake.name(), fake.email()
         sku, qty = fake.bothify("SKU-????-###").upper(), fake.random_int(1, 5)
         card = "declined" if kind == "declined" else f"tok_{fake.lexify('????')}"
-        values = {"kind": kind, "amount": amount, "customer": customer, "email": email, "sku": sku,
-                  "qty": qty, "card": card}
+        # An order's data, keys in this order (its checkpoint is a hash of it).
+        values: dict[str, Any] = {"customer": customer, "email": email, "sku": sku, "qty": qty,
+                                  "amount": amount, "card": card, "kind": kind}
         if kind == "amended":
             values["amended_amount"] = amount + fake.random_int(100, 900)
         drawn.append(values)

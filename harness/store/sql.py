@@ -24,6 +24,14 @@ _EVENT = ("INSERT INTO {events} (t, db_time, kind, instance, step, worker, from_
           "VALUES (?, {now}, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
 
 
+# A lease whose heartbeat goes on while its step's progress stopped more than the bound ago.
+_STUCK = "owner_worker IS NOT NULL AND expires_at >= {now} AND progress_at < {now} - ?"
+_ANY_STUCK = "SELECT 1 FROM {steps} WHERE " + _STUCK + " LIMIT 1"
+_STUCK_ROWS = ("SELECT instance, step, owner_worker, lease_version, state_version, state, "
+               "({now} - progress_at) * 1000.0 FROM {steps} WHERE " + _STUCK +
+               " ORDER BY instance, step{skip_locked}")
+
+
 def event_args(kind: str, instance: str | None, step: str | None, *, worker: str | None = None,
                from_state: str | None = None, to_state: str | None = None,
                state_version: int | None = None, fence: int | None = None,
@@ -273,18 +281,15 @@ class SqlStore(Store):
         between finding and freeing; skipping locked rows in a fixed order means monitors never wait
         on each other or deadlock (a busy row is looked at again on the next poll).
         """
-        stuck = "owner_worker IS NOT NULL AND expires_at >= {now} AND progress_at < {now} - ?"
         # Almost always nothing is stuck: a read says so without taking the write lock that every
         # worker's claims and commits wait for (the write below looks again, under that lock).
-        probe = self._q("SELECT 1 FROM {steps} WHERE " + stuck + " LIMIT 1")
-        if not self._read(lambda cur: cur.execute(probe, (bound_ms / 1000.0,)).fetchone()):
+        bound_s = bound_ms / 1000.0
+        probe = self._q(_ANY_STUCK)
+        if not self._read(lambda cur: cur.execute(probe, (bound_s,)).fetchone()):
             return []
 
         def do(cur: Any) -> list[tuple[str, str]]:
-            rows = cur.execute(self._q(
-                "SELECT instance, step, owner_worker, lease_version, state_version, state, "
-                "({now} - progress_at) * 1000.0 FROM {steps} WHERE " + stuck +
-                " ORDER BY instance, step{skip_locked}"), (bound_ms / 1000.0,)).fetchall()
+            rows = cur.execute(self._q(_STUCK_ROWS), (bound_s,)).fetchall()
             found = []
             for inst, step, owner, fence, sv, state, idle_ms in rows:
                 cur.execute(self._q("UPDATE {steps} SET owner_worker = NULL, expires_at = NULL "
