@@ -289,9 +289,12 @@ def test_terminate_before_db_commit_rolls_back_and_the_worker_knows_it(session, 
     assert event.get("states")[str(worker_pid)] == "idle in transaction"  # ended with the transaction open
     op = _op_after(_terminated(result)[1])
     assert (op.kind, op.type) == (kind, "fail")
-    fence = next(e.get("fence") for e in result.history.events
-                 if e.process == "A" and e.kind == "claim" and e.type == "ok" and e.get("step") == "charge")
     if kind == "commit":  # A's transition never landed: someone else's claim, with a higher fence, did
+        # (A holds the claim it is committing under; with kind "claim" A may never hold one: its claim
+        # was lost and another worker may take the step before A asks again)
+        fence = next(e.get("fence") for e in result.history.events
+                     if e.process == "A" and e.kind == "claim" and e.type == "ok" and e.get("step") == "charge"
+                     and e.get("instance") == event.get("instance"))
         assert not [e for e in result.history.of("store", "committed")
                     if e.get("step") == "charge" and e.get("worker") == "A" and e.get("fence") == fence
                     and e.get("instance") == event.get("instance")]
