@@ -85,6 +85,9 @@ def _harness(e: Event) -> str:
         return "the run is quiescent; an outside actor acts before the history is judged"
     if e.kind == v.REPLACEMENTS_STOPPED:
         return f"no more replacements: the target raised {d.get('error')} again (in {worker})"
+    if e.kind == v.LATE_GRACE_OVER:
+        return (f"{', '.join(d.get('workers') or ())} resumed late and still running {d.get('seconds'):g} s "
+                f"after the target's done() said yes: ended as workers that serve forever")
     if e.kind == v.EXIT:
         how = f"killed by {d['signal']}" if d.get("signal") else f"exit code {d.get('code')}"
         return f"worker {worker}{_pid(pid)} ended, {how}"

@@ -559,7 +559,7 @@ class _Run:
         self.phase = "judging"
         # A target that raised, or a hook that did, is a finding: the run cannot be valid.
         judged = yield from judging(history, self.config.schedule, sup.tally.fired,
-                                    sup.raised.reasons() + tuple(self.hooks.errors))
+                                    sup.raised.reasons() + tuple(self.hooks.errors) + sup.still_paused())
         if not self.s.keep:
             self.hooks.teardown()
         return RunResult(self.config, self.run_id, history, judged.verdict, judged.fired,

@@ -57,6 +57,7 @@ DISK_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO})
 EXIT_DISK = 75  # EX_TEMPFAIL: a worker that ended because the disk failed it
 POLL_S = 0.02  # the loop's wait for a message or an exit
 STARVED_S = 0.05  # a wait that overran by more than this: the machine starved the harness
+LATE_GRACE_S = 1.0  # how long a late (resumed) worker of an owned-state target may go on after done()
 
 
 def disk_failed(exc: BaseException) -> bool:
@@ -105,6 +106,8 @@ class WorkerProcess:
     clock: int | None = None  # its block on the run clock's page (None: untracked)
     dying: bool = False  # a kill fired in it: it is about to end (and be replaced)
     raised: tuple[str, str] | None = None  # (signature, "Type: message") when its target raised
+    late: bool = False  # resumed after a pause: a stale worker whose late writes the run waits for
+    never_resumed: bool = False  # still paused when the run hit its bound (and was then killed)
 
     @property
     def events(self) -> int:
@@ -327,6 +330,8 @@ class Supervisor:
         self.halted = False  # replacements stopped: the target raised the same exception twice
         self.replaces: dict[str, str] = {}  # identity about to start -> the dead worker id it replaces
         self._next_done_poll = 0.0
+        self._done_at: float | None = None  # when done() first said yes with a late worker alive
+        self._next_paused_poll = 0.0
         self.schedule = config.schedule
         self.run_id = run_id
         self.run_dir = run_dir
@@ -654,16 +659,37 @@ class Supervisor:
 
     def maybe_resume(self, w: WorkerProcess, others_active: bool) -> None:
         instance, step, version = w.paused  # type: ignore[misc]
-        row = self.step_row(instance, step)
-        moved_on = row is None or row["state_version"] >= version + 2 or \
-            (row["state_version"] > version and row["owner_worker"] is None)
+        if self.finished != self._store_done:
+            # A target that owns its state: killpoint's store does not see its steps move, the
+            # target's done() does (asked at most every 50 ms): the work was finished without it.
+            moved_on = self._paused_done()
+            reason = "the target's done() says the work is finished"
+        else:
+            row = self.step_row(instance, step)
+            moved_on = row is None or row["state_version"] >= version + 2 or \
+                (row["state_version"] > version and row["owner_worker"] is None)
+            reason = "its step moved on"
         if moved_on or not others_active:
             self.note(vocab.CONT, worker=w.label, pid=w.proc.pid, signal="SIGCONT",
-                      reason="its step moved on" if moved_on else "no other worker can move")
+                      reason=reason if moved_on else "no other worker can move")
             os.kill(w.proc.pid, signal.SIGCONT)
             os.write(w.control, RESUME)
             w.state = "running"
             w.paused = None
+            w.late = True
+
+    def _paused_done(self) -> bool:
+        now = time.monotonic()
+        if now < self._next_paused_poll:
+            return False
+        self._next_paused_poll = now + 0.05
+        return bool(self.finished())
+
+    def still_paused(self) -> tuple[str, ...]:
+        """Why a run that hit its bound cannot be valid: a worker paused then was never resumed,
+        so the late writes its pause was for never happened."""
+        return tuple(f"worker {w.label} was still paused when the run hit its bound: it never came back, "
+                     f"so what it would do late was not tested" for w in self.workers if w.never_resumed)
 
     def owned_done(self) -> bool:
         """For a target that owns its state, whose workers may serve forever (a library's worker
@@ -679,7 +705,21 @@ class Supervisor:
         if not live or any(w.state != "running" for w in live) or self.pending_faults() or \
                 len(self.tally.fired) < len(self.schedule.faults):
             return False
-        return self.finished()
+        if not self.finished():
+            return False
+        late = [w for w in live if w.late]
+        if not late:
+            return True
+        # A worker resumed after its pause is the stale worker of the lease-takeover exercise:
+        # what it does now (its late calls and writes) is what the run is for, so done() does not
+        # cut it short. A library's worker loop exits by itself once the work is done; one that
+        # serves forever is ended LATE_GRACE_S after done() first said yes.
+        if self._done_at is None:
+            self._done_at = now
+        if now - self._done_at < LATE_GRACE_S:
+            return False
+        self.note(vocab.LATE_GRACE_OVER, workers=[w.label for w in late], seconds=LATE_GRACE_S)
+        return True
 
     def _store_done(self) -> bool:
         now, rows = self.store.snapshot()
@@ -728,6 +768,7 @@ class Supervisor:
                 else:
                     self.note(vocab.BOUND_HIT, seconds=self.config.virtual_bound_s, clock="run")
                 for w in live:
+                    w.never_resumed = w.state == "paused"
                     self.kill_worker(w, "bound")
                 return True, False
             fds = {w.events: w for w in live}

@@ -89,3 +89,4 @@ TERMINATE_BACKEND = "terminate_backend"
 INFRASTRUCTURE_FAILURE = "infrastructure_failure"  # phase, error: the run ended unknown
 STARVED = "starved"  # ms: the harness's own wait overran by this much (the machine was busy)
 REPLACEMENTS_STOPPED = "replacements_stopped"  # worker, error: the target raised the same exception again
+LATE_GRACE_OVER = "late_grace_over"  # workers, seconds: resumed workers still running that long after done()

@@ -326,3 +326,97 @@ def test_workers_that_serve_forever_are_ended_once_the_targets_done_says_so(sess
     assert result.fired == {"A@charge.after_charge:kill": 1}
     assert any("done() says" in (e.get("reason") or "") for e in result.history.of("harness", "kill"))
     assert result.duration_s < 10
+
+
+def _late_charger(serve_forever: bool):
+    """An owned-state target whose worker charges under a key of its own (the naive bug) and then
+    marks the order done; ``serve_forever``: its loop never returns, like a library's worker."""
+    import time as _time
+
+    import killpoint
+
+    def work(ctx):
+        marker = os.path.join(ctx.run_dir, "charged")
+        while True:
+            if not os.path.exists(marker):
+                with ctx.at("order-1", "charge"):
+                    ctx.point("before_charge")
+                    _time.sleep(0.2)  # a slow step: a worker resumed here acts 0.2 s after its resume
+                    ctx.downstream.call("payment", key=f"{ctx.worker_id}:charge", params={"amount": 1},
+                                        meta={"instance": "order-1", "step": "charge"})
+                    ctx.point("after_charge")
+                open(marker, "w").close()
+            if not serve_forever:
+                return
+            _time.sleep(0.005)
+
+    def done(run):
+        return os.path.exists(os.path.join(run.run_dir, "charged"))
+
+    return killpoint.target(work, points=("before_charge", "after_charge"), owns_state=True, done=done,
+                            final_states=lambda run: {("order-1", "charge"): "succeeded" if done(run) else "running"})
+
+
+def test_a_paused_worker_of_an_owned_target_gets_its_late_say_before_done_ends_the_run(session):
+    """Protects: the stale worker of the lease-takeover exercise on a target that owns its state.
+    A is frozen before its charge, B charges and marks the order done, A is resumed and charges
+    again 0.2 s later under its own key. done() already says yes when A is resumed; the run must
+    not end A before its late call (it used to, within 50 ms: a false valid). A exits by itself."""
+    target = _late_charger(serve_forever=False)
+    schedule = chaos.parse("A@charge.before_charge:1*pause", points=frozenset(target.points))
+    result = session.run(RunConfig(schedule=schedule, target=target, workload="single", bound_s=20))
+    assert result.fired == {"A@charge.before_charge:1*pause": 1}
+    assert result.valid is False, result.verdict.unknown_reasons
+    assert {v.invariant for v in result.verdict.violations} == {"no_duplicate_effects"}
+    assert not [e for e in result.history.of("harness", "kill")]  # A ended by itself, after its call
+    assert not result.history.bound_hit
+
+
+def test_a_late_worker_that_serves_forever_is_ended_a_grace_after_done(session):
+    """Protects: a resumed worker whose loop never returns does not hold the run to its bound: once
+    done() says yes it has LATE_GRACE_S to act (its late call lands and is judged), then it is
+    ended and the run says so."""
+    from killpoint.harness.supervise import LATE_GRACE_S
+
+    target = _late_charger(serve_forever=True)
+    schedule = chaos.parse("A@charge.before_charge:1*pause", points=frozenset(target.points))
+    result = session.run(RunConfig(schedule=schedule, target=target, workload="single", bound_s=20))
+    assert result.valid is False and not result.history.bound_hit
+    assert {v.invariant for v in result.verdict.violations} == {"no_duplicate_effects"}
+    [over] = result.history.of("harness", "late_grace_over")
+    assert over.get("workers") == ["A"] and over.get("seconds") == LATE_GRACE_S
+    from killpoint.harness.narrate import describe
+
+    assert describe(over).startswith("A resumed late and still running 1 s after the target's done()")
+    assert result.duration_s < 10
+
+
+def test_a_worker_still_paused_at_the_bound_makes_the_run_unknown_never_valid(session):
+    """Protects: a pause whose worker never came back has not tested what the pause is for (the
+    stale worker's late writes); every step settled is not enough for a valid verdict then. Here
+    the target's done() never says yes and its other worker serves forever, so A stays frozen."""
+    import time as _time
+
+    import killpoint
+
+    def serve(ctx):
+        marker = os.path.join(ctx.run_dir, "charged")
+        with ctx.at("order-1", "charge"):
+            ctx.point("before_charge")
+            ctx.downstream.call("payment", key="order-1:charge", params={"amount": 1},
+                                meta={"instance": "order-1", "step": "charge"})
+        open(marker, "w").close()
+        while True:
+            _time.sleep(0.005)
+
+    def final_states(run):
+        charged = os.path.exists(os.path.join(run.run_dir, "charged"))
+        return {("order-1", "charge"): "succeeded" if charged else "running"}
+
+    target = killpoint.target(serve, points=("before_charge",), owns_state=True, done=lambda run: False,
+                              final_states=final_states)
+    schedule = chaos.parse("A@charge.before_charge:1*pause", points=frozenset(target.points))
+    result = session.run(RunConfig(schedule=schedule, target=target, workload="single", bound_s=2))
+    assert result.history.bound_hit and result.valid is None
+    assert [r for r in result.verdict.unknown_reasons if r.startswith("worker A was still paused")], \
+        result.verdict.unknown_reasons
