@@ -170,6 +170,31 @@ def test_procrastinate_history_lets_the_chain_invariants_judge_its_job_events(pg
     assert out["judged"] == 5 and out["runs"] == 1
 
 
+def test_procrastinate_refused_stale_finish_is_journalled_not_printed(pg_dsn):
+    """Protects: the frozen worker, resumed after its job was retried and finished by another, has
+    its finish refused by procrastinate (an error procrastinate leaves in a task nobody awaits);
+    the worker journals it as ``library_error`` instead of printing asyncio's traceback over the
+    user's terminal, and the verdict is the duplicate as before."""
+    need("procrastinate")
+    done = subprocess.run([sys.executable, "-m", "killpoint.harness.cli", "replay", "A@reserve.before_call:1*pause",
+                           "--target", "procrastinate:naive", "--json"], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "KILLPOINT_PG_DSN": pg_dsn})
+    out = json.loads(done.stdout)
+    assert (done.returncode, out["valid"]) == (1, False), done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and "never retrieved" not in done.stderr, done.stderr[-3000:]
+    from killpoint.chaos.schedule import parse
+    from killpoint.harness.run import RunConfig, Session
+    from killpoint.harness.targets import declared
+
+    with Session() as session:
+        result = session.run(RunConfig(schedule=parse("A@reserve.before_call:1*pause",
+                                                      points=frozenset(declared("procrastinate:naive").points)),
+                                       target="procrastinate:naive", store=pg_dsn))
+    errors = [e for e in result.history.events if e.kind == "library_error"]
+    assert [e.process for e in errors] == ["A"], [(e.process, e.kind) for e in result.history.events]
+    assert "not in \"doing\" or \"todo\" status" in errors[0].get("error")
+
+
 def _job_history(*rows: tuple) -> "History":
     from killpoint.harness.history import merge
     from killpoint.harness.libs.procrastinate import job_events
@@ -210,6 +235,10 @@ def test_procrastinate_job_events_map_a_stalled_retry_to_one_legal_chain_per_ste
       (4, 7, "retried", 1003.0, "order-1", "todo")], "failed -> retry_scheduled"),
     # a todo job finished as succeeded without running (procrastinate's trigger calls it "cancelled")
     ([(2, 7, "cancelled", 1001.0, "order-1", "succeeded")], "pending -> succeeded"),
+    # a stale finish: the job retried under a live worker whose heartbeat was late by the stalled
+    # bound, then finished by that worker before anyone started it again (procrastinate takes it)
+    ([(2, 7, "started", 1001.0, "order-1", "succeeded"), (3, 7, "deferred_for_retry", 1002.0, "order-1", "succeeded"),
+      (4, 7, "cancelled", 1003.0, "order-1", "succeeded")], "retry_scheduled -> succeeded"),
 ])
 def test_procrastinate_job_paths_the_transition_table_refuses_break_legal_transitions(rows, refused):
     """legal_transitions judges procrastinate's recorded status path, not the event names' promises."""
