@@ -148,6 +148,9 @@ class Delegating:
     def steps(self) -> list[dict[str, Any]]:
         return self.inner.steps()
 
+    def step_progress(self, instance: str, step: str) -> tuple[int, str | None] | None:
+        return self.inner.step_progress(instance, step)
+
     def events(self) -> list[dict[str, Any]]:
         return self.inner.events()
 

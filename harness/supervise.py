@@ -589,10 +589,10 @@ class Supervisor:
             self.note(vocab.CONT, worker=w.label, pid=w.proc.pid, signal=None,
                       reason="released once the restart it waited for was done")
             return
-        row = self.step_row(instance, step)
+        row = self.store.step_progress(instance, step) if instance and step else None
         os.kill(w.proc.pid, signal.SIGSTOP)
         w.state = "paused"
-        w.paused = (instance, step, row["state_version"] if row else 0)  # type: ignore[assignment]
+        w.paused = (instance, step, row[0] if row else 0)  # type: ignore[assignment]
         self.note(vocab.STOP, worker=w.label, pid=w.proc.pid, signal="SIGSTOP", instance=instance,
                   step=step, reason="pause")
 
@@ -651,12 +651,6 @@ class Supervisor:
                 if len(self.workers) < self.spawn_cap:
                     self.replace(w)
 
-    def step_row(self, instance: str | None, step: str | None) -> dict[str, Any] | None:
-        for row in self.store.steps():
-            if row["instance"] == instance and row["step"] == step:
-                return row
-        return None
-
     def maybe_resume(self, w: WorkerProcess, others_active: bool) -> None:
         instance, step, version = w.paused  # type: ignore[misc]
         if self.finished != self._store_done:
@@ -665,9 +659,8 @@ class Supervisor:
             moved_on = self._paused_done()
             reason = "the target's done() says the work is finished"
         else:
-            row = self.step_row(instance, step)
-            moved_on = row is None or row["state_version"] >= version + 2 or \
-                (row["state_version"] > version and row["owner_worker"] is None)
+            row = self.store.step_progress(instance, step) if instance and step else None
+            moved_on = row is None or row[0] >= version + 2 or (row[0] > version and row[1] is None)
             reason = "its step moved on"
         if moved_on or not others_active:
             self.note(vocab.CONT, worker=w.label, pid=w.proc.pid, signal="SIGCONT",

@@ -71,6 +71,10 @@ class Store(Protocol):
         """Every step row, in instance then step order."""
         ...
 
+    def step_progress(self, instance: str, step: str) -> tuple[int, str | None] | None:
+        """One step's ``(state_version, owner_worker)``; None when there is no such step."""
+        ...
+
     def events(self) -> list[dict[str, Any]]:
         """The append-only event table, oldest first, each row's ``data`` merged into it."""
         ...

@@ -113,6 +113,12 @@ class SqlStore(Store):
     def steps(self) -> list[dict[str, Any]]:
         return self.snapshot()[1]
 
+    def step_progress(self, instance: str, step: str) -> tuple[int, str | None] | None:
+        row = self._read(lambda cur: cur.execute(
+            self._q("SELECT state_version, owner_worker FROM {steps} WHERE instance = ? AND step = ?"),
+            (instance, step)).fetchone())
+        return None if row is None else (row[0], row[1])
+
     def instance(self, instance: str) -> dict[str, Any]:
         row = self._read(lambda cur: cur.execute(
             self._q("SELECT id, format_version, fingerprint, data, integrity FROM {instances} "
