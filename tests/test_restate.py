@@ -68,7 +68,8 @@ def test_restate_naive_matrix_exits_1_with_duplicate_effects_only(restate_server
     duplicated = {r["schedule"] for r in report["results"] if r["valid"] is False}
     # A kill inside ctx.run once the request was applied: Restate retries the run, a new key.
     assert {"A@charge.run_in_call:kill", "A@charge.run_after_call:kill"} <= duplicated
-    assert all(r["unfired"] == [] for r in report["results"])
+    unfired = [(r["schedule"], r["unfired"], r["valid"]) for r in report["results"] if r["unfired"]]
+    assert unfired == [], (unfired, report["unknown"], report["unknown_reasons"])
 
 
 @pytest.mark.parametrize("point", ["before_run", "run_before_call", "after_run"])
@@ -96,7 +97,8 @@ def test_restate_keyed_matrix_exits_0_with_every_declared_point_fired(restate_se
 
     code, report = run_json(capsys, "matrix", "--target", "restate:keyed")
     assert code == 0 and report["valid"] is True and report["violations"] == []
-    assert all(r["unfired"] == [] and all(n >= 1 for n in r["fired"].values()) for r in report["results"])
+    assert all(r["unfired"] == [] and all(n >= 1 for n in r["fired"].values()) for r in report["results"]), \
+        ([(r["schedule"], r["fired"], r["unfired"]) for r in report["results"]], report["unknown_reasons"])
     fired_points = {s.split(".")[1].split(":")[0] for r in report["results"] for s in r["fired"]}
     assert fired_points == set(POINTS)
     assert report["invariants"]["no_duplicate_effects"]["checked"] == report["runs"]
