@@ -123,6 +123,33 @@ def test_the_next_call_after_a_terminated_idle_session_fails_cleanly_then_reconn
     assert _claim(pg_store).fence == 1
 
 
+def test_a_client_side_error_without_sqlstate_is_a_lost_connection_not_a_crash(pg_store):
+    """Protects: psycopg's wait loop raises ``OperationalError("connection socket closed")`` when
+    the socket hangs up before libpq has read the server's last words (its status still OK). A
+    terminated worker met it in CI and crashed with it, which made an eight-worker race run
+    unknown. It is a lost connection: StoreUnavailable, the connection dropped, the next call
+    reconnects. A server error (with a SQLSTATE) on a live connection is still passed through."""
+    import psycopg
+
+    first = pg_store.conn()
+
+    def hang_up(cur: Any) -> None:
+        cur.execute("SELECT 1")
+        raise psycopg.OperationalError("connection socket closed")
+
+    with pytest.raises(StoreUnavailable):
+        pg_store._write(hang_up)
+    assert first.closed and pg_store.conn() is not first
+    assert _claim(pg_store).fence == 1  # the next call works on a new connection
+
+    def refused(cur: Any) -> None:
+        cur.execute("SELECT 1 / 0")
+
+    with pytest.raises(psycopg.errors.DivisionByZero):
+        pg_store._write(refused)
+    assert not pg_store.conn().closed
+
+
 def _stalled_reads(store: PostgresStore, stall_s: float) -> list[str]:
     """Two reads that stall mid-transaction (a long GC, a starved CPU): after their last statement,
     and between two statements. What became of each: ``ok`` or the exception's class name."""

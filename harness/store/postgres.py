@@ -147,6 +147,14 @@ def _reason(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+def _client_side(exc: BaseException) -> bool:
+    """An error of the client's own (no SQLSTATE: the server never answered), such as psycopg's
+    "connection socket closed" when the socket hangs up before libpq has read the server's last
+    words: the connection is lost even while libpq's status still reads OK. Every error the
+    server sends (a refusal, a serialization failure) carries a SQLSTATE."""
+    return isinstance(exc, psycopg.OperationalError) and exc.sqlstate is None
+
+
 class PostgresStore(SqlStore):
     """One run's store: the tables of :mod:`harness.store.sqlite` in a schema of their own."""
 
@@ -244,7 +252,7 @@ class PostgresStore(SqlStore):
                 c.rollback()
             except psycopg.Error:
                 pass  # the connection is gone; the server rolls back on its own
-            if isinstance(exc, psycopg.Error) and c.closed:  # lost, not refused: libpq's status is BAD
+            if isinstance(exc, psycopg.Error) and (c.closed or _client_side(exc)):  # lost, not refused
                 self._lose(c)
                 raise StoreUnavailable(f"the connection to the store died before COMMIT: "
                                        f"{_reason(exc)}") from exc
