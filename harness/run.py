@@ -275,9 +275,10 @@ class Session:
         setup); the others run one after the other, as :meth:`run`."""
         unsettled: list[_Run] = []  # lived, not judged yet
         ahead: _Run | None = None  # the next run, made (and prepared) while this one goes
+        going: _Run | None = None  # the run living now, until it is among the unsettled or judged
         try:
             for i, config in enumerate(configs):
-                run = ahead if ahead is not None else self._new_run(config)
+                run = going = ahead if ahead is not None else self._new_run(config)
                 ahead = None
                 before = Settling(unsettled.pop(0)) if unsettled else None
                 try:
@@ -291,11 +292,13 @@ class Session:
                                            ahead.prepare_step if ahead is not None and ahead.deferrable()
                                            else None))
                         unsettled.append(run)
+                        going = None
                         result = None
                     else:
                         if before is not None:
                             before.finish()
                         result = run.execute()
+                        going = None
                 finally:
                     if before is not None and before.result is None:
                         unsettled.insert(0, before.run)  # cut short: cleaned up below
@@ -307,8 +310,13 @@ class Session:
             while unsettled:
                 yield unsettled.pop(0).settle()
         finally:
-            for run in unsettled:  # interrupted, or the caller stopped asking
+            # Interrupted, or the caller stopped asking: the runs not judged, the one living (an
+            # interruption while it finished the next run's preparation, after its own workers
+            # ended, once left its tables behind) and the one prepared ahead.
+            for run in unsettled:
                 run.cleanup()
+            if going is not None:
+                going.cleanup()
             if ahead is not None:
                 ahead.cleanup()
 

@@ -136,6 +136,35 @@ def test_a_full_disk_is_exit_3_naming_it_with_the_json_and_no_traceback(tiny_dis
     assert wait_until_gone(marker) == []
 
 
+@pytest.mark.parametrize("where", ["while the next run is prepared", "while the run before is judged"])
+def test_an_interruption_as_a_run_finishes_its_meanwhile_leaves_no_schema_or_worker(pg_dsn, monkeypatch, where):
+    """Protects: with ``--jobs 1`` a run, its own workers ended, finishes the next run's preparation
+    and the run before's judging (``Meanwhile.finish``). A Ctrl-C or SIGTERM landing there left the
+    run's schema behind: it was neither living (its cleanup is in ``live``) nor yet among the runs
+    to judge (CI caught it once, in the SIGTERM test below)."""
+    from killpoint.harness import run as run_module
+
+    real_finish = run_module.Meanwhile.finish
+    calls = []
+
+    def interrupted(self):
+        calls.append(self)
+        if len(calls) == (1 if where == "while the next run is prepared" else 2):
+            real_finish(self)  # the next run prepared (its schema made): then the signal
+            raise KeyboardInterrupt()
+        return real_finish(self)
+
+    monkeypatch.setattr(run_module.Meanwhile, "finish", interrupted)
+    configs = [RunConfig(schedule=chaos.parse("A@charge.after_call:kill"), store=pg_dsn, workload="single")
+               for _ in range(4)]
+    with Session() as session:
+        with pytest.raises(KeyboardInterrupt):
+            for _ in session.run_in_turn(configs):
+                pass
+        assert not session._live, "a worker process outlived the interruption"
+    assert _schemas_of(pg_dsn, os.getpid()) == []
+
+
 def test_sigterm_ends_like_ctrl_c_exit_143_with_no_process_folder_or_schema_left(pg_dsn, tmp_path):
     marker = f"kp-{uuid.uuid4().hex}"
     cli = _cli("matrix", "--store", pg_dsn, "--json", "--jobs", "1", marker=marker, tmpdir=str(tmp_path))
