@@ -61,6 +61,33 @@ def test_server_config_listens_on_loopback_only_without_telemetry_and_keeps_data
         server.kill()
 
 
+def test_a_runs_service_port_is_held_for_its_workers_and_for_nobody_else():
+    """Protects: the port a run's workers listen on is held by the run (bound with SO_REUSEPORT)
+    from its setup to its teardown. A port only looked up was free again at once, so another run of
+    a ``--jobs`` batch could be handed it while a killed worker's replacement had not bound yet,
+    and that run's workers would then have taken this run's invocations."""
+    import errno
+    import socket
+
+    from killpoint.harness.servers.restate import _listening_socket, reserve_port
+
+    held = reserve_port()
+    port = held.getsockname()[1]
+    try:
+        plain = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        with pytest.raises(OSError) as err:  # what free_port() and a server's own bind do
+            plain.bind(("127.0.0.1", port))
+        assert err.value.errno == errno.EADDRINUSE
+        plain.close()
+        worker = _listening_socket(port)  # a worker still binds and serves it
+        client = socket.create_connection(("127.0.0.1", port), timeout=5)
+        conn, _ = worker.accept()
+        for s in (conn, client, worker):
+            s.close()
+    finally:
+        held.close()
+
+
 def test_restate_naive_matrix_exits_1_with_duplicate_effects_only(restate_server, capsys):
     code, report = run_json(capsys, "matrix", "--target", "restate:naive")
     assert code == 1 and report["valid"] is False

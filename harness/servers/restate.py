@@ -111,6 +111,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def reserve_port() -> socket.socket:
+    """A loopback port held for a run's workers: bound (not listening) with ``SO_REUSEPORT``, so
+    the workers' listening sockets may share it while nobody else can be given it. A port only
+    looked up (:func:`free_port`) is free again at once: between a worker's death and its
+    replacement's bind, another run of a ``--jobs`` batch could be handed it, and its workers
+    would then take this run's invocations."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind(("127.0.0.1", 0))
+    return sock
+
+
 def _http(method: str, url: str, body: Any = None, timeout: float = 10.0,
           headers: dict[str, str] | None = None) -> tuple[int, Any]:
     data = None if body is None else json.dumps(body).encode()
@@ -268,7 +281,8 @@ def setup(run: "TargetRun") -> None:
     server = RestateServer(os.path.join(run.run_dir, "restate"))
     server.start()
     run.state["restate"] = server
-    run.state["service_port"] = free_port()
+    held = run.state["service_port_held"] = reserve_port()
+    run.state["service_port"] = held.getsockname()[1]
     run.state["orders"] = _orders(run)
 
 
@@ -284,6 +298,9 @@ def teardown(run: "TargetRun") -> None:
     if server is not None:
         server.kill()
         atexit.unregister(server.kill)
+    held = run.state.pop("service_port_held", None)
+    if held is not None:
+        held.close()
 
 
 def _invocations(server: RestateServer) -> dict[str, str]:
