@@ -170,6 +170,27 @@ def test_procrastinate_history_lets_the_chain_invariants_judge_its_job_events(pg
     assert out["judged"] == 5 and out["runs"] == 1
 
 
+def _procrastinate_schemas(pg_dsn: str) -> set[str]:
+    import psycopg
+
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        return {r[0] for r in conn.execute("SELECT nspname FROM pg_namespace WHERE nspname LIKE %s",
+                                           ("kp\\_procrastinate\\_%",))}
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_procrastinate_leaves_no_schema_behind_with_any_number_of_jobs(pg_dsn, jobs):
+    """Protects: the schema with procrastinate's tables, made once per harness process, is dropped
+    when that process ends -- also a --jobs runner, which ends with os._exit and runs no atexit
+    hook (two schemas were left in the user's database by every matrix with --jobs 2)."""
+    need("procrastinate")
+    before = _procrastinate_schemas(pg_dsn)
+    code, out = matrix("procrastinate:keyed", "--points", "before_call,after_call", "--steps", "charge",
+                       "--actions", "kill", "--jobs", jobs, env={"KILLPOINT_PG_DSN": pg_dsn})
+    assert (code, out["valid"], out["runs"]) == (0, True, 2), out["unknown"]
+    assert _procrastinate_schemas(pg_dsn) - before == set()
+
+
 def test_procrastinate_refused_stale_finish_is_journalled_not_printed(pg_dsn):
     """Protects: the frozen worker, resumed after its job was retried and finished by another, has
     its finish refused by procrastinate (an error procrastinate leaves in a task nobody awaits);

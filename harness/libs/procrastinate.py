@@ -33,7 +33,6 @@ procrastinate's to compare.
 from __future__ import annotations
 
 import asyncio
-import atexit
 import hashlib
 import os
 import time
@@ -44,6 +43,7 @@ from killpoint.harness.libs.common import (TIMING, Downstream, PauseGuard, insta
                                            order_workload)
 
 # Imported in the parent, before any fork.
+import multiprocess.util as mp_util  # noqa: E402
 import procrastinate  # noqa: E402
 import psycopg  # noqa: E402
 from procrastinate.schema import SchemaManager  # noqa: E402
@@ -216,7 +216,10 @@ def _schema(conninfo: str) -> str:
         conn.execute(f"SET search_path = {schema}")
         conn.execute(SchemaManager.get_schema())  # type: ignore[arg-type]
     _schemas[os.getpid()] = (conninfo, schema)
-    atexit.register(_drop_schema, conninfo, schema, os.getpid())
+    # Dropped when this process ends: the main process through atexit, a --jobs runner (a
+    # multiprocess child, which ends with os._exit and runs no atexit hook: its schemas piled up)
+    # through multiprocess's finalizers, which both run at exit.
+    mp_util.Finalize(None, _drop_schema, args=(conninfo, schema, os.getpid()), exitpriority=10)
     return schema
 
 
