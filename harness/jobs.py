@@ -14,10 +14,11 @@ import os
 import pickle
 import signal
 import traceback
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import multiprocess
 import multiprocess.connection
+import multiprocess.util
 
 from killpoint.harness.signals import sigint_deferred, unblock_sigint
 
@@ -33,6 +34,14 @@ def default_jobs() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
         return max(1, os.cpu_count() or 1)
+
+
+def at_exit(fn: Callable[..., Any], *args: Any) -> Callable[[], None]:
+    """Call ``fn(*args)`` when this process ends: the main process (at its atexit) and a ``--jobs``
+    runner alike. A runner ends with ``os._exit`` and runs no atexit hook; multiprocess runs its
+    finalizers in both. Returns a function that cancels the call."""
+    finalizer = multiprocess.util.Finalize(None, fn, args=args, exitpriority=10)
+    return finalizer.cancel
 
 
 class JobFailed(RuntimeError):

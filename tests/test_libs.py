@@ -108,6 +108,18 @@ def test_dbos_a_replacement_of_a_replacement_recovers_under_the_dead_executors_i
                    ("charge", "claimed"): ("D", "A"), ("charge", "committed"): ("D", "A")}
 
 
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_dbos_leaves_no_template_folder_behind_with_any_number_of_jobs(tmp_path, jobs):
+    """Protects: the migrated DBOS database each harness process makes once (a folder in TMPDIR) is
+    removed when that process ends -- also a --jobs runner, which ends with os._exit and runs no
+    atexit hook (every --jobs 2 matrix left two folders)."""
+    need("dbos")
+    code, out = matrix("dbos:keyed", "--points", "before_call,after_call", "--steps", "charge",
+                       "--actions", "kill", "--jobs", jobs, env={"TMPDIR": str(tmp_path)})
+    assert (code, out["valid"], out["runs"]) == (0, True, 2), out["unknown"]
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("killpoint-dbos-")] == []
+
+
 # -- LangGraph --------------------------------------------------------------------------------------
 
 

@@ -28,7 +28,6 @@ Crash points: ``before_call`` and ``after_call`` inside the step, around the HTT
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
 import shutil
@@ -39,6 +38,7 @@ import uuid
 from typing import Any
 
 import killpoint
+from killpoint.harness.jobs import at_exit
 from killpoint.harness.libs.common import (TIMING, Downstream, guard_sqlalchemy, install_guard, monotonic_ns,
                                            order_workload)
 
@@ -223,7 +223,7 @@ def _migrated_template() -> str:
     path = _template.get(os.getpid())
     if path is None or not os.path.exists(path):
         folder = tempfile.mkdtemp(prefix="killpoint-dbos-")
-        atexit.register(_remove_template, folder, os.getpid())
+        at_exit(_remove_template, folder, os.getpid())  # a --jobs runner's too
         path = os.path.join(folder, DB_FILE)
         DBOS.migrate(f"sqlite:///{path}")
         # The queue is in the template, so a worker's queue thread finds it when DBOS launches (one

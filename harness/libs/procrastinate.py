@@ -39,11 +39,11 @@ import time
 from typing import Any, Iterable, Mapping, Sequence
 
 import killpoint
+from killpoint.harness.jobs import at_exit
 from killpoint.harness.libs.common import (TIMING, Downstream, PauseGuard, install_guard, monotonic_ns,
                                            order_workload)
 
 # Imported in the parent, before any fork.
-import multiprocess.util as mp_util  # noqa: E402
 import procrastinate  # noqa: E402
 import psycopg  # noqa: E402
 from procrastinate.schema import SchemaManager  # noqa: E402
@@ -216,10 +216,8 @@ def _schema(conninfo: str) -> str:
         conn.execute(f"SET search_path = {schema}")
         conn.execute(SchemaManager.get_schema())  # type: ignore[arg-type]
     _schemas[os.getpid()] = (conninfo, schema)
-    # Dropped when this process ends: the main process through atexit, a --jobs runner (a
-    # multiprocess child, which ends with os._exit and runs no atexit hook: its schemas piled up)
-    # through multiprocess's finalizers, which both run at exit.
-    mp_util.Finalize(None, _drop_schema, args=(conninfo, schema, os.getpid()), exitpriority=10)
+    # Dropped when this process ends, a --jobs runner too (its schemas once piled up: see at_exit).
+    at_exit(_drop_schema, conninfo, schema, os.getpid())
     return schema
 
 

@@ -31,7 +31,6 @@ it connections that it never answers.
 from __future__ import annotations
 
 import asyncio
-import atexit
 import concurrent.futures
 import functools
 import json
@@ -48,6 +47,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from killpoint import chaos
 from killpoint.harness import states
+from killpoint.harness.jobs import at_exit
 from killpoint.harness.servers import SdkMissing, check_policy, random_key
 
 if TYPE_CHECKING:
@@ -151,8 +151,9 @@ class RestateServer:
         self.ingress_port, self.admin_port, self.node_port = free_port(), free_port(), free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         # A run's teardown stops the server; a run kept for inspection (Session(keep=True)) skips
-        # teardown, and an exception may skip it too: the server still ends with this process.
-        atexit.register(self.kill)
+        # teardown, and an exception may skip it too: the server still ends with this process (a
+        # --jobs runner included, see at_exit).
+        self._forget = at_exit(self.kill)
         os.makedirs(folder, exist_ok=True)
         self.config_path = os.path.join(folder, "restate.toml")
         with open(self.config_path, "w") as f:
@@ -297,7 +298,7 @@ def teardown(run: "TargetRun") -> None:
     server = run.state.pop("restate", None)
     if server is not None:
         server.kill()
-        atexit.unregister(server.kill)
+        server._forget()
     held = run.state.pop("service_port_held", None)
     if held is not None:
         held.close()
