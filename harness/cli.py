@@ -18,7 +18,7 @@ from typing import NoReturn
 
 from killpoint.harness import signals
 from killpoint.harness.commands.common import (EXIT_BAD_INPUT, EXIT_UNKNOWN, BadInput, one_line,
-                                               prepare_report_dir)
+                                               check_report_dir)
 from killpoint.harness.redact import RedactingStream
 
 # name -> module under harness.commands; each has HELP, add_arguments(parser) and run(args) -> int.
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["KILLPOINT_DEBUG"] = "1"  # a run's infrastructure failure prints its traceback
     signals.install_handlers()
     try:
-        prepare_report_dir(args)  # before the first run, not after the last
+        check_report_dir(args)  # before the first run, not after the last; made as the runs start
         code = args._run(args)
     except BadInput as exc:
         print(f"killpoint: error: {one_line(str(exc))}", file=sys.stderr)

@@ -351,6 +351,28 @@ def test_an_unusable_report_dir_is_refused_before_the_first_run(capsys, tmp_path
     assert (foreign / "index.html").read_text() == "<p>my own page</p>"
 
 
+def test_a_command_refused_for_bad_input_leaves_the_report_dir_as_it_was(capsys, tmp_path):
+    """Protects: nothing is lost to a typo. The report directory is made, and an earlier command's
+    pages cleared, only as the runs start: a command refused for another bad value (a schedule, a
+    step) neither creates the directory nor deletes the reports already in it."""
+    import os
+
+    fresh = tmp_path / "fresh"
+    code, out, err = run_cli(capsys, "report", "--schedule", "A@@nonsense", "--report-dir", str(fresh))
+    assert code == 2 and "A@@nonsense" in err and not fresh.exists()
+    where = tmp_path / "rep"
+    code, out, _ = run_cli(capsys, "replay", "A@charge.after_call:1*pause", "--target", "mutant:no-fence-check",
+                           "--report-dir", str(where), "--json")
+    assert code == 1
+    before = sorted(os.listdir(where))
+    assert "run-0001.html" in before
+    for argv in (["replay", "A@@nonsense"], ["matrix", "--steps", "no-such-step"],
+                 ["report", "--schedule", "A@nowhere.after_call:kill"]):
+        code, out, err = run_cli(capsys, *argv, "--report-dir", str(where))
+        assert code == 2 and len(err.strip().splitlines()) == 1, (argv, err)
+        assert sorted(os.listdir(where)) == before, argv
+
+
 def test_a_report_that_cannot_be_written_never_hides_the_verdict(capsys, tmp_path):
     import os
 

@@ -383,7 +383,9 @@ class Progress:
 
 
 def progress_for(args: argparse.Namespace, total: int | None, title: str) -> Progress:
-    """Progress of a command's runs, on stderr whatever stdout is; off with ``--quiet``."""
+    """Progress of a command's runs, on stderr whatever stdout is; off with ``--quiet``. Called as
+    the runs start, so it also readies ``--report-dir`` (:func:`prepare_report_dir`)."""
+    prepare_report_dir(args)
     return Progress(total, not getattr(args, "quiet", False), title=title)
 
 
@@ -435,16 +437,50 @@ REPORT_MARKER = ".killpoint-report"  # in a report directory: its pages are kill
 _OWN_PAGE = re.compile(r"^(index|run-\d{4,})\.html$")
 
 
-def prepare_report_dir(args: argparse.Namespace) -> None:
-    """Before the first run: make sure ``--report-dir`` can take this command's reports, and clear
-    the pages an earlier command left there, so the directory shows this command's runs only.
-
-    Refused (bad input) when it is a file, cannot be written, or holds an ``index.html`` that
-    killpoint did not write (a user's own page is never replaced).
-    """
+def _report_dir(args: argparse.Namespace) -> str | None:
     where = getattr(args, "report_dir", None)
-    if where is None or getattr(args, "report", "on-failure") == "never":
+    return None if where is None or getattr(args, "report", "on-failure") == "never" else where
+
+
+def check_report_dir(args: argparse.Namespace) -> None:
+    """Before the command reads anything else: refuse a ``--report-dir`` that cannot take its
+    reports (bad input) -- a file, a place that cannot be written, or a directory holding an
+    ``index.html`` that killpoint did not write (a user's own page is never replaced). Changes
+    nothing: a command refused for another bad value leaves an earlier command's reports alone."""
+    where = _report_dir(args)
+    if where is None:
         return
+    if os.path.exists(where) and not os.path.isdir(where):
+        raise BadInput(f"--report-dir {shown(where)} is a file: name a directory to write into")
+    existing = os.path.abspath(where)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    why = None
+    if not os.path.isdir(existing):
+        why = "Not a directory"
+    elif not os.access(existing, os.W_OK | os.X_OK):
+        why = "Permission denied"
+    elif existing == os.path.abspath(where):
+        try:
+            names = os.listdir(where)
+        except OSError as exc:
+            why = exc.strerror or str(exc)
+        else:
+            if "index.html" in names and REPORT_MARKER not in names:
+                raise BadInput(f"--report-dir {shown(where)} holds an index.html that killpoint did not "
+                               f"write: name an empty directory, or one killpoint writes to")
+    if why is not None:
+        raise BadInput(f"--report-dir {shown(where)}: cannot write reports there ({why})")
+
+
+def prepare_report_dir(args: argparse.Namespace) -> None:
+    """As the command's first run starts (its other values read and accepted): make
+    ``--report-dir``, and clear the pages an earlier command left there, so the directory shows
+    this command's runs only. Once per command; refused as :func:`check_report_dir` refuses."""
+    where = _report_dir(args)
+    if where is None or getattr(args, "_report_dir_ready", False):
+        return
+    args._report_dir_ready = True
     if os.path.exists(where) and not os.path.isdir(where):
         raise BadInput(f"--report-dir {shown(where)} is a file: name a directory to write into")
     try:
@@ -476,7 +512,11 @@ def write_html(args: argparse.Namespace, summary: Summary, title: str) -> None:
     from killpoint.reports import write_reports as write
 
     try:
+        prepare_report_dir(args)  # done already where the command's runs started
         summary.report = write(summary.results, args.report_dir, title=title)
+    except BadInput as exc:  # the directory went away or bad since the command started
+        summary.report_error = str(exc)
+        print(f"killpoint: warning: {summary.report_error}; the verdict stands", file=sys.stderr)
     except OSError as exc:
         summary.report_error = (f"cannot write reports to {shown(args.report_dir)} "
                                 f"({exc.strerror or exc})")
