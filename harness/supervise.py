@@ -331,7 +331,6 @@ class Supervisor:
         self.replaces: dict[str, str] = {}  # identity about to start -> the dead worker id it replaces
         self._next_done_poll = 0.0
         self._done_at: float | None = None  # when done() first said yes with a late worker alive
-        self._next_paused_poll = 0.0
         self.schedule = config.schedule
         self.run_id = run_id
         self.run_dir = run_dir
@@ -653,10 +652,10 @@ class Supervisor:
 
     def maybe_resume(self, w: WorkerProcess, others_active: bool) -> None:
         instance, step, version = w.paused  # type: ignore[misc]
-        if self.finished != self._store_done:
-            # A target that owns its state: killpoint's store does not see its steps move, the
-            # target's done() does (asked at most every 50 ms): the work was finished without it.
-            moved_on = self._paused_done()
+        if self.owns_state:
+            # killpoint's store does not see such a target's steps move; its done() does (asked at
+            # most every 50 ms): the work was finished without the paused worker.
+            moved_on = self._done_polled()
             reason = "the target's done() says the work is finished"
         else:
             row = self.store.step_progress(instance, step) if instance and step else None
@@ -671,11 +670,17 @@ class Supervisor:
             w.paused = None
             w.late = True
 
-    def _paused_done(self) -> bool:
+    @property
+    def owns_state(self) -> bool:
+        """The target keeps its own state: its done() says when the work is finished."""
+        return self.finished != self._store_done
+
+    def _done_polled(self) -> bool:
+        """The target's done(), asked at most every 50 ms (False in between)."""
         now = time.monotonic()
-        if now < self._next_paused_poll:
+        if now < self._next_done_poll:
             return False
-        self._next_paused_poll = now + 0.05
+        self._next_done_poll = now + 0.05
         return bool(self.finished())
 
     def still_paused(self) -> tuple[str, ...]:
@@ -688,18 +693,13 @@ class Supervisor:
         """For a target that owns its state, whose workers may serve forever (a library's worker
         loop): its ``done()``, asked while workers run -- at most every 50 ms, and only once every
         scheduled fault has fired and no worker is paused or hung, so no fault is cut short."""
-        if self.finished == self._store_done or self.halted or self.deferred:
+        if not self.owns_state or self.halted or self.deferred:
             return False
-        now = time.monotonic()
-        if now < self._next_done_poll:
-            return False
-        self._next_done_poll = now + 0.05
         live = self.live()
         if not live or any(w.state != "running" for w in live) or self.pending_faults() or \
-                len(self.tally.fired) < len(self.schedule.faults):
+                len(self.tally.fired) < len(self.schedule.faults) or not self._done_polled():
             return False
-        if not self.finished():
-            return False
+        now = time.monotonic()
         late = [w for w in live if w.late]
         if not late:
             return True

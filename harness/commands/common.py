@@ -481,15 +481,11 @@ def prepare_report_dir(args: argparse.Namespace) -> None:
     if where is None or getattr(args, "_report_dir_ready", False):
         return
     args._report_dir_ready = True
-    if os.path.exists(where) and not os.path.isdir(where):
-        raise BadInput(f"--report-dir {shown(where)} is a file: name a directory to write into")
+    check_report_dir(args)
     try:
         os.makedirs(where, exist_ok=True)
         names = os.listdir(where)
         ours = REPORT_MARKER in names
-        if "index.html" in names and not ours:
-            raise BadInput(f"--report-dir {shown(where)} holds an index.html that killpoint did not "
-                           f"write: name an empty directory, or one killpoint writes to")
         with open(os.path.join(where, REPORT_MARKER), "w", encoding="utf-8") as fh:
             fh.write("killpoint replaces the index.html and run-NNNN.html pages of this directory\n")
         for name in names:

@@ -117,10 +117,15 @@ def reserve_port() -> socket.socket:
     looked up (:func:`free_port`) is free again at once: between a worker's death and its
     replacement's bind, another run of a ``--jobs`` batch could be handed it, and its workers
     would then take this run's invocations."""
+    return _shared_port_socket(0)
+
+
+def _shared_port_socket(port: int) -> socket.socket:
+    """A loopback socket bound to ``port`` (0: any free one) that other such sockets may share."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind(("127.0.0.1", 0))
+    sock.bind(("127.0.0.1", port))
     return sock
 
 
@@ -408,10 +413,7 @@ def make_workflow(ctx: "WorkerContext", *, keyed: bool) -> Any:
 
 
 def _listening_socket(port: int) -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind(("127.0.0.1", port))
+    sock = _shared_port_socket(port)
     sock.listen(128)
     sock.set_inheritable(True)
     return sock
