@@ -100,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     if debug:
         os.environ["KILLPOINT_DEBUG"] = "1"  # a run's infrastructure failure prints its traceback
     signals.install_handlers()
+    _warnings_as_lines()
     try:
         check_report_dir(args)  # before the first run, not after the last; made as the runs start
         code = args._run(args)
@@ -120,6 +121,27 @@ def main(argv: list[str] | None = None) -> int:
     if received is not None:  # its KeyboardInterrupt was swallowed where it landed
         return _interrupted(received)
     return code
+
+
+def _warnings_as_lines() -> None:
+    """Show a :class:`~killpoint.errors.KillpointWarning` as the command's other lines are shown
+    (``killpoint: warning: ...`` on stderr); any other warning as Python shows it."""
+    import warnings
+
+    from killpoint.errors import KillpointWarning
+
+    shown = warnings.showwarning
+    if getattr(shown, "_killpoint", False):
+        return
+
+    def show(message, category, filename, lineno, file=None, line=None):  # type: ignore[no-untyped-def]
+        if issubclass(category, KillpointWarning):
+            print(f"killpoint: warning: {one_line(str(message))}", file=sys.stderr)
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    show._killpoint = True  # type: ignore[attr-defined]
+    warnings.showwarning = show
 
 
 def _interrupted(signum: int) -> int:

@@ -34,7 +34,7 @@ from killpoint.harness.hooks import Hooks
 from killpoint.harness.redact import redact
 from killpoint.harness.store import check_faults, open_store, schema_name
 from killpoint.harness.store.base import Store
-from killpoint.errors import InfrastructureError
+from killpoint.errors import InfrastructureError, KillpointWarning
 from killpoint.harness.supervise import DISK_ERRORS, Supervisor, WorkerProcess, kill
 from killpoint.harness.targets import Target, declared
 from killpoint.harness.worker import REAL_TIME_TIMING, Timing
@@ -101,6 +101,27 @@ class RunConfig:
         if timing == (Timing() if self.virtual_time else REAL_TIME_TIMING):
             timing = Timing() if virtual else REAL_TIME_TIMING
         return dataclasses.replace(self, virtual_time=virtual, timing=timing)
+
+    def racy_stalls(self) -> tuple[str, ...]:
+        """What to warn about in the schedule: a ``sleep`` whose end races the stuck monitor
+        (:attr:`Timing.stuck_race_ms`) where a lease is held (a point of the protocol that holds
+        one, or a point of the target's own, which may), one line each, naming the value."""
+        from killpoint.chaos.generator import LEASE_HELD
+        from killpoint.chaos.points import POINTS
+
+        lo, hi = self.timing.stuck_race_ms
+        lines = []
+        for fault in self.schedule.faults:
+            if fault.point in POINTS and fault.point not in LEASE_HELD:
+                continue
+            for term in fault.actions.terms:
+                if term.action == "sleep" and term.arg is not None and lo <= term.arg <= hi:
+                    lines.append(
+                        f"sleep({term.arg}) in {fault} ends where the stuck monitor's flag races it "
+                        f"({lo:.0f} to {hi:.0f} ms with a {self.timing.stuck_bound_ms:.0f} ms stuck "
+                        f"bound): whether the lease is flagged, and so the verdict, can differ between "
+                        f"runs of the same seed; keep a stall below {lo:.0f} ms or above {hi:.0f} ms")
+        return tuple(lines)
 
     @property
     def virtual_bound_s(self) -> float:
@@ -254,6 +275,7 @@ class Session:
             shutil.rmtree(self.base_dir, ignore_errors=True)
 
     def run(self, config: RunConfig) -> RunResult:
+        _warn_racy([config])
         return self._new_run(config).execute()
 
     def _new_run(self, config: RunConfig) -> "_Run":
@@ -273,6 +295,7 @@ class Session:
         workers of the run going need no harness for. Only for targets without hooks, whose runs
         share nothing in this process (a hook's teardown would otherwise come after the next run's
         setup); the others run one after the other, as :meth:`run`."""
+        _warn_racy(configs)
         unsettled: list[_Run] = []  # lived, not judged yet
         ahead: _Run | None = None  # the next run, made (and prepared) while this one goes
         going: _Run | None = None  # the run living now, until it is among the unsettled or judged
@@ -325,7 +348,18 @@ class Session:
         yields their results in the order of ``configs``."""
         from killpoint.harness.jobs import run_many
 
+        _warn_racy(configs)  # here, not in the runner processes, whose warnings nobody catches
         return run_many(self, configs, jobs)
+
+
+def _warn_racy(configs: "Sequence[RunConfig]") -> None:
+    """A :class:`KillpointWarning` for each stall of ``configs`` that races the stuck monitor
+    (:meth:`RunConfig.racy_stalls`). Always from this line, so that Python's filter shows a given
+    one once however many entry points a batch of runs goes through."""
+    import warnings
+
+    for line in dict.fromkeys(line for config in configs for line in config.racy_stalls()):
+        warnings.warn(line, KillpointWarning)
 
 
 class Meanwhile:

@@ -48,6 +48,17 @@ class Timing:
         """How late past the stuck bound a hang may be flagged: the heartbeat and look periods."""
         return max(250.0, 2 * self.heartbeat_ms + 20 * self.poll_ms)
 
+    @property
+    def stuck_race_ms(self) -> tuple[float, float]:
+        """The stalls whose end races the stuck monitor: from just short of the stuck bound to just
+        past one of the monitor's check periods (a quarter of the bound) beyond it. A stall that ends
+        there is flagged or not depending on where the monitor's checks fall, which real
+        milliseconds (load, the machine) move: the same seed can give two verdicts. Shorter stalls
+        are never flagged and longer ones always are. The margins (a twentieth of the bound on
+        each side) cover the time between the last progress and the stall's start."""
+        bound = self.stuck_bound_ms
+        return bound * 0.95, bound * 1.30
+
 
 # Short enough for a run in real time, long enough that a loaded machine rarely breaks them.
 REAL_TIME_TIMING = Timing(lease_ttl_ms=120.0, heartbeat_ms=30.0, stuck_bound_ms=300.0, poll_ms=2.0)

@@ -25,6 +25,7 @@ from killpoint.errors import (InfrastructureError as InfrastructureError, Invali
                               InvalidSchedule as InvalidSchedule, InvalidStore as InvalidStore,
                               InvalidTarget as InvalidTarget, InvalidWorkload as InvalidWorkload,
                               KillpointError as KillpointError, KillpointUnavailable as KillpointUnavailable,
+                              KillpointWarning as KillpointWarning,
                               LostResponse as LostResponse, OutcomeUnknown as OutcomeUnknown,
                               StoreError as StoreError, StoreUnavailable as StoreUnavailable,
                               StoreUnreachable as StoreUnreachable, UnknownScenario as UnknownScenario)
@@ -99,7 +100,7 @@ def __dir__() -> list[str]:
 __all__ = ["Claim", "CrashVerdict", "DownstreamClient", "Event", "Evidence", "Fault", "History",
            "INVARIANTS", "InfrastructureError", "InstanceSpec", "InvalidAction", "InvalidPoint", "InvalidSchedule",
            "InvalidStore", "InvalidTarget", "InvalidWorkload", "KillpointError",
-           "KillpointUnavailable", "LostResponse", "OutcomeUnknown", "ReferenceWorker", "Result", "RunConfig", "RunResult", "Schedule",
+           "KillpointUnavailable", "KillpointWarning", "LostResponse", "OutcomeUnknown", "ReferenceWorker", "Result", "RunConfig", "RunResult", "Schedule",
            "Session", "StepSpec", "StoreError", "StoreUnavailable", "StoreUnreachable", "Target", "TargetRun",
            "Timing", "UnknownScenario", "Verdict", "Violation", "WorkerContext", "Workload", "at",
            "check_all", "parse_schedule", "point", "recover", "target"]

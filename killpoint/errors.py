@@ -22,6 +22,7 @@ __all__ = [
     "InvalidWorkload",
     "KillpointError",
     "KillpointUnavailable",
+    "KillpointWarning",
     "LostResponse",
     "OutcomeUnknown",
     "StoreError",
@@ -33,6 +34,12 @@ __all__ = [
 
 class KillpointError(Exception):
     """The base of every error killpoint raises on purpose."""
+
+
+class KillpointWarning(KillpointError, UserWarning):
+    """What killpoint warns about: a run it will make, but whose verdict may not mean what it seems
+    (a stall that races the stuck monitor). ``-W error::killpoint.KillpointWarning`` makes it fatal,
+    and then, raised, it is caught with the other errors by ``except KillpointError``."""
 
 
 # Bad input: the caller must fix the value the message names.

@@ -413,3 +413,18 @@ def test_each_command_leaves_only_its_own_runs_in_the_report_dir(capsys, tmp_pat
     assert sorted(p for p in os.listdir(where) if p.endswith(".html")) == ["index.html", "run-0001.html"]
     index = (where / "index.html").read_text(encoding="utf-8")
     assert "run-0002.html" not in index
+
+
+def test_a_replayed_stall_that_races_the_stuck_monitor_is_run_with_a_one_line_warning(capsys):
+    """A stall that ends where the stuck monitor may or may not have flagged its lease can give
+    two verdicts for one seed: the command says so on stderr, naming the stall and the window, and
+    still runs it (stdout stays the JSON). A stall clear of the window, or at a point where no
+    lease is held, gets no warning."""
+    code, out, err = run_cli(capsys, "replay", "A@charge.after_call:1*sleep(60000)", "--json", "-q")
+    assert code == 0 and json.loads(out)["runs"] == 1
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("killpoint: warning: sleep(60000)"), err
+    assert "57000 to 78000 ms" in lines[0]
+    for schedule in ("A@charge.after_call:1*sleep(45000)", "A@charge.before_claim:1*sleep(60000)"):
+        code, out, err = run_cli(capsys, "replay", schedule, "--json", "-q")
+        assert code == 0 and json.loads(out)["runs"] == 1 and "warning" not in err, (schedule, err)

@@ -196,3 +196,51 @@ def test_selftest_gives_the_same_verdicts_on_the_virtual_clock_and_in_real_time(
     assert verdicts(virtual) == verdicts(real)
     assert virtual["reference"]["valid"] is True and real["reference"]["valid"] is True
     assert virtual["score"] == real["score"]
+
+
+# -- stalls against the stuck monitor ------------------------------------------------------------
+@pytest.mark.parametrize("virtual", [True, False], ids=["virtual", "real-time"])
+def test_stalls_clear_of_the_warned_window_are_flagged_or_not_the_same_way_every_run(virtual):
+    """What the warning about a racy stall promises: below its window a stall is never flagged,
+    above it always is (here with two workers, so one is left to run the monitor), on both clocks.
+    Three seeds each; a stall's verdict stays valid on the reference either way."""
+    timing = Timing() if virtual else REAL_TIME_TIMING
+    lo, hi = timing.stuck_race_ms
+    outcomes = {}
+    with Session() as session:
+        for ms, label in ((int(lo * 0.9), "short"), (int(hi * 1.2), "long")):
+            configs = [RunConfig(schedule=chaos.parse(f"A@charge.after_call:1*sleep({ms})"), seed=seed,
+                                 virtual_time=virtual) for seed in range(3)]
+            results = list(session.run_in_turn(configs))
+            assert all(r.valid is True for r in results), [r.verdict.violations for r in results]
+            outcomes[label] = [any(e.kind == "stuck_flagged" for e in r.history.events) for r in results]
+    assert outcomes == {"short": [False] * 3, "long": [True] * 3}
+
+
+def test_a_stall_is_warned_about_only_where_it_races_the_stuck_monitor_holding_a_lease():
+    """The window runs from just short of the stuck bound to a check period (a quarter of the
+    bound) past it, on the timing the run uses; only a point where a lease is held (or a target's
+    own point, which may hold one) can race."""
+    def warned(text, **kw):
+        return RunConfig(schedule=chaos.parse(text, points=chaos.POINTS | {"own_point"}), **kw).racy_stalls()
+
+    assert Timing().stuck_race_ms == (57_000.0, 78_000.0)
+    assert REAL_TIME_TIMING.stuck_race_ms == (285.0, 390.0)
+    (line,) = warned("A@charge.after_call:1*sleep(60000)")
+    assert "sleep(60000)" in line and "A@charge.after_call:1*sleep(60000)" in line
+    assert "57000 to 78000 ms" in line and "60000 ms stuck bound" in line
+    assert warned("A@charge.after_call:1*sleep(45000)") == ()  # short of it: never flagged
+    assert warned("A@charge.after_call:1*sleep(90000)") == ()  # past it: flagged every time
+    assert warned("A@charge.before_claim:1*sleep(60000)") == ()  # no lease held there
+    assert len(warned("A@own_point:1*sleep(60000)")) == 1
+    assert len(warned("A@charge.after_claim:1*sleep(300),B@charge.before_commit:sleep(350)",
+                      virtual_time=False)) == 2
+    assert warned("A@charge.after_claim:1*sleep(60000)", virtual_time=False) == ()
+    custom = Timing(stuck_bound_ms=10_000.0)
+    assert len(warned("A@charge.after_call:1*sleep(11000)", timing=custom)) == 1
+    # What explore draws keeps clear of it, on both clocks.
+    from killpoint.chaos.strategies import stall_durations
+
+    for timing in (Timing(), REAL_TIME_TIMING, custom):
+        lo, hi = timing.stuck_race_ms
+        assert not [ms for ms in stall_durations(timing.lease_ttl_ms, timing.stuck_bound_ms) if lo <= ms <= hi]

@@ -560,3 +560,13 @@ def test_the_fixture_and_the_marker_schedule_the_same_list_as_killpoint_matrix(c
     assert marker(("after_call", "in_call"), ("charge",), ("kill",)) == kills
     pairs = cli("--steps", "charge", "--points", "after_call,before_commit", "--depth", "2")
     assert [str(p.schedule) for p in _plans(("charge",), ("after_call", "before_commit"), 2)] == pairs
+
+
+def test_the_fixture_warns_about_a_stall_that_races_the_stuck_monitor(killpoint):
+    """The same warning as the command line's, as a KillpointWarning pytest shows (or, with
+    -W error, fails the test on); the run still happens."""
+    from killpoint import KillpointWarning
+
+    with pytest.warns(KillpointWarning, match=r"sleep\(60000\).*57000 to 78000 ms"):
+        verdict = killpoint.run("A@charge.after_call:1*sleep(60000)")
+    assert verdict.runs == 1
