@@ -57,11 +57,19 @@ def version() -> str:
         return __version__
 
 
+class _Version(argparse.Action):
+    """``--version``: the distribution's version, looked up only when asked (14 ms a command)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[no-untyped-def]
+        print(f"killpoint {version()}")  # on stdout, as argparse's own version action
+        parser.exit()
+
+
 def build_parser(settings=None) -> argparse.ArgumentParser:
     """The parser; ``settings`` (the ``[tool.killpoint]`` table) gives each command its defaults, so
     a flag on the command line still wins."""
     parser = _Parser(prog="killpoint", description="Crash-injection testing for durable-execution workers.")
-    parser.add_argument("--version", action="version", version=f"killpoint {version()}")
+    parser.add_argument("--version", action=_Version, nargs=0, help="show the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name, module in _available().items():
         p = sub.add_parser(name, help=module.HELP, description=module.HELP)

@@ -16,16 +16,13 @@ import signal
 import traceback
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
-import multiprocess
-import multiprocess.connection
-import multiprocess.util
-
 from killpoint.harness.signals import sigint_deferred, unblock_sigint
 
 if TYPE_CHECKING:
     from killpoint.harness.run import RunConfig, RunResult, Session
 
-_FORK = multiprocess.get_context("fork")
+# multiprocess (and dill, which it loads) is imported only where a runner or a finalizer is made:
+# about 55 ms that a command running one job at a time never needs.
 
 
 def default_jobs() -> int:
@@ -40,6 +37,8 @@ def at_exit(fn: Callable[..., Any], *args: Any) -> Callable[[], None]:
     """Call ``fn(*args)`` when this process ends: the main process (at its atexit) and a ``--jobs``
     runner alike. A runner ends with ``os._exit`` and runs no atexit hook; multiprocess runs its
     finalizers in both. Returns a function that cancels the call."""
+    import multiprocess.util
+
     finalizer = multiprocess.util.Finalize(None, fn, args=args, exitpriority=10)
     return finalizer.cancel
 
@@ -105,11 +104,15 @@ def run_many(session: "Session", configs: Sequence["RunConfig"], jobs: int) -> I
     if jobs == 1:
         yield from session.run_in_turn(configs)
         return
+    import multiprocess
+    import multiprocess.connection
+
+    fork = multiprocess.get_context("fork")
     runners: list[tuple[Any, Any]] = []
     try:
         for _ in range(jobs):
-            parent, child = _FORK.Pipe()
-            proc = _FORK.Process(target=_runner, args=(session, configs, child, os.getpid(),
+            parent, child = fork.Pipe()
+            proc = fork.Process(target=_runner, args=(session, configs, child, os.getpid(),
                                        [c for _, c in runners] + [parent]),
                                  name="killpoint-runner")
             with sigint_deferred():

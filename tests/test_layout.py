@@ -234,3 +234,20 @@ def test_a_public_name_is_looked_up_on_first_use_and_a_missing_one_is_a_named_er
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == ["A@charge.after_call:kill",
                                         "module 'killpoint' has no attribute 'no_such_name'"]
+
+
+@pytest.mark.parametrize("argv", [["replay", "A@charge.after_call:kill", "-q"],
+                                  ["matrix", "--steps", "charge", "--points", "after_call,in_call",
+                                   "--jobs", "1", "-q"]])
+def test_a_command_running_one_job_at_a_time_never_loads_multiprocess_or_dill(argv):
+    # multiprocess (with dill) costs a command about 55 ms to import: only --jobs runners and the
+    # library targets' finalizers need it; the downstream's server is forked as the workers are.
+    code = ("import json, sys\nfrom killpoint.harness.cli import main\n"
+            f"code = main({argv!r})\n"
+            "print(json.dumps([code, sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('multiprocess', 'dill'))]))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=ROOT.parent)
+    assert proc.returncode == 0, proc.stderr
+    code, loaded = json.loads(proc.stdout.splitlines()[-1])
+    assert code == 0 and loaded == []

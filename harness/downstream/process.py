@@ -3,25 +3,54 @@
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import secrets
+import select
 import signal
+import time
 import weakref
 from typing import Any
 from urllib.parse import urlsplit
 
 from killpoint.errors import InfrastructureError
+from killpoint.harness.forking import ForkedWorker
 from killpoint.harness.downstream.server import START_TIMEOUT, serve
 from killpoint.harness.signals import sigint_deferred
+
+
+def _serve(reader: int, *args: Any) -> None:
+    """The server process's body (forked): its copy of the parent's end of the pipe closed, serve."""
+    os.close(reader)
+    serve(*args)
+
+
+def _ready(reader: int, proc: ForkedWorker) -> tuple[str, Any]:
+    """What the server said as it started (``("ready", port)`` or ``("error", why)``), within
+    :data:`START_TIMEOUT`; a server that ended without a word is named with its exit code."""
+    data = b""
+    deadline = time.monotonic() + START_TIMEOUT
+    while not data.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([reader], [], [], left)[0]:
+            raise InfrastructureError("downstream did not start in time")
+        chunk = os.read(reader, 4096)
+        if not chunk:
+            proc.join(1.0)
+            raise InfrastructureError(f"downstream failed to start (exit code {proc.exitcode})")
+        data += chunk
+    kind, value = json.loads(data)
+    return kind, value
 
 
 def _reap(proc: Any, owner: int) -> None:
     """Kill and reap a server process; safe to call twice and at interpreter exit.
 
     Only the process that started the server may do it: a worker forked from the owner inherits
-    the handle (and its exit hooks) and must never take the shared downstream down with it.
+    the handle (and its exit hooks) and must never take the shared downstream down with it. Once
+    reaped, its pid is never signalled again (the number may belong to another process by then).
     """
-    if proc is None or proc.pid is None or os.getpid() != owner:
+    if proc is None or proc.pid is None or proc.exitcode is not None or os.getpid() != owner:
         return
     try:
         os.kill(proc.pid, signal.SIGKILL)
@@ -47,33 +76,24 @@ class DownstreamProcess:
         self._launch()
 
     def _launch(self, port: int = 0) -> None:
-        import multiprocess
-
-        ctx = multiprocess.get_context("fork")
-        reader, writer = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=serve, args=(self.ledger_path, writer, os.getpid(), self._secret, port),
-                           name="killpoint-downstream", daemon=False)
+        reader, writer = os.pipe()
+        proc = ForkedWorker(_serve, (reader, self.ledger_path, writer, os.getpid(), self._secret, port),
+                            name="killpoint-downstream")
         with sigint_deferred():
             try:
                 proc.start()
             except OSError as e:
-                reader.close()
-                writer.close()
+                os.close(reader)
+                os.close(writer)
                 raise InfrastructureError(f"cannot start the downstream: {type(e).__name__}: {e}") from e
-        writer.close()
+        os.close(writer)
         try:
-            if not reader.poll(START_TIMEOUT):
-                raise InfrastructureError("downstream did not start in time")
-            kind, value = reader.recv()
-        except EOFError as e:
-            _reap(proc, os.getpid())
-            raise InfrastructureError(
-                f"downstream failed to start (exit code {proc.exitcode}): {e}") from e
+            kind, value = _ready(reader, proc)
         except BaseException:  # a timeout, or a Ctrl-C while it starts: it must not outlive us
             _reap(proc, os.getpid())
             raise
         finally:
-            reader.close()
+            os.close(reader)
         if kind != "ready":
             _reap(proc, os.getpid())
             raise InfrastructureError(f"downstream failed to start: {value}")
@@ -83,9 +103,7 @@ class DownstreamProcess:
         # Where it listens, without the session's secret: what may be written down (histories,
         # reports, narration); the secret only ever travels to the processes of the session.
         self.address = f"127.0.0.1:{value}"
-        # Kill the server if this handle is dropped or the interpreter exits without stop():
-        # multiprocess would otherwise wait forever for its non-daemon child at exit. Registered
-        # after multiprocess's own exit hook, so it runs first.
+        # Kill the server if this handle is dropped or the interpreter exits without stop().
         self._finalizer = weakref.finalize(self, _reap, proc, os.getpid())
         self._finalizer.atexit = False
         atexit.register(self._finalizer)

@@ -210,18 +210,21 @@ def _bind(ledger: Ledger, secret: str, port: int) -> _Server:
             time.sleep(0.01)
 
 
-def serve(ledger_path: str, conn: Any, parent_pid: int, secret: str, port: int = 0) -> None:
-    """The server process's body: report the port (or the failure) through ``conn``; serve
-    requests whose path starts with ``secret`` (any other gets 403 and writes nothing)."""
+def serve(ledger_path: str, ready_fd: int, parent_pid: int, secret: str, port: int = 0) -> None:
+    """The server process's body: report the port (or the failure) as one JSON line on
+    ``ready_fd``, then close it; serve requests whose path starts with ``secret`` (any other gets
+    403 and writes nothing)."""
+    def say(kind: str, value: Any) -> None:
+        os.write(ready_fd, (json.dumps([kind, value]) + "\n").encode())
+        os.close(ready_fd)
+
     try:
         _die_with_parent(parent_pid)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business
         unblock_sigint()
         server = _bind(Ledger(ledger_path), secret, port)
     except BaseException as e:
-        conn.send(("error", f"{type(e).__name__}: {e}"))
-        conn.close()
+        say("error", f"{type(e).__name__}: {e}")
         os._exit(1)
-    conn.send(("ready", server.server_address[1]))
-    conn.close()
+    say("ready", server.server_address[1])
     server.serve_forever(poll_interval=3600)
