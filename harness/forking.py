@@ -17,13 +17,14 @@ __all__ = ["ForkedWorker"]
 
 
 class ForkedWorker:
-    """A worker process forked straight from this one (``os.fork``), watched through a pidfd.
+    """A process (a worker, the downstream's server) forked straight from this one, watched
+    through a pidfd.
 
     What ``multiprocess.Process`` gave the worker loop (``pid``, ``sentinel``, ``join``,
     ``exitcode``) without what it costs a worker that only runs a function and then calls
     ``os._exit``: its child bootstrap and bookkeeping took about 1 ms of CPU a worker (a run
-    starts three or four). The child gets what the bootstrap gave it that matters: stdin on /dev/null, and an
-    exception that escapes printed and turned into exit code 1.
+    starts three or four). The child gets what the bootstrap gave it that matters: stdin on
+    /dev/null, and an exception that escapes printed and turned into exit code 1.
     """
 
     current: "ForkedWorker | None" = None  # in a child: the handle it was forked through
