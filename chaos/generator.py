@@ -26,7 +26,7 @@ from killpoint.chaos.points import DB_POINTS
 from killpoint.chaos.schedule import Fault, Schedule
 
 __all__ = ["ACTIONS", "DB_HITS", "FORMS", "HIT_ORDER", "LEASE_HELD", "Planned", "budget_share",
-           "double_crash_schedules", "in_shard", "matrix", "repeated_steps", "shard",
+           "double_crash_schedules", "hit_order", "in_shard", "matrix", "repeated_steps", "shard",
            "single_crash_schedules", "single_fault_schedules"]
 
 FORMS = ("workers", "hits")
@@ -99,9 +99,28 @@ def _fault(worker: str, step: str, point: str, hit: int = 1) -> Fault:
     return Fault(worker, point, parse_actions(_action(point)), step, hit)
 
 
+def hit_order(declared: Iterable[str]) -> tuple[str, ...]:
+    """The order an attempt passes a target's points in: :data:`HIT_ORDER` when they are all
+    built-in ones, else the order the target declared them in (its own points, which only it
+    knows the order of, among the built-in ones it passes). The store's own points are in neither:
+    every write transaction passes them."""
+    declared = tuple(p for p in declared if p not in DB_POINTS)
+    return HIT_ORDER if set(declared) <= set(HIT_ORDER) else declared
+
+
+def _second_hit(p1: str, p2: str, order: Sequence[str]) -> int:
+    """The hit of ``p2`` at which a second fault lands after a first at ``p1`` in the same step:
+    the second when an attempt passes ``p2`` before (or at) ``p1``. A point outside ``order`` (the
+    store's own, which every write transaction passes) waits for the second hit only at ``p1``
+    itself; a pair whose second fault is never reached is unknown, never valid."""
+    if p1 in order and p2 in order:
+        return 2 if order.index(p2) <= order.index(p1) else 1
+    return 2 if p2 == p1 else 1
+
+
 def double_crash_schedules(step_names: Iterable[str], points: Iterable[str], *,
-                           forms: Sequence[str] = FORMS,
-                           cross_steps: bool = False) -> list[tuple[Schedule, float]]:
+                           forms: Sequence[str] = FORMS, cross_steps: bool = False,
+                           order: Sequence[str] | None = None) -> list[tuple[Schedule, float]]:
     """Every ordered pair of faults, each with the restart rule it needs (``same_identity``).
 
     ``workers``: ``A@s1.p1`` then ``B@s2.p2`` (B starts once A's fault fired). ``hits``:
@@ -111,8 +130,11 @@ def double_crash_schedules(step_names: Iterable[str], points: Iterable[str], *,
     second fault is never reached (the other worker did that work) is unknown, never valid.
     The ``hits`` form has no pair after a hang at the heartbeat: a hung worker is never killed
     and restarted (the harness ends it only once the run is done), so A could never crash again.
+    ``order`` is the order an attempt passes the points in (default: :func:`hit_order` of
+    ``points``; a command passes the target's declared points, whatever order ``points`` has).
     """
     step_names, points = tuple(step_names), tuple(points)
+    order = hit_order(points if order is None else order)
     out: list[tuple[Schedule, float]] = []
     for s1 in step_names:
         for p1 in points:
@@ -123,7 +145,7 @@ def double_crash_schedules(step_names: Iterable[str], points: Iterable[str], *,
                         out.append((Schedule((first, _fault("B", s2, p2))), 0.5))
             if "hits" in forms and _action(p1) != "1*hang":
                 for p2 in points:
-                    hit = 2 if HIT_ORDER.index(p2) <= HIT_ORDER.index(p1) else 1
+                    hit = _second_hit(p1, p2, order)
                     out.append((Schedule((first, _fault("A", s1, p2, hit))), 1.0))
     return out
 
@@ -145,14 +167,17 @@ def repeated_steps(workload: Any) -> tuple[str, ...]:
 
 def matrix(step_names: Iterable[str], points: Iterable[str], *, depth: int = 1,
            actions: Sequence[str] = ("kill",), terminate_points: Iterable[str] | None = None,
-           forms: Sequence[str] = FORMS, cross_steps: bool = False) -> list[Planned]:
+           forms: Sequence[str] = FORMS, cross_steps: bool = False,
+           order: Sequence[str] | None = None) -> list[Planned]:
     """Depth 1: :func:`single_fault_schedules` with ``actions``; depth 2:
-    :func:`double_crash_schedules` with ``forms``, each pair with its restart rule."""
+    :func:`double_crash_schedules` with ``forms`` (and the target's points in ``order``), each pair
+    with its restart rule."""
     if depth == 1:
         return [Planned(s) for s in single_fault_schedules(step_names, points, actions, terminate_points)]
     if depth == 2:
         return [Planned(s, same) for s, same in
-                double_crash_schedules(step_names, points, forms=forms, cross_steps=cross_steps)]
+                double_crash_schedules(step_names, points, forms=forms, cross_steps=cross_steps,
+                                       order=order)]
     raise ValueError(f"depth {depth!r}: depth is 1 (single crashes) or 2 (pairs)")
 
 

@@ -22,9 +22,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(ROOT, "examples")
 
 
-def matrix(folder: str, target: str, env: dict[str, str] | None = None) -> tuple[int, dict]:
+def matrix(folder: str, target: str, env: dict[str, str] | None = None, *more: str) -> tuple[int, dict]:
     """``killpoint matrix --target TARGET --json`` in the example's folder, as a user would run it."""
-    done = subprocess.run([sys.executable, "-m", "killpoint.harness.cli", "matrix", "--target", target, "--json"],
+    done = subprocess.run([sys.executable, "-m", "killpoint.harness.cli", "matrix", "--target", target, "--json",
+                           *more],
                           cwd=os.path.join(EXAMPLES, folder), capture_output=True, text=True, timeout=300,
                           env={**os.environ, **(env or {})})
     assert done.stdout, done.stderr[-2000:]
@@ -69,6 +70,21 @@ def test_sqlite_outbox_correct_relay_is_valid_at_every_declared_point_and_the_ne
     assert out["invariants"]["version_chain"]["not_applicable"] == out["runs"]
     assert out["invariants"]["effects_accounted"]["checked"] == out["runs"]
     assert_duplicate_caught(*matrix("sqlite_outbox", "outbox_worker:worker_new_key_per_delivery"))
+
+
+def test_sqlite_outbox_crash_pairs_run_with_every_second_fault_where_the_declared_order_puts_it():
+    # --depth 2 on a target with points of its own ended before its first run (an infrastructure
+    # failure, exit 3): its points were looked up in the built-in hit order.
+    code, out = matrix("sqlite_outbox", "outbox_worker:worker", None, "--depth", "2")
+    assert (code, out["valid"], out["unknown"]) == (0, True, []), out["unknown"]
+    assert all(not r["unfired"] for r in out["results"])
+    order = ("before_accept", "after_accept", "before_deliver", "after_deliver", "before_mark", "after_mark")
+    assert order == tuple(sorted(declared_points("sqlite_outbox", "outbox_worker"), key=order.index))
+    for r in out["results"]:
+        first, second = r["schedule"].split(",")
+        if second.startswith("A@"):  # the hits form: A again, on a later hit when it comes first
+            p1, p2 = first.split(".")[1].split(":")[0], second.split(".")[1].split(":")[0].split("#")[0]
+            assert ("#2" in second) == (order.index(p2) <= order.index(p1)), r["schedule"]
 
 
 def run_example_suite(pytester: pytest.Pytester, folder: str) -> pytest.RunResult:

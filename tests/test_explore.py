@@ -236,6 +236,39 @@ def test_matrix_depth_2_defaults_to_the_steps_more_than_one_instance_runs():
     assert repeated_steps(default_workload(0)) == ("reserve", "charge", "notify")
 
 
+def test_depth_2_pairs_a_targets_own_points_in_the_order_it_declared_them():
+    # The hits form puts a second fault on a later hit when an attempt passes its point before (or
+    # at) the first's. The built-in points have the reference's order; a target's own points
+    # (here in a declared order no built-in order knows) used to end the command before its first
+    # run, with "ValueError: tuple.index(x): x not in tuple" reported as an infrastructure failure.
+    from killpoint.chaos.generator import HIT_ORDER, double_crash_schedules, hit_order
+
+    def hits(points, order=None):
+        return [str(s) for s, same in double_crash_schedules(("charge",), points, forms=("hits",), order=order)]
+
+    declared = ("before_accept", "after_accept", "before_ack")
+    assert hit_order(declared) == declared
+    assert hit_order(("after_call", "heartbeat", "before_claim")) == HIT_ORDER
+    assert hits(declared) == [
+        "A@charge.before_accept:kill,A@charge.before_accept#2:kill",
+        "A@charge.before_accept:kill,A@charge.after_accept:kill",
+        "A@charge.before_accept:kill,A@charge.before_ack:kill",
+        "A@charge.after_accept:kill,A@charge.before_accept#2:kill",
+        "A@charge.after_accept:kill,A@charge.after_accept#2:kill",
+        "A@charge.after_accept:kill,A@charge.before_ack:kill",
+        "A@charge.before_ack:kill,A@charge.before_accept#2:kill",
+        "A@charge.before_ack:kill,A@charge.after_accept#2:kill",
+        "A@charge.before_ack:kill,A@charge.before_ack#2:kill"]
+    # --points in another order than the declaration: still the declared order
+    assert sorted(hits(declared[::-1], order=declared)) == sorted(hits(declared))
+    # the store's own points, which every write transaction passes: a later hit only at the same point
+    assert hits(("after_call", "in_db_commit")) == [
+        "A@charge.after_call:kill,A@charge.after_call#2:kill",
+        "A@charge.after_call:kill,A@charge.in_db_commit:kill",
+        "A@charge.in_db_commit:kill,A@charge.after_call:kill",
+        "A@charge.in_db_commit:kill,A@charge.in_db_commit#2:kill"]
+
+
 def test_matrix_depth_2_refuses_an_unknown_form(capsys):
     code, out, err = cli(capsys, "matrix", "--depth", "2", "--forms", "triples")
     assert code == 2 and "triples" in err

@@ -570,3 +570,23 @@ def test_the_fixture_warns_about_a_stall_that_races_the_stuck_monitor(killpoint)
     with pytest.warns(KillpointWarning, match=r"sleep\(60000\).*57000 to 78000 ms"):
         verdict = killpoint.run("A@charge.after_call:1*sleep(60000)")
     assert verdict.runs == 1
+
+
+def test_the_fixtures_crash_pairs_on_a_target_with_its_own_points_run_in_its_declared_order(killpoint,
+                                                                                             monkeypatch):
+    # killpoint.matrix(depth=2) on a target whose points are its own raised ValueError before its
+    # first run (the built-in hit order does not know them). Points named out of order here: the
+    # second fault still waits for hit #2 only where the target's declared order puts it first.
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "examples", "sqlite_outbox"))
+    monkeypatch.chdir(os.path.join(ROOT, "examples", "sqlite_outbox"))
+    import outbox_worker
+
+    verdict = killpoint.matrix(target=outbox_worker.worker, steps=["charge"],
+                               points=["before_deliver", "after_accept"], depth=2)
+    verdict.assert_valid()
+    hits = sorted(r.schedule for r in verdict.results if r.schedule.count("A@") == 2)
+    assert hits == ["A@charge.after_accept:kill,A@charge.after_accept#2:kill",
+                    "A@charge.after_accept:kill,A@charge.before_deliver:kill",
+                    "A@charge.before_deliver:kill,A@charge.after_accept#2:kill",
+                    "A@charge.before_deliver:kill,A@charge.before_deliver#2:kill"]
+    assert verdict.runs == 8 and all(not r.unfired for r in verdict.results)

@@ -26,7 +26,7 @@ import sys
 from killpoint.chaos import generator
 from killpoint.chaos.generator import ACTIONS, FORMS
 from killpoint.chaos.points import DB_POINTS, ORDERED_POINTS
-from killpoint.harness.commands.common import (jobs_of, Summary, add_common, finish, parse_points, parse_steps,
+from killpoint.harness.commands.common import (declared_target, jobs_of, Summary, add_common, finish, parse_points, parse_steps,
                                                progress_for, run_config, target_points, workload_of)
 from killpoint.harness.run import Session
 
@@ -84,7 +84,8 @@ def run(args: argparse.Namespace) -> int:
         if bad or not forms:
             raise BadInput(f"--forms: unknown form {', '.join(map(shown, bad)) or shown(args.forms)}; "
                            f"use workers, hits or both")
-        plans = generator.matrix(steps, points, depth=2, forms=forms, cross_steps=args.cross_steps)
+        plans = generator.matrix(steps, points, depth=2, forms=forms, cross_steps=args.cross_steps,
+                                 order=declared_target(args).points)
     configs = [run_config(args, p.schedule, **p.overrides()) for p in plans]
     if args.depth == 2 and not args.json:
         print(f"killpoint matrix --depth 2: {len(configs)} runs (steps {', '.join(steps)} x "

@@ -102,7 +102,8 @@ class Killpoint:
             raise ValueError(f"steps {bad!r}: the {built.name} workload's steps are {', '.join(known)}")
         if depth not in (1, 2):
             raise ValueError(f"killpoint.matrix(depth={depth!r}): depth is 1 (single crashes) or 2 (pairs)")
-        plans = _plans(steps, _points(points, self.settings, declared.points), depth, actions)
+        plans = _plans(steps, _points(points, self.settings, declared.points), depth, actions,
+                       order=declared.points)
         k, n = self.settings.shard
         mine = generator.shard(plans, k, n)
         if plans and not mine:
@@ -224,11 +225,13 @@ class Killpoint:
 
 
 def _plans(steps: Sequence[str], points: Sequence[str], depth: int,
-           actions: "Sequence[str] | str" = ("kill", "pause")) -> list[Any]:
-    """What ``matrix()`` runs: the generator's plans, as ``killpoint matrix`` builds them."""
+           actions: "Sequence[str] | str" = ("kill", "pause"),
+           order: Sequence[str] | None = None) -> list[Any]:
+    """What ``matrix()`` runs: the generator's plans, as ``killpoint matrix`` builds them (``order``:
+    the target's declared points, the order its attempts pass them in)."""
     from killpoint.chaos import generator
 
-    return generator.matrix(steps, points, depth=depth, actions=_actions(actions))
+    return generator.matrix(steps, points, depth=depth, actions=_actions(actions), order=order)
 
 
 def _actions(actions: "Sequence[str] | str") -> tuple[str, ...]:
