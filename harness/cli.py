@@ -16,6 +16,7 @@ import sys
 from types import ModuleType
 from typing import NoReturn
 
+from killpoint.errors import InvalidTarget
 from killpoint.harness import signals
 from killpoint.harness.commands.common import (EXIT_BAD_INPUT, EXIT_UNKNOWN, BadInput, one_line,
                                                check_report_dir)
@@ -112,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_report_dir(args)  # before the first run, not after the last; made as the runs start
         code = args._run(args)
-    except BadInput as exc:
+    except (BadInput, InvalidTarget) as exc:  # InvalidTarget: a target's setup() refused the run
         print(f"killpoint: error: {one_line(str(exc))}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except BrokenPipeError:  # e.g. `killpoint demo | head`: the reader left; end quietly

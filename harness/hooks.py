@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
 from killpoint import vocab
+from killpoint.errors import InvalidTarget
 from killpoint.chaos.journal import Journal
 from killpoint.harness.declaration import Target, TargetRun, normalize_final_states
 
@@ -125,6 +126,8 @@ class Hooks:
         try:
             return fn(*args)
         except Exception as exc:  # noqa: BLE001 - the run's verdict says so
+            if name == "setup" and isinstance(exc, InvalidTarget):
+                raise  # it cannot run as asked (a store it cannot use): bad input, named once
             self.errors.append(f"the target's {name}() hook raised {describe(exc)}")
             return default
 

@@ -16,6 +16,7 @@ import signal
 import traceback
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
+from killpoint.errors import InvalidTarget
 from killpoint.harness.signals import sigint_deferred, unblock_sigint
 
 if TYPE_CHECKING:
@@ -82,6 +83,9 @@ def _runner(session: "Session", configs: Sequence["RunConfig"], conn: Any, paren
                 return
             try:
                 result = own.run(configs[index])
+            except InvalidTarget as exc:  # bad input, for the parent to raise as such
+                conn.send_bytes(_dumps((index, None, InvalidTarget(str(exc)))))
+                continue
             except Exception as exc:
                 conn.send_bytes(_dumps((index, None, f"{type(exc).__name__}: {exc}\n"
                                                      f"{traceback.format_exc()}")))
@@ -141,6 +145,8 @@ def run_many(session: "Session", configs: Sequence["RunConfig"], jobs: int) -> I
                     raise JobFailed(f"a runner process died while running "
                                     f"{configs[busy[conn]].schedule}") from None
                 del busy[conn]
+                if isinstance(error, InvalidTarget):
+                    raise error
                 if error is not None:
                     raise JobFailed(f"run {index + 1} ({configs[index].schedule}) raised {error}")
                 done[index] = RunResult(config=configs[index], **result)

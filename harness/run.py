@@ -34,7 +34,7 @@ from killpoint.harness.hooks import Hooks
 from killpoint.harness.redact import redact
 from killpoint.harness.store import check_faults, open_store, schema_name
 from killpoint.harness.store.base import Store
-from killpoint.errors import InfrastructureError, KillpointWarning
+from killpoint.errors import InfrastructureError, InvalidTarget, KillpointWarning
 from killpoint.harness.supervise import DISK_ERRORS, Supervisor, WorkerProcess, kill
 from killpoint.harness.targets import Target, declared
 from killpoint.harness.worker import REAL_TIME_TIMING, Timing
@@ -497,6 +497,10 @@ class _Run:
             return False
         except StopIteration:
             self._prepared = True
+        except InvalidTarget:  # the target's setup() says it cannot run as asked: bad input
+            self._prepared = True
+            self.cleanup()
+            raise
         except Exception as exc:
             self._prepared = True
             self.cleanup()

@@ -161,6 +161,21 @@ def test_procrastinate_naive_matrix_exits_1_on_the_duplicate_a_retried_stalled_j
     assert ("A@charge.after_call:kill", "reserve") in {(v["schedule"], v["step"]) for v in out["violations"]}
 
 
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_procrastinate_without_postgresql_is_one_line_of_bad_input_not_a_matrix_of_unknowns(jobs):
+    # Its setup() refuses a SQLite store: that is said once, naming the store, with exit 2 (it was
+    # every run unknown, the same reason repeated, exit 3), and nothing is left running.
+    need("procrastinate")
+    env = {k: v for k, v in os.environ.items() if k != "KILLPOINT_PG_DSN"}
+    done = subprocess.run([sys.executable, "-m", "killpoint.harness.cli", "matrix", "--target",
+                           "procrastinate:keyed", "--jobs", jobs, "-q"],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 2 and done.stdout == "", (done.stdout, done.stderr)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("killpoint: error: procrastinate needs PostgreSQL"), lines
+    assert "--store sqlite" in lines[0]
+
+
 def test_procrastinate_keyed_matrix_is_valid_with_every_declared_point_fired(pg_dsn):
     need("procrastinate")
     code, out = matrix("procrastinate:keyed", env={"KILLPOINT_PG_DSN": pg_dsn})

@@ -590,3 +590,16 @@ def test_the_fixtures_crash_pairs_on_a_target_with_its_own_points_run_in_its_dec
                     "A@charge.before_deliver:kill,A@charge.after_accept#2:kill",
                     "A@charge.before_deliver:kill,A@charge.before_deliver#2:kill"]
     assert verdict.runs == 8 and all(not r.unfired for r in verdict.results)
+
+
+def test_a_target_whose_setup_refuses_the_run_fails_the_test_in_one_line(killpoint):
+    # InvalidTarget from its setup() (a store it cannot use) fails the test naming why, without a
+    # traceback through the harness: what the command line says as exit 2.
+    import killpoint as kp
+
+    def refuse(run):
+        raise kp.InvalidTarget(f"this target needs PostgreSQL, not --store {run.store}")
+
+    target = kp.target(lambda ctx: None, points=("before_pay",), owns_state=True, setup=refuse)
+    with pytest.raises(pytest.fail.Exception, match=r"killpoint: this target needs PostgreSQL, not --store sqlite"):
+        killpoint.run("", target=target, workload="single")

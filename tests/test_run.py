@@ -268,6 +268,48 @@ def test_a_target_that_owns_its_state_is_judged_by_its_hooks_and_says_what_it_co
     assert result.history.owns_state and not result.history.of("store", "created")
 
 
+def test_a_setup_hook_that_refuses_the_run_as_invalid_target_ends_the_batch_as_bad_input(session):
+    # A target's setup() that raises InvalidTarget (it cannot run as asked: a store it cannot use)
+    # is bad input, raised to the caller (the CLI's exit 2), not a run judged unknown; the run's
+    # processes and files are gone. Any other exception of a hook still makes the run unknown.
+    import killpoint
+
+    def worker(ctx):
+        pass
+
+    def refuse(run):
+        raise killpoint.InvalidTarget(f"this target needs PostgreSQL, not --store {run.store}")
+
+    refused = killpoint.target(worker, points=("before_pay",), owns_state=True, setup=refuse)
+    configs = [RunConfig(target=refused, workload="single") for _ in range(2)]
+    before = set(os.listdir(session.base_dir))
+    with pytest.raises(killpoint.InvalidTarget, match="not --store sqlite"):
+        list(session.run_in_turn(configs))
+    me = str(os.getpid())
+    children = [pid for pid in os.listdir("/proc") if pid.isdigit() and pid != str(session.downstream.pid)
+                and _parent_of(pid) == me]
+    assert children == []  # no worker was started, none is left
+    runs = [d for d in set(os.listdir(session.base_dir)) - before if d.startswith("run")]
+    assert len(runs) == 1  # the first run stopped the batch; its store is dropped
+    assert not [f for f in os.listdir(os.path.join(session.base_dir, runs[0])) if ".sqlite" in f or f.endswith(".db")]
+
+    def broken(run):
+        raise RuntimeError("no such table")
+
+    result = session.run(RunConfig(target=killpoint.target(worker, points=("before_pay",), owns_state=True,
+                                                           setup=broken), workload="single"))
+    assert result.valid is None and any("setup() hook raised RuntimeError" in r
+                                        for r in result.verdict.unknown_reasons)
+
+
+def _parent_of(pid: str) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[1]
+    except (OSError, IndexError):
+        return None
+
+
 def test_an_undeclared_point_raises_at_once_naming_the_declared_ones(session):
     import killpoint
 

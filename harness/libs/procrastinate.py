@@ -199,8 +199,8 @@ def _conninfo(run: killpoint.TargetRun) -> str:
         return str(run.store)
     dsn = os.environ.get("KILLPOINT_PG_DSN")
     if not dsn:
-        raise killpoint.InvalidTarget("procrastinate needs PostgreSQL: run with --store postgresql://... "
-                                      "or set KILLPOINT_PG_DSN")
+        raise killpoint.InvalidTarget(f"procrastinate needs PostgreSQL, not --store {run.store}: run "
+                                      f"with --store postgresql://... or set KILLPOINT_PG_DSN")
     return dsn
 
 

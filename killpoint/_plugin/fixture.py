@@ -175,10 +175,15 @@ class Killpoint:
         results, runs = [], []
         self._guard()
         jobs = self._jobs()
-        for config, result in zip(configs, session.run_many(configs, jobs=jobs)):
-            self._guard()
-            results.append(result)
-            runs.append(self._keep(result))
+        from killpoint.errors import InvalidTarget
+
+        try:
+            for config, result in zip(configs, session.run_many(configs, jobs=jobs)):
+                self._guard()
+                results.append(result)
+                runs.append(self._keep(result))
+        except InvalidTarget as exc:  # its setup() refused the run (a store it cannot use)
+            pytest.fail(f"killpoint: {exc}", pytrace=False)
         target = configs[0].target_name if configs else "none"
         seed = configs[0].seed if configs else self.settings.seed
         return _verdict(runs, results, target, seed)
