@@ -72,11 +72,6 @@ class ForkedWorker:
         """Reap the process once it has ended (waiting up to ``timeout`` seconds for it to end)."""
         if self.exitcode is not None or self.pid is None:
             return
-        if self.sentinel < 0:  # let go of by close(): wait on the pid itself
-            pid, status = os.waitpid(self.pid, 0 if timeout is None else os.WNOHANG)
-            if pid:
-                self.exitcode = os.waitstatus_to_exitcode(status)
-            return
         ready, _, _ = select.select([self.sentinel], [], [], timeout)
         if not ready:
             return
@@ -87,12 +82,3 @@ class ForkedWorker:
     def is_alive(self) -> bool:
         self.join(0)
         return self.pid is not None and self.exitcode is None
-
-    def close(self) -> None:
-        """Let go of the pidfd of a process not reaped (it is reaped by :meth:`join` otherwise)."""
-        if self.sentinel >= 0 and self.exitcode is None:
-            try:
-                os.close(self.sentinel)
-            except OSError:
-                pass
-            self.sentinel = -1

@@ -497,18 +497,13 @@ class _Run:
             return False
         except StopIteration:
             self._prepared = True
-        except InvalidTarget:  # the target's setup() says it cannot run as asked: bad input
+        except BaseException as exc:
             self._prepared = True
             self.cleanup()
-            raise
-        except Exception as exc:
-            self._prepared = True
-            self.cleanup()
+            # A Ctrl-C, or the target's setup() saying it cannot run as asked (bad input): raised.
+            if not isinstance(exc, Exception) or isinstance(exc, InvalidTarget):
+                raise
             self._result = self.broken(exc, self.started)
-        except BaseException:
-            self._prepared = True
-            self.cleanup()
-            raise
         return True
 
     def settle(self) -> RunResult:

@@ -14,6 +14,26 @@ import pytest
 DEFAULT_PG_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 
 
+def live_children() -> set[int]:
+    """This process's children now, read from /proc (zombies included: an unreaped child shows)."""
+    me, found = str(os.getpid()), set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                if fh.read().rsplit(")", 1)[1].split()[1] == me:
+                    found.add(int(pid))
+        except (OSError, IndexError):
+            pass
+    return found
+
+
+@pytest.fixture
+def children():
+    """:func:`live_children`, to compare before and after: another test's session (the plugin's)
+    may keep a downstream alive, so "no child at all" is never the test."""
+    return live_children
+
+
 @pytest.fixture(scope="session")
 def pg_dsn() -> str:
     """The DSN of a reachable PostgreSQL server, or a skip (a failure when it is required)."""

@@ -311,30 +311,16 @@ def test_stop_kills_and_reaps_the_server_process(tmp_path):
         _pay(c)
 
 
-def test_a_server_that_cannot_start_is_an_infrastructure_error_naming_why_and_leaves_no_process(tmp_path):
+def test_a_server_that_cannot_start_is_an_infrastructure_error_naming_why_and_leaves_no_process(tmp_path,
+                                                                                                  children):
     # Its ledger in a folder that does not exist: the forked server says why on its pipe and ends;
     # the harness names it and has reaped it.
     from killpoint.errors import InfrastructureError
 
-    before = _children()
+    before = children()
     with pytest.raises(InfrastructureError, match=r"downstream failed to start: OperationalError"):
         start(str(tmp_path / "no-such-folder" / "ledger.sqlite"))
-    assert _children() == before
-
-
-def _children() -> set[int]:
-    """This process's live children, read from /proc (zombies included: an unreaped child shows)."""
-    me = str(os.getpid())
-    kids = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as fh:
-                    if fh.read().rsplit(")", 1)[1].split()[1] == me:
-                        kids.add(int(entry))
-            except (OSError, IndexError):
-                pass
-    return kids
+    assert children() == before
 
 
 # -- a plain HTTP client, as a user's own worker calls it -------------------------------------------

@@ -15,26 +15,12 @@ SCHEDULES = ["A@charge.after_call:kill", "A@charge.before_claim:kill", "A@charge
              "A@charge.before_commit:kill", "A@charge.after_commit:kill"]
 
 
-def _children() -> set[int]:
-    me = str(os.getpid())
-    found = set()
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                with open(f"/proc/{pid}/stat") as fh:
-                    if fh.read().rsplit(")", 1)[1].split()[1] == me:
-                        found.add(int(pid))
-            except OSError:
-                pass
-    return found
-
-
-def test_run_many_on_two_jobs_gives_every_result_in_schedule_order_and_leaves_no_process():
+def test_run_many_on_two_jobs_gives_every_result_in_schedule_order_and_leaves_no_process(children):
     configs = [RunConfig(schedule=chaos.parse(s), workload="single") for s in SCHEDULES]
     with Session() as session:
-        before = _children()
+        before = children()
         results = list(session.run_many(configs, jobs=2))
-        assert _children() == before  # every runner and every worker ended
+        assert children() == before  # every runner and every worker ended
     assert [str(r.config.schedule) for r in results] == SCHEDULES
     assert [r.config for r in results] == configs
     assert all(r.valid is True and not r.unfired for r in results), [r.verdict for r in results]
@@ -85,7 +71,7 @@ def _seen(result) -> tuple:
             sorted(v.invariant for v in result.verdict.violations))
 
 
-def test_one_job_judges_a_run_while_the_next_starts_and_gives_what_runs_one_at_a_time_give():
+def test_one_job_judges_a_run_while_the_next_starts_and_gives_what_runs_one_at_a_time_give(children):
     """Protects ``--jobs 1`` (Session.run_in_turn): while a run's workers go, the run before is
     judged and the run after is prepared (its store, its downstream configuration, its first worker
     process). A user sees the same verdicts, violations and fired faults in the same order as runs
@@ -96,17 +82,17 @@ def test_one_job_judges_a_run_while_the_next_starts_and_gives_what_runs_one_at_a
     configs.insert(1, RunConfig(schedule=chaos.parse("A@charge.after_call:1*pause"), workload="single",
                                 target="mutant:no-fence-check"))
     with Session() as session:
-        before = _children()
+        before = children()
         in_turn = list(session.run_many(configs, jobs=1))
         alone = [session.run(c) for c in configs]
         assert [_seen(r) for r in in_turn] == [_seen(r) for r in alone]
         assert [r.valid for r in in_turn] == [True, False, True, True]
-        assert _store_files(session) == [] and _children() == before
+        assert _store_files(session) == [] and children() == before
         stopped = session.run_many(configs, jobs=1)
         assert next(stopped).valid is True  # the second run has lived by now, not been judged
         assert _store_files(session) != []
         stopped.close()
-        assert _store_files(session) == [] and _children() == before
+        assert _store_files(session) == [] and children() == before
 
 
 def test_one_job_runs_a_target_with_hooks_strictly_one_after_the_other(tmp_path):

@@ -268,7 +268,7 @@ def test_a_target_that_owns_its_state_is_judged_by_its_hooks_and_says_what_it_co
     assert result.history.owns_state and not result.history.of("store", "created")
 
 
-def test_a_setup_hook_that_refuses_the_run_as_invalid_target_ends_the_batch_as_bad_input(session):
+def test_a_setup_hook_that_refuses_the_run_as_invalid_target_ends_the_batch_as_bad_input(session, children):
     # A target's setup() that raises InvalidTarget (it cannot run as asked: a store it cannot use)
     # is bad input, raised to the caller (the CLI's exit 2), not a run judged unknown; the run's
     # processes and files are gone. Any other exception of a hook still makes the run unknown.
@@ -282,10 +282,10 @@ def test_a_setup_hook_that_refuses_the_run_as_invalid_target_ends_the_batch_as_b
 
     refused = killpoint.target(worker, points=("before_pay",), owns_state=True, setup=refuse)
     configs = [RunConfig(target=refused, workload="single") for _ in range(2)]
-    before, children = set(os.listdir(session.base_dir)), _children()
+    before, alive = set(os.listdir(session.base_dir)), children()
     with pytest.raises(killpoint.InvalidTarget, match="not --store sqlite"):
         list(session.run_in_turn(configs))
-    assert _children() - children == set()  # no worker was started, none is left
+    assert children() - alive == set()  # no worker was started, none is left
     runs = [d for d in set(os.listdir(session.base_dir)) - before if d.startswith("run")]
     assert len(runs) == 1  # the first run stopped the batch; its store is dropped
     assert not [f for f in os.listdir(os.path.join(session.base_dir, runs[0])) if ".sqlite" in f or f.endswith(".db")]
@@ -297,19 +297,6 @@ def test_a_setup_hook_that_refuses_the_run_as_invalid_target_ends_the_batch_as_b
                                                            setup=broken), workload="single"))
     assert result.valid is None and any("setup() hook raised RuntimeError" in r
                                         for r in result.verdict.unknown_reasons)
-
-
-def _children() -> set[str]:
-    """This process's children now (another test's session may keep its downstream alive)."""
-    me, found = str(os.getpid()), set()
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/stat") as fh:
-                if fh.read().rsplit(")", 1)[1].split()[1] == me:
-                    found.add(pid)
-        except (OSError, IndexError):
-            pass
-    return found
 
 
 def test_an_undeclared_point_raises_at_once_naming_the_declared_ones(session):

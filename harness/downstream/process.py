@@ -114,12 +114,7 @@ class DownstreamProcess:
             atexit.unregister(self._finalizer)
             self._finalizer()  # runs _reap once, then detaches
             self._finalizer = None
-        if self._proc is not None:
-            try:
-                self._proc.close()
-            except ValueError:
-                pass
-            self._proc = None
+        self._proc = None
 
     def restart(self) -> None:
         """Kill the server and start a fresh process on the same ledger file and the same port.
