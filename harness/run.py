@@ -10,6 +10,7 @@ speak to the harness, and :mod:`killpoint.harness.judge` turns what happened int
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import os
 import secrets
 import shlex
@@ -34,7 +35,7 @@ from killpoint.harness.hooks import Hooks
 from killpoint.harness.redact import redact
 from killpoint.harness.store import check_faults, open_store, schema_name
 from killpoint.harness.store.base import Store
-from killpoint.errors import InfrastructureError, InvalidTarget, KillpointWarning
+from killpoint.errors import InfrastructureError, InvalidConfig, InvalidTarget, KillpointWarning
 from killpoint.harness.supervise import DISK_ERRORS, Supervisor, WorkerProcess, kill
 from killpoint.harness.targets import Target, declared
 from killpoint.harness.worker import REAL_TIME_TIMING, Timing
@@ -85,6 +86,7 @@ class RunConfig:
     restarts: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        self._check()
         if self.timing is None:
             # A target that owns its state keeps its leases and heartbeats in its own system, on that
             # system's clock, which the run clock cannot move: it runs in real time, with the short
@@ -92,6 +94,29 @@ class RunConfig:
             if self.virtual_time and _owns_state(self.target):
                 object.__setattr__(self, "virtual_time", False)
             object.__setattr__(self, "timing", Timing() if self.virtual_time else REAL_TIME_TIMING)
+
+    def _check(self) -> None:
+        """Refuse a field no run can have, naming it (:class:`InvalidConfig`, exit 2 in the CLI)."""
+        def bad(name: str, why: str) -> InvalidConfig:
+            return InvalidConfig(f"RunConfig({name}={getattr(self, name)!r}): {why}")
+
+        if (isinstance(self.workers, bool) or not isinstance(self.workers, numbers.Integral)
+                or not 1 <= self.workers <= 26):
+            raise bad("workers", "give a number of workers from 1 to 26")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral):
+            raise bad("seed", "give an integer")
+        if (isinstance(self.bound_s, bool) or not isinstance(self.bound_s, (int, float))
+                or not 0 < self.bound_s <= 86_400):
+            raise bad("bound_s", "give a number of seconds above 0 and at most 86400 (a day)")
+        if (isinstance(self.same_identity, bool) or not isinstance(self.same_identity, (int, float))
+                or not 0 <= self.same_identity <= 1):
+            raise bad("same_identity", "give a probability from 0 to 1")
+        if self.timing is not None and not isinstance(self.timing, Timing):
+            raise bad("timing", "give a killpoint.Timing (its fields in milliseconds)")
+        if self.schedule is None:  # no faults (a template config, its schedules set later)
+            object.__setattr__(self, "schedule", Schedule())
+        if not isinstance(self.schedule, Schedule):
+            raise bad("schedule", "give a Schedule (killpoint.parse_schedule(text))")
 
     def with_clock(self, virtual: bool) -> "RunConfig":
         """The same run on the virtual clock or off it; a default timing follows the clock."""

@@ -56,6 +56,19 @@ TIMING_KEYS = {"lease-ttl-ms": "lease_ttl_ms", "heartbeat-ms": "heartbeat_ms",
                "stuck-bound-ms": "stuck_bound_ms", "poll-ms": "poll_ms"}
 
 
+# A year: far past any production lease or bound. Far larger values (1e308, infinity) overflow the
+# run clock's and the checkers' arithmetic.
+MAX_TIMING_MS = 31_536_000_000.0
+
+
+def timing_problem(ms: Any) -> str | None:
+    """What is wrong with ``ms`` as a timing (``None``: nothing): it must be a number of
+    milliseconds above zero and at most a year (so neither NaN nor infinity)."""
+    if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not 0 < ms <= MAX_TIMING_MS:
+        return f"give a number of milliseconds above 0 and at most {MAX_TIMING_MS:.0f} (a year)"
+    return None
+
+
 class InvalidSettings(BadInput):
     """The ``[tool.killpoint]`` table has a key we do not know or a value of the wrong kind."""
 
@@ -164,8 +177,9 @@ def _timing(value: Any, where: str) -> dict[str, float]:
         if name is None:
             raise InvalidSettings(f"{where}: unknown timing {raw!r}; known timings are "
                                   f"{', '.join(TIMING_KEYS)}")
-        if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not ms > 0:
-            raise InvalidSettings(f"{where}: timing {raw} = {_show(ms)}: give a positive number of milliseconds")
+        problem = timing_problem(ms)
+        if problem:
+            raise InvalidSettings(f"{where}: timing {raw} = {_show(ms)}: {problem}")
         out[name] = float(ms)
     return out
 
@@ -182,4 +196,4 @@ def _clip(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
 
-__all__ = ["Settings", "InvalidSettings", "find", "load", "parse", "parse_timing"]
+__all__ = ["MAX_TIMING_MS", "Settings", "InvalidSettings", "find", "load", "parse", "parse_timing", "timing_problem"]

@@ -22,7 +22,9 @@ from typing import Any
 from killpoint import chaos, vocab
 from killpoint.chaos.journal import Journal
 from killpoint.harness import checkpoint, recovery, states
+from killpoint.errors import InvalidConfig
 from killpoint.harness.clock import Clock
+from killpoint.harness.settings import timing_problem
 from killpoint.harness.clock import current as current_clock
 from killpoint.harness.declaration import InvalidPoint, TargetRun
 from killpoint.harness.downstream import Answer, DownstreamClient, LostResponse
@@ -42,6 +44,12 @@ class Timing:
     heartbeat_ms: float = 10_000.0
     stuck_bound_ms: float = 60_000.0
     poll_ms: float = 1_000.0
+
+    def __post_init__(self) -> None:
+        for name in ("lease_ttl_ms", "heartbeat_ms", "stuck_bound_ms", "poll_ms"):
+            problem = timing_problem(getattr(self, name))
+            if problem:
+                raise InvalidConfig(f"Timing({name}={getattr(self, name)!r}): {problem}")
 
     @property
     def stuck_slack_ms(self) -> float:

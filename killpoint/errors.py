@@ -15,6 +15,7 @@ __all__ = [
     "BadInput",
     "InfrastructureError",
     "InvalidAction",
+    "InvalidConfig",
     "InvalidSchedule",
     "InvalidStore",
     "InvalidPoint",
@@ -79,6 +80,11 @@ class UnknownScenario(KillpointError, KeyError):
 
 class BadInput(KillpointError):
     """Input the user must fix; the message is one line naming the bad value (the CLI exits 2)."""
+
+
+class InvalidConfig(BadInput, ValueError):
+    """A field of a run's configuration (``RunConfig``, ``Timing``) with a value no run can have:
+    the message names the field and the value."""
 
 
 class KillpointUnavailable(KillpointError, RuntimeError):

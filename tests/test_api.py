@@ -81,6 +81,46 @@ def test_bad_input_to_the_library_raises_a_killpoint_error_naming_the_value():
         assert named in str(info.value)
 
 
+@pytest.mark.parametrize("fields, named", [
+    ({"workers": 0}, "workers=0"),
+    ({"workers": 27}, "workers=27"),
+    ({"seed": "7"}, "seed='7'"),
+    ({"bound_s": -1}, "bound_s=-1"),
+    ({"bound_s": float("inf")}, "bound_s=inf"),
+    ({"same_identity": 1.5}, "same_identity=1.5"),
+    ({"timing": {"lease_ttl_ms": 200}}, "timing={'lease_ttl_ms': 200}"),
+    ({"schedule": "A@charge.after_call:kill"}, "schedule='A@charge.after_call:kill'"),
+])
+def test_a_run_config_no_run_can_have_is_refused_naming_the_field(fields, named):
+    # Before, RunConfig(workers=0) went as far as a run and came back unknown with "infrastructure
+    # failure ... IndexError": bad input reported as the harness breaking.
+    with pytest.raises(killpoint.InvalidConfig) as info:
+        killpoint.RunConfig(**fields)
+    assert isinstance(info.value, errors.BadInput) and isinstance(info.value, ValueError)
+    assert named in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("field", ["lease_ttl_ms", "heartbeat_ms", "stuck_bound_ms", "poll_ms"])
+@pytest.mark.parametrize("value", [0, -5, float("inf"), float("nan"), 1e308, 31_536_000_001, "50", True])
+def test_a_timing_no_run_can_have_is_refused_naming_the_field_and_value(field, value):
+    # An infinite poll period ran and came out unknown (a checker's OverflowError); a year is the most.
+    with pytest.raises(killpoint.InvalidConfig, match=f"Timing\\({field}="):
+        killpoint.Timing(**{field: value})
+    assert killpoint.Timing(**{field: 31_536_000_000}).__dict__[field] == 31_536_000_000
+    assert killpoint.Timing(**{field: 0.5}).__dict__[field] == 0.5
+
+
+def test_a_session_refuses_a_bad_config_before_starting_any_process():
+    with killpoint.Session() as session:
+        with pytest.raises(killpoint.InvalidConfig, match="workers=0"):
+            session.run(killpoint.RunConfig(schedule=killpoint.parse_schedule("A@charge.after_call:kill"),
+                                            workers=0))
+        # the session is still usable
+        result = session.run(killpoint.RunConfig(schedule=killpoint.parse_schedule("A@charge.after_call:kill"),
+                                                 workload="single"))
+        assert result.valid is True
+
+
 def test_unknown_scenario_reads_as_a_sentence_not_a_quoted_key():
     from killpoint.scenarios import get
 

@@ -41,6 +41,13 @@ def test_unknown_point_exits_2_with_one_line_naming_it_and_the_valid_names(capsy
     (["matrix", "--workload", "bogus"], "bogus"),
     (["matrix", "--actions", "explode"], "explode"),
     (["nosuchcommand"], "nosuchcommand"),
+    # Timings no run can have: before, infinity or 1e308 ran and came out unknown ("checker raised:
+    # OverflowError"), as if the run had gone wrong rather than the input.
+    (["matrix", "--timing", "poll-ms=inf"], "poll-ms = inf"),
+    (["replay", "A@charge.after_call:kill", "--timing", "lease-ttl-ms=1e308"], "lease-ttl-ms = 1e+308"),
+    (["matrix", "--timing", "heartbeat-ms=nan"], "heartbeat-ms = nan"),
+    (["matrix", "--timing", "stuck-bound-ms=31536000001"], "stuck-bound-ms = 31536000001"),
+    (["matrix", "--timing", "poll-ms=0"], "poll-ms = 0"),
 ])
 def test_bad_input_exits_2_naming_the_bad_value(capsys, argv, named):
     code, out, err = run_cli(capsys, *argv)
@@ -428,3 +435,12 @@ def test_a_replayed_stall_that_races_the_stuck_monitor_is_run_with_a_one_line_wa
     for schedule in ("A@charge.after_call:1*sleep(45000)", "A@charge.before_claim:1*sleep(60000)"):
         code, out, err = run_cli(capsys, "replay", schedule, "--json", "-q")
         assert code == 0 and json.loads(out)["runs"] == 1 and "warning" not in err, (schedule, err)
+
+
+def test_a_timing_of_a_year_is_the_largest_accepted_and_runs(capsys):
+    # The bound of the timings is a year: that much is a timing (run on the virtual clock at no
+    # wall cost), one millisecond more is bad input (above).
+    code, out, err = run_cli(capsys, "replay", "A@charge.after_call:kill", "--workload", "single",
+                             "--timing", "poll-ms=31536000000,lease-ttl-ms=31536000000", "--json")
+    assert code == 0, err
+    assert json.loads(out)["valid"] is True

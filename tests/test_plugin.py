@@ -603,3 +603,14 @@ def test_a_target_whose_setup_refuses_the_run_fails_the_test_in_one_line(killpoi
     target = kp.target(lambda ctx: None, points=("before_pay",), owns_state=True, setup=refuse)
     with pytest.raises(pytest.fail.Exception, match=r"killpoint: this target needs PostgreSQL, not --store sqlite"):
         killpoint.run("", target=target, workload="single")
+
+
+@pytest.mark.parametrize("config, named", [
+    ({"workers": 0}, "workers=0"),
+    ({"same_identity": 2}, "same_identity=2"),
+    ({"timing": {"lease_ttl_ms": 200}}, "timing="),
+])
+def test_a_run_field_no_run_can_have_fails_the_test_in_one_line(killpoint, config, named):
+    # Before, workers=0 came back as an unknown verdict blaming the infrastructure.
+    with pytest.raises(pytest.fail.Exception, match=r"^killpoint: RunConfig\(" + named.replace("(", "\\(")):
+        killpoint.run("A@charge.after_call:kill", workload="single", **config)

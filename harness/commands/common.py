@@ -96,8 +96,8 @@ def _timing(text: str) -> dict[str, float]:
 
     try:
         return parse_timing(text)
-    except BadInput as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    except BadInput as exc:  # argparse says "argument --timing: " first
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--timing").lstrip(": ")) from None
 
 
 SHOWN_LIMIT = 200  # characters of a bad value an error message repeats

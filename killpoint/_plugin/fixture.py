@@ -137,6 +137,7 @@ class Killpoint:
 
     def _config(self, schedule: Any, target: Any, workload: Any, workers: int, seed: int | None,
                 extra: dict[str, Any]) -> "RunConfig":
+        from killpoint.errors import InvalidConfig
         from killpoint.harness.run import RunConfig
         from killpoint.harness.workload import InvalidWorkload, Workload, resolve_workload
 
@@ -150,8 +151,11 @@ class Killpoint:
                 resolve_workload(workload, seed)
             except InvalidWorkload as exc:
                 pytest.fail(f"killpoint: {exc}", pytrace=False)
-        config = RunConfig(schedule=schedule, target=target, workload=workload, workers=workers,
-                           seed=seed, store=self.settings.store, **extra)
+        try:
+            config = RunConfig(schedule=schedule, target=target, workload=workload, workers=workers,
+                               seed=seed, store=self.settings.store, **extra)
+        except InvalidConfig as exc:
+            pytest.fail(f"killpoint: {exc}", pytrace=False)
         # --killpoint-real-time: the clock off, as killpoint matrix --real-time (a default timing
         # becomes the real-time one; the reproduce line says --real-time).
         return config.with_clock(False) if self.settings.real_time else config
