@@ -69,8 +69,13 @@ class Chain:
         return any(t.action != "off" for t in self.terms)
 
 
+# ASCII digits only: a count, percentage or sleep written in other scripts' digits is refused
+# rather than read one way here and shown another in the reproduce line.
 _TERM = re.compile(
-    r"^(?:(?P<p>\d+(?:\.\d+)?)%)?(?:(?P<n>\d+)\*)?(?P<action>[a-z_]+)(?:\((?P<arg>[^)]*)\))?$")
+    r"^(?:(?P<p>[0-9]+(?:\.[0-9]+)?)%)?(?:(?P<n>[0-9]+)\*)?(?P<action>[a-z_]+)(?:\((?P<arg>[^)]*)\))?$")
+# The longest sleep a schedule may ask for: a year, as the longest timing (a longer one overflows
+# the clocks' arithmetic).
+LONGEST_SLEEP_MS = 31_536_000_000
 
 
 def parse_term(text: str) -> Term:
@@ -83,8 +88,9 @@ def parse_term(text: str) -> Term:
         raise InvalidAction(f"unknown failpoint action {action!r} in {text!r}: "
                             f"use one of {_ONE_OF}")
     if action == "sleep":
-        if arg is None or not arg.strip().isdigit():
-            raise InvalidAction(f"sleep needs a whole number of milliseconds, as in sleep(50), not {text!r}")
+        if arg is None or not re.fullmatch(r"[0-9]+", arg.strip()) or int(arg) > LONGEST_SLEEP_MS:
+            raise InvalidAction(f"sleep needs a whole number of milliseconds up to {LONGEST_SLEEP_MS} "
+                                f"(a year), as in sleep(50), not {text!r}")
         arg_value: int | None = int(arg)
     else:
         if arg is not None:

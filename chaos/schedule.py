@@ -55,7 +55,7 @@ class Schedule:
 
 _NAME = r"[A-Za-z][A-Za-z0-9_-]*"
 _FAULT = re.compile(rf"^(?P<worker>{_NAME})@(?:(?P<step>{_NAME})\.)?(?P<point>{_NAME})"
-                    rf"(?:#(?P<hit>\d+))?:(?P<actions>.+)$")
+                    rf"(?:#(?P<hit>[0-9]+))?:(?P<actions>.+)$")
 
 
 def _split(text: str) -> list[str]:
@@ -99,4 +99,13 @@ def parse(text: str, *, points: frozenset[str] | None = None) -> Schedule:
     """
     if text is None or not text.strip() or text.strip() == "none":
         return Schedule()
-    return Schedule(tuple(parse_fault(p, points=points) for p in _split(text)))
+    faults = tuple(parse_fault(p, points=points) for p in _split(text))
+    seen: dict[tuple[str, str | None, str, int], Fault] = {}
+    for fault in faults:
+        first = seen.setdefault((fault.worker, fault.step, fault.point, fault.hit), fault)
+        if first is not fault:  # two faults competing for one hit: only the first could fire
+            raise InvalidSchedule(f"{str(fault)!r} is at the same worker, step, point and hit as "
+                                  f"{str(first)!r}, so only one of them could fire: give one of "
+                                  f"them another hit (#2), or write one chain (1*pause->kill: pause at "
+                                  f"this hit, kill at the next)")
+    return Schedule(faults)

@@ -27,12 +27,36 @@ def test_count_chain_moves_on_after_its_hits():
 @pytest.mark.parametrize("text, named", [
     ("explode", "explode"), ("sleep(x)", "sleep(x)"), ("kill->off", "kill"), ("0*kill", "0*kill"),
     ("150%kill", "150%kill"), ("kill(3)", "kill"), ("", "empty"),
+    # Digits of other scripts: before, sleep(\u00b2) passed the check and ended the command as an
+    # "infrastructure failure: ValueError" (exit 3); \u0663*kill ran as 3*kill.
+    ("sleep(\u00b2)", "sleep(\u00b2)"), ("\u0663*kill", "\u0663*kill"), ("sleep(\uff15)", "sleep(\uff15)"),
+    # A sleep no clock can count: before, it ran and came out unknown, blaming the target for an
+    # OverflowError. A year is the most (below).
+    ("sleep(31536000001)", "sleep(31536000001)"), ("sleep(99999999999999999999)", "99999999999999999999"),
 ])
 def test_bad_action_text_is_named_in_the_error(text, named):
     with pytest.raises(InvalidAction) as err:
         parse_actions(text)
     assert named in str(err.value)
     assert "\n" not in str(err.value)
+
+
+def test_the_longest_sleep_is_a_year():
+    assert parse_actions("sleep(31536000000)").terms[0].arg == 31_536_000_000
+
+
+def test_two_faults_at_the_same_worker_step_point_and_hit_are_refused_naming_both():
+    # Only the first could ever fire: before, the run came out unknown ("never fired") as if the
+    # worker had not reached the point.
+    with pytest.raises(chaos.InvalidSchedule) as err:
+        chaos.parse("A@charge.after_call:kill,B@charge.after_call:kill,A@charge.after_call#1:pause")
+    assert "'A@charge.after_call:pause'" in str(err.value) and "'A@charge.after_call:kill'" in str(err.value)
+    # another hit, another worker, another step, or a fault for any step are other places
+    for text in ("A@charge.after_call:kill,A@charge.after_call#2:kill",
+                 "A@charge.after_call:kill,B@charge.after_call:kill",
+                 "A@charge.after_call:kill,A@reserve.after_call:kill",
+                 "A@after_call:kill,A@charge.after_call:kill"):
+        assert str(chaos.parse(text)) == text
 
 
 def test_schedule_example_from_the_design_round_trips():
@@ -61,6 +85,7 @@ def test_a_fault_without_a_step_applies_at_any_step():
     ("A@charge.after_call:explode", "explode"),
     ("A@charge.after_call", "A@charge.after_call"),
     ("A@charge.after_call:kill,,", "''"),
+    ("A@charge.after_call#\uff11:kill", "\uff11"),  # a fullwidth 1 was read as hit 1
 ])
 def test_bad_schedule_text_points_at_the_bad_part(text, named):
     with pytest.raises(chaos.InvalidSchedule) as err:
@@ -90,7 +115,8 @@ def _term(p, n, action):
 
 
 @given(st.lists(st.tuples(names, steps, st.sampled_from(ORDERED_POINTS), st.integers(1, 4),
-                          st.lists(terms, min_size=1, max_size=3)), min_size=1, max_size=4))
+                          st.lists(terms, min_size=1, max_size=3)), min_size=1, max_size=4,
+                unique_by=lambda f: f[:4]))  # one fault per worker, step, point and hit (above)
 def test_any_schedule_text_round_trips(faults):
     parts = []
     for worker, step, point, hit, chain in faults:

@@ -48,6 +48,8 @@ def test_unknown_point_exits_2_with_one_line_naming_it_and_the_valid_names(capsy
     (["matrix", "--timing", "heartbeat-ms=nan"], "heartbeat-ms = nan"),
     (["matrix", "--timing", "stuck-bound-ms=31536000001"], "stuck-bound-ms = 31536000001"),
     (["matrix", "--timing", "poll-ms=0"], "poll-ms = 0"),
+    (["replay", "A@charge.after_call:sleep(\u00b2)"], "sleep(\u00b2)"),  # before: exit 3, "ValueError"
+    (["replay", "A@charge.after_call:kill,A@charge.after_call:pause"], "A@charge.after_call:pause"),
 ])
 def test_bad_input_exits_2_naming_the_bad_value(capsys, argv, named):
     code, out, err = run_cli(capsys, *argv)

@@ -7,6 +7,7 @@ nothing from outside, and what a real browser shows.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 
 from killpoint import chaos
+from killpoint.chaos.schedule import Schedule
 from killpoint.harness.checkers.base import Result, Verdict, Violation
 from killpoint.harness.cli import main
 from killpoint.harness.history import History, build
@@ -108,11 +110,24 @@ def takeover_history(inst: str = "order-1", worker: str = "A", params: Any = Non
     ], schedule=TAKEOVER)
 
 
+@dataclasses.dataclass(frozen=True)
+class TextSchedule(Schedule):
+    """A schedule that reads as any text: how a hostile string reaches a report's schedule field
+    (RunConfig takes only a Schedule, and the parser would refuse the text)."""
+
+    text: str = ""
+
+    def __str__(self) -> str:
+        return self.text
+
+
 def make_result(history: History, *, valid: bool | None = True, violations: tuple[Violation, ...] = (),
                 schedule: Any = None, target: str = "reference", run_id: str = "run0001-s0",
                 invariant: str = "stale_writes_rejected", store: str = "sqlite") -> RunResult:
     verdict = Verdict(valid, (Result(invariant, valid, True, violations, "detail"),),
                       () if valid is not None else ("a scheduled fault never fired",))
+    if isinstance(schedule, str):
+        schedule = TextSchedule(text=schedule)
     config = RunConfig(schedule=chaos.parse(TAKEOVER) if schedule is None else schedule, target=target,
                        store=store)
     return RunResult(config, run_id, history, verdict, {TAKEOVER: 1}, (), 3, 0.05, "")
