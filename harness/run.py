@@ -127,6 +127,19 @@ class RunConfig:
             timing = Timing() if virtual else REAL_TIME_TIMING
         return dataclasses.replace(self, virtual_time=virtual, timing=timing)
 
+    def warnings(self) -> tuple[str, ...]:
+        """What to warn about before the run, one line each: a stall that races the stuck monitor
+        (:meth:`racy_stalls`), and a heartbeat not shorter than the lease (a live worker then loses
+        its lease between two renewals, and every step longer than the lease is taken over)."""
+        lines = list(self.racy_stalls())
+        timing = self.timing
+        if timing.heartbeat_ms >= timing.lease_ttl_ms:
+            lines.append(f"timing heartbeat-ms {timing.heartbeat_ms:g} is not shorter than lease-ttl-ms "
+                         f"{timing.lease_ttl_ms:g}: a live worker's lease runs out between two renewals, "
+                         f"so any step longer than the lease is taken over from a healthy worker; "
+                         f"give a heartbeat a third of the lease or less")
+        return tuple(lines)
+
     def racy_stalls(self) -> tuple[str, ...]:
         """What to warn about in the schedule: a ``sleep`` whose end races the stuck monitor
         (:attr:`Timing.stuck_race_ms`) where a lease is held (a point of the protocol that holds
@@ -378,12 +391,12 @@ class Session:
 
 
 def _warn_racy(configs: "Sequence[RunConfig]") -> None:
-    """A :class:`KillpointWarning` for each stall of ``configs`` that races the stuck monitor
-    (:meth:`RunConfig.racy_stalls`). Always from this line, so that Python's filter shows a given
+    """A :class:`KillpointWarning` for each of :meth:`RunConfig.warnings` of ``configs`` (a stall
+    that races the stuck monitor, a heartbeat not shorter than the lease). Always from this line, so that Python's filter shows a given
     one once however many entry points a batch of runs goes through."""
     import warnings
 
-    for line in dict.fromkeys(line for config in configs for line in config.racy_stalls()):
+    for line in dict.fromkeys(line for config in configs for line in config.warnings()):
         warnings.warn(line, KillpointWarning)
 
 

@@ -446,3 +446,18 @@ def test_a_timing_of_a_year_is_the_largest_accepted_and_runs(capsys):
                              "--timing", "poll-ms=31536000000,lease-ttl-ms=31536000000", "--json")
     assert code == 0, err
     assert json.loads(out)["valid"] is True
+
+
+def test_a_heartbeat_not_shorter_than_the_lease_is_run_with_a_one_line_warning(capsys):
+    """A heartbeat that does not come before the lease runs out takes every long step away from a
+    healthy worker: likely a timing given alone (`--timing lease-ttl-ms=200` keeps the 10 s
+    heartbeat of the run clock). The run still happens; stderr says so once, naming both values."""
+    argv = ["replay", "A@charge.after_call:kill", "--workload", "single", "--json", "-q"]
+    code, out, err = run_cli(capsys, *argv, "--timing", "lease-ttl-ms=200")
+    assert code == 0 and json.loads(out)["runs"] == 1
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("killpoint: warning: timing heartbeat-ms 10000 is not "
+                                                   "shorter than lease-ttl-ms 200"), err
+    for timing in ("lease-ttl-ms=200,heartbeat-ms=50", "heartbeat-ms=29999"):
+        code, out, err = run_cli(capsys, *argv, "--timing", timing)
+        assert code == 0 and "warning" not in err, (timing, err)
