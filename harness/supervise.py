@@ -671,6 +671,12 @@ class Supervisor:
             if not active:
                 paused = [w for w in live if w.state == "paused"]
                 if paused:
+                    if not self.halted and len(self.workers) < self.spawn_cap:
+                        # Nobody left to move the frozen worker's step on (one worker, or the
+                        # others hung or frozen too): start another, as for a killed one, so the
+                        # pause outlives the lease and the late worker meets the takeover.
+                        self.replace(paused[-1])
+                        continue
                     for w in paused:
                         self.maybe_resume(w, others_active=False)
                     continue

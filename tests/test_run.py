@@ -71,6 +71,24 @@ def test_lease_takeover_refuses_the_stale_commit_and_accepts_the_new_fence(sessi
     assert "stop" in harness and "cont" in harness
 
 
+@pytest.mark.parametrize("schedule, workers", [
+    ("A@charge.after_call:1*pause", 1),  # the only worker
+    ("A@charge.after_call:1*pause,B@charge.before_claim:1*pause", 2),  # the other one frozen too
+])
+def test_a_pause_with_no_other_worker_to_move_on_still_outlives_the_lease(session, schedule, workers):
+    # Before, the harness resumed the frozen worker at once ("no other worker can move"): its
+    # lease never ran out, nothing was taken over, and a worker without fencing was valid with
+    # every fault fired. Now another worker starts, as after a kill, and takes the step over.
+    result = run(session, schedule, workload="single", workers=workers)
+    assert result.valid is True and not result.unfired
+    ev = [e for e in result.history.events if e.process == "store" and e.get("step") == "charge"]
+    assert [e.get("fence") for e in ev if e.kind == "commit_rejected" and e.get("worker") == "A"] == [1]
+    assert [e.get("fence") for e in ev if e.kind == "committed"] == [2]
+    broken = run(session, schedule, workload="single", workers=workers, target="mutant:no-fence-check")
+    assert broken.valid is False
+    assert {v.invariant for v in broken.verdict.violations} == {"stale_writes_rejected"}
+
+
 def test_a_hung_worker_with_a_live_heartbeat_is_flagged_and_taken_over(session):
     result = run(session, "A@charge.heartbeat:hang")
     assert result.valid is True
