@@ -28,7 +28,7 @@ import string
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 
 from killpoint import chaos, vocab
@@ -41,7 +41,7 @@ from killpoint.harness import hooks, messages
 from killpoint.harness.declaration import Target as Declared, TargetRun
 from killpoint.harness.forking import ForkedWorker as ForkedWorker
 from killpoint.harness.messages import RESUME, FaultTally, Inbox
-from killpoint.errors import InfrastructureError
+from killpoint.errors import BadInput, InfrastructureError, shown
 from killpoint.harness import signals
 from killpoint.harness.signals import sigint_deferred, unblock_sigint
 from killpoint.harness.store.base import Store
@@ -88,6 +88,24 @@ def spawn_cap(workers: int, faults: int) -> int:
 def reachable_identities(workers: int, faults: int) -> tuple[str, ...]:
     """Every identity a run with ``workers`` workers and ``faults`` faults can ever start."""
     return tuple(dict.fromkeys(worker_identity(n) for n in range(spawn_cap(workers, faults))))
+
+
+def check_schedule(schedule: "chaos.Schedule", *, steps: "Iterable[str]", workers: int) -> None:
+    """Refuse a schedule whose fault could never fire: a step the workload does not have, or a
+    worker no run with ``workers`` workers ever starts (the first ones, then fresh identities for
+    replacements up to the run's spawn cap)."""
+    steps = tuple(steps)
+    for fault in schedule.faults:
+        if fault.step is not None and fault.step not in steps:
+            raise BadInput(f"schedule {shown(str(schedule))}: unknown step {shown(fault.step)} in "
+                           f"{shown(str(fault))}; the workload's steps are {', '.join(steps)}")
+    reachable = reachable_identities(workers, len(schedule.faults))
+    for fault in schedule.faults:
+        if fault.worker not in reachable:
+            raise BadInput(f"schedule {shown(str(schedule))}: worker {shown(fault.worker)} in "
+                           f"{shown(str(fault))} is never started: with {workers} workers a run "
+                           f"starts {', '.join(reachable[:workers])}, and replacements "
+                           f"{reachable[workers]}..{reachable[-1]}")
 
 
 @dataclass

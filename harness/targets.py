@@ -68,6 +68,9 @@ def resolve(target: "str | Target") -> Target:
     ``pkg.module:function``, or a callable taking a WorkerContext."""
     if callable(target):
         return target
+    if not isinstance(target, str):
+        raise InvalidTarget(f"target {target!r}: expected reference, mutant:NAME, pkg.module:function "
+                            f"or a function taking a WorkerContext")
     if target == "reference":
         return reference
     server = _server_target(target)

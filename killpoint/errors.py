@@ -33,6 +33,18 @@ __all__ = [
 ]
 
 
+SHOWN_LIMIT = 200  # characters of a bad value an error message repeats
+
+
+def shown(value: object) -> str:
+    """A value as an error message names it: quoted, and clipped to 200 characters (a 10 kB bad
+    value is named, not echoed back whole)."""
+    text = repr(value) if isinstance(value, str) else repr(str(value))
+    if len(text) <= SHOWN_LIMIT:
+        return text
+    return f"{text[:SHOWN_LIMIT]}... ({len(str(value))} characters)"
+
+
 class KillpointError(Exception):
     """The base of every error killpoint raises on purpose."""
 

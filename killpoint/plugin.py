@@ -81,8 +81,35 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         points = _points(kwargs["points"], settings, _declared_points(name, kwargs["target"]))
     except ValueError as exc:
         _collection_error(f"{name}: @pytest.mark.killpoint: {exc}")
+    _check_steps(name, kwargs, settings)
     cases = _cases(points, kwargs["steps"], kwargs["actions"], kwargs["action"])
+    if not cases:
+        from killpoint.chaos.generator import LEASE_HELD
+
+        _collection_error(f"{name}: @pytest.mark.killpoint(points={kwargs['points']!r}, "
+                          f"actions={kwargs['actions']!r}) makes no run: a pause is scheduled only "
+                          f"where a lease is held ({', '.join(LEASE_HELD)})")
     metafunc.parametrize("killpoint", cases, ids=[c.id for c in cases], indirect=True)
+
+
+def _check_steps(name: str, kwargs: dict[str, Any], settings: Any) -> None:
+    """A marker's ``steps`` must be steps of its workload (at collection, as ``killpoint matrix
+    --steps`` refuses them): else every item would run and come out unknown."""
+    from killpoint.harness.targets import declared
+    from killpoint.harness.workload import InvalidWorkload, Workload, default_for, resolve_workload
+
+    workload = kwargs["workload"]
+    seed = settings.seed if kwargs["seed"] is None else kwargs["seed"]
+    try:
+        built = workload if isinstance(workload, Workload) else resolve_workload(
+            workload if workload is not None else default_for(kwargs["target"], declared(kwargs["target"])), seed)
+    except InvalidWorkload as exc:
+        _collection_error(f"{name}: @pytest.mark.killpoint(workload={workload!r}): {exc}")
+    bad = [s for s in kwargs["steps"] or () if s not in built.step_names]
+    if bad:
+        _collection_error(f"{name}: @pytest.mark.killpoint(steps={kwargs['steps']!r}): unknown step "
+                          f"{', '.join(map(repr, bad))}; the {built.name} workload's steps are "
+                          f"{', '.join(built.step_names)}")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -5,7 +5,10 @@ from __future__ import annotations
 import os
 import tempfile
 
+from killpoint.errors import BadInput, shown
 from killpoint.harness.redact import redact
+
+REPORT_MARKER = ".killpoint-report"  # in a report directory: its pages are killpoint's to replace
 
 
 def write_text(path: str, text: str) -> str:
@@ -26,3 +29,36 @@ def write_text(path: str, text: str) -> str:
             pass
         raise
     return path
+
+
+def check_report_path(where: str, flag: str = "--report-dir") -> None:
+    """:func:`check_report_dir` for a path (``flag``: how the user gave it, for the message)."""
+    if os.path.exists(where) and not os.path.isdir(where):
+        raise BadInput(f"{flag} {shown(where)} is a file: name a directory to write into")
+    existing = os.path.abspath(where)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    why = None
+    if not os.path.isdir(existing):
+        why = "Not a directory"
+    elif not os.access(existing, os.W_OK | os.X_OK):
+        why = "Permission denied"
+    elif existing == os.path.abspath(where):
+        try:
+            names = os.listdir(where)
+        except OSError as exc:
+            why = exc.strerror or str(exc)
+        else:
+            if "index.html" in names and REPORT_MARKER not in names:
+                raise BadInput(f"{flag} {shown(where)} holds an index.html that killpoint did not "
+                               f"write: name an empty directory, or one killpoint writes to")
+    if why is not None:
+        raise BadInput(f"{flag} {shown(where)}: cannot write reports there ({why})")
+
+
+def claim_report_dir(where: str) -> None:
+    """Make ``where`` and mark it as killpoint's, so that a later command or session may replace
+    its pages (and is not refused as if its index.html were a user's own). Raises OSError."""
+    os.makedirs(where, exist_ok=True)
+    with open(os.path.join(where, REPORT_MARKER), "w", encoding="utf-8") as fh:
+        fh.write("killpoint replaces the index.html and run-NNNN.html pages of this directory\n")

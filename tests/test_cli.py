@@ -50,6 +50,7 @@ def test_unknown_point_exits_2_with_one_line_naming_it_and_the_valid_names(capsy
     (["matrix", "--timing", "poll-ms=0"], "poll-ms = 0"),
     (["replay", "A@charge.after_call:sleep(\u00b2)"], "sleep(\u00b2)"),  # before: exit 3, "ValueError"
     (["replay", "A@charge.after_call:kill,A@charge.after_call:pause"], "A@charge.after_call:pause"),
+    (["matrix", "--points", "before_claim", "--actions", "pause"], "before_claim"),  # before: 0 runs, exit 3
 ])
 def test_bad_input_exits_2_naming_the_bad_value(capsys, argv, named):
     code, out, err = run_cli(capsys, *argv)
@@ -224,7 +225,8 @@ def test_bad_input_is_exit_2_with_one_line_naming_the_value_clipped_to_200_chara
 def test_a_schedule_may_name_a_replacement_a_run_can_start():
     # With one worker, the first replacement is a fresh identity B: depth 2's workers form uses it.
     from killpoint import chaos
-    from killpoint.harness.commands.common import BadInput, check_schedule
+    from killpoint.errors import BadInput
+    from killpoint.harness.supervise import check_schedule
 
     check_schedule(chaos.parse("A@charge.after_call:kill,B@charge.after_call:kill"),
                    steps=("charge",), workers=1)

@@ -614,3 +614,87 @@ def test_a_run_field_no_run_can_have_fails_the_test_in_one_line(killpoint, confi
     # Before, workers=0 came back as an unknown verdict blaming the infrastructure.
     with pytest.raises(pytest.fail.Exception, match=r"^killpoint: RunConfig\(" + named.replace("(", "\\(")):
         killpoint.run("A@charge.after_call:kill", workload="single", **config)
+
+
+BAD_CALLS = '''
+import pytest
+
+
+@pytest.mark.parametrize("call", [
+    "run('A@nostep.after_call:kill')",            # a step the workload lacks: before, unknown
+    "run('Z@charge.after_call:kill')",            # a worker no run starts: before, unknown
+    "run('A@charge.nope:kill')",
+    "run('A@charge.after_call:kill', target=123)",   # before: AttributeError
+    "run('A@charge.after_call:kill', bogus=1)",      # before: TypeError
+    "matrix(depth=3)",
+    "matrix(actions='nope')",
+    "matrix(steps=['nope'])",
+    "matrix(points=[])",                          # before: every point ran
+    "matrix(steps=[])",                           # before: no run, "target none"
+    "matrix(points='before_claim', actions='pause')",   # before: no run
+    "explore(budget=0)",                          # before: ValueError with a traceback
+])
+def test_call(killpoint, call):
+    eval("killpoint." + call)
+'''
+
+
+def test_bad_arguments_to_the_fixture_fail_the_test_with_one_line_naming_them(pytester):
+    """What `killpoint replay` and `killpoint matrix` refuse as exit 2 fails the test with one
+    line naming the value: no traceback through the plugin, no chained exception, no run."""
+    pytester.makepyfile(test_bad=BAD_CALLS)
+    result = runpytest(pytester)
+    result.assert_outcomes(failed=12)
+    text = result.stdout.str()
+    for named in ("unknown step 'nostep'", "worker 'Z' in 'Z@charge.after_call:kill' is never started",
+                  "unknown crash point 'nope'", "target 123", "unknown keyword 'bogus'",
+                  "killpoint.matrix(depth=3)", "actions='nope'", "killpoint.matrix(steps=['nope']): unknown step 'nope'",
+                  "killpoint.matrix(points=[]): name at least one", "killpoint.matrix(steps=[]): name at least one",
+                  "no run to make", "killpoint.explore(budget=0)"):
+        assert named in text, named
+    assert "During handling" not in text and "Traceback" not in text
+    assert "crash runs" not in text  # no run was made
+
+
+def test_the_comma_separated_points_string_reads_as_the_command_line_reads_it(killpoint):
+    verdict = killpoint.matrix(points="after_call, in_call", steps="charge", actions="kill", workload="single")
+    assert [r.schedule for r in verdict.results] == ["A@charge.after_call:kill", "A@charge.in_call:kill"]
+
+
+@pytest.mark.parametrize("marker, named", [
+    ("steps=['nope']", "unknown step 'nope'"),   # before: 18 items, each unknown
+    ("points=['before_claim'], actions=['pause']", "makes no run"),   # before: silently skipped
+])
+def test_a_marker_that_can_make_no_valid_run_is_a_collection_error_naming_why(pytester, marker, named):
+    pytester.makepyfile(test_marked=f'''
+import pytest
+
+@pytest.mark.killpoint({marker})
+def test_checkout(killpoint):
+    pass
+''')
+    result = inprocess(pytester)
+    assert result.ret != 0
+    assert named in result.stdout.str()
+
+
+def test_the_report_dir_option_is_checked_before_any_run_as_the_command_line_checks_it(pytester):
+    """A user's own index.html is never replaced, a file is not a folder (before: overwritten
+    without a word; FileExistsError in every test); a folder killpoint wrote to takes the next
+    session's pages."""
+    pytester.makepyfile(test_one='''
+def test_one(killpoint):
+    killpoint.run("A@charge.after_call:kill", workload="single").assert_valid()
+''')
+    own = pytester.mkdir("own")
+    (own / "index.html").write_text("<p>mine</p>")
+    pytester.makefile(".txt", afile="x")
+    for value, named in (("own", "holds an index.html that killpoint did not write"), ("afile.txt", "is a file")):
+        result = inprocess(pytester, f"--killpoint-report-dir={value}")
+        assert result.ret == pytest.ExitCode.USAGE_ERROR
+        assert "--killpoint-report-dir" in result.stderr.str() and named in result.stderr.str()
+    assert (own / "index.html").read_text() == "<p>mine</p>"
+    for _ in range(2):  # the second session replaces what the first wrote
+        result = runpytest(pytester, "--killpoint-report-dir=reports")
+        result.assert_outcomes(passed=1)
+        assert (pytester.path / "reports" / "index.html").exists()

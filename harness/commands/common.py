@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 from killpoint.chaos.points import DB_POINTS, DEFAULT_POINTS, ORDERED_POINTS, POINTS
-from killpoint.errors import BadInput
+from killpoint.errors import SHOWN_LIMIT, BadInput, shown
 from killpoint.harness.colour import Colour
 from killpoint.harness.redact import redact  # noqa: F401 (the commands' one redaction)
 from killpoint.harness.run import RunConfig, RunResult
@@ -98,18 +98,6 @@ def _timing(text: str) -> dict[str, float]:
         return parse_timing(text)
     except BadInput as exc:  # argparse says "argument --timing: " first
         raise argparse.ArgumentTypeError(str(exc).removeprefix("--timing").lstrip(": ")) from None
-
-
-SHOWN_LIMIT = 200  # characters of a bad value an error message repeats
-
-
-def shown(value: object) -> str:
-    """A value as an error message names it: quoted, and clipped to 200 characters (a 10 kB bad
-    value is named, not echoed back whole)."""
-    text = repr(value) if isinstance(value, str) else repr(str(value))
-    if len(text) <= SHOWN_LIMIT:
-        return text
-    return f"{text[:SHOWN_LIMIT]}... ({len(str(value))} characters)"
 
 
 def one_line(message: str, limit: int = 800) -> str:
@@ -225,6 +213,8 @@ def run_config(args: argparse.Namespace, schedule, **overrides: Any) -> RunConfi
     workload = workload_name(args)
     steps = workload_of(args).step_names  # checked before any run starts
     if schedule is not None:
+        from killpoint.harness.supervise import check_schedule
+
         check_schedule(schedule, steps=steps, workers=args.workers)
         undeclared = [str(f) for f in schedule.faults
                       if f.point not in declared.points and f.point not in DB_POINTS]
@@ -240,26 +230,6 @@ def run_config(args: argparse.Namespace, schedule, **overrides: Any) -> RunConfi
                   if timing else None)
     values.update(overrides)
     return RunConfig(**values)
-
-
-def check_schedule(schedule, *, steps: Iterable[str], workers: int) -> None:
-    """Refuse a schedule whose fault could never fire: a step the workload does not have, or a
-    worker no run with ``workers`` workers ever starts (the first ones, then fresh identities for
-    replacements up to the run's spawn cap)."""
-    from killpoint.harness.supervise import reachable_identities
-
-    steps = tuple(steps)
-    for fault in schedule.faults:
-        if fault.step is not None and fault.step not in steps:
-            raise BadInput(f"schedule {shown(str(schedule))}: unknown step {shown(fault.step)} in "
-                           f"{shown(str(fault))}; the workload's steps are {', '.join(steps)}")
-    reachable = reachable_identities(workers, len(schedule.faults))
-    for fault in schedule.faults:
-        if fault.worker not in reachable:
-            raise BadInput(f"schedule {shown(str(schedule))}: worker {shown(fault.worker)} in "
-                           f"{shown(str(fault))} is never started: with --workers {workers} a run "
-                           f"starts {', '.join(reachable[:workers])}, and replacements "
-                           f"{reachable[workers]}..{reachable[-1]}")
 
 
 def validate_store(spec: str, schedule=None) -> None:
@@ -433,7 +403,6 @@ def report_hint(args: argparse.Namespace, summary: Summary) -> str | None:
     return "no HTML report written: add --report-dir DIR to get one for each failing run"
 
 
-REPORT_MARKER = ".killpoint-report"  # in a report directory: its pages are killpoint's to replace
 _OWN_PAGE = re.compile(r"^(index|run-\d{4,})\.html$")
 
 
@@ -448,29 +417,10 @@ def check_report_dir(args: argparse.Namespace) -> None:
     ``index.html`` that killpoint did not write (a user's own page is never replaced). Changes
     nothing: a command refused for another bad value leaves an earlier command's reports alone."""
     where = _report_dir(args)
-    if where is None:
-        return
-    if os.path.exists(where) and not os.path.isdir(where):
-        raise BadInput(f"--report-dir {shown(where)} is a file: name a directory to write into")
-    existing = os.path.abspath(where)
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
-    why = None
-    if not os.path.isdir(existing):
-        why = "Not a directory"
-    elif not os.access(existing, os.W_OK | os.X_OK):
-        why = "Permission denied"
-    elif existing == os.path.abspath(where):
-        try:
-            names = os.listdir(where)
-        except OSError as exc:
-            why = exc.strerror or str(exc)
-        else:
-            if "index.html" in names and REPORT_MARKER not in names:
-                raise BadInput(f"--report-dir {shown(where)} holds an index.html that killpoint did not "
-                               f"write: name an empty directory, or one killpoint writes to")
-    if why is not None:
-        raise BadInput(f"--report-dir {shown(where)}: cannot write reports there ({why})")
+    if where is not None:
+        from killpoint.reports.files import check_report_path
+
+        check_report_path(where)
 
 
 def prepare_report_dir(args: argparse.Namespace) -> None:
@@ -482,12 +432,12 @@ def prepare_report_dir(args: argparse.Namespace) -> None:
         return
     args._report_dir_ready = True
     check_report_dir(args)
+    from killpoint.reports.files import REPORT_MARKER, claim_report_dir
+
     try:
-        os.makedirs(where, exist_ok=True)
-        names = os.listdir(where)
+        names = os.listdir(where) if os.path.isdir(where) else []
         ours = REPORT_MARKER in names
-        with open(os.path.join(where, REPORT_MARKER), "w", encoding="utf-8") as fh:
-            fh.write("killpoint replaces the index.html and run-NNNN.html pages of this directory\n")
+        claim_report_dir(where)
         for name in names:
             if ours and _OWN_PAGE.match(name):
                 os.unlink(os.path.join(where, name))

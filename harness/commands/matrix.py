@@ -78,6 +78,10 @@ def run(args: argparse.Namespace) -> int:
             parse_points(None, default=ORDERED_POINTS) if set(points) <= set(ORDERED_POINTS) \
             else points + DB_POINTS
         plans = generator.matrix(steps, points, depth=1, actions=actions, terminate_points=terminate_points)
+        if not plans:
+            raise BadInput(f"--points {shown(','.join(points))} --actions {shown(','.join(actions))}: no run "
+                           f"to make: a pause is scheduled only where a lease is held "
+                           f"({', '.join(generator.LEASE_HELD)})")
     else:
         forms = tuple(f.strip() for f in args.forms.split(",") if f.strip())
         bad = [f for f in forms if f not in FORMS]

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from killpoint._plugin.marker import _collection_error as _fail
 from killpoint._plugin.verdict import CrashVerdict, _Run, _verdict
 
 if TYPE_CHECKING:
@@ -24,6 +25,8 @@ def explore(handle: "Killpoint", *, target: Any, budget: int | None, seed: int |
     from killpoint.harness.workload import InvalidWorkload, resolve_workload
 
     settings = handle.settings
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
+        _fail(f"killpoint.explore(budget={budget!r}): use a whole number of at least 1")
     k, n = settings.shard
     total = settings.budget if budget is None else budget
     share = budget_share(total, k, n)
@@ -35,7 +38,7 @@ def explore(handle: "Killpoint", *, target: Any, budget: int | None, seed: int |
     try:
         steps = resolve_workload(config.workload_spec or config.workload_name, seed).step_names
     except InvalidWorkload as exc:
-        pytest.fail(f"killpoint: {exc}", pytrace=False)
+        _fail(f"killpoint: {exc}")
     # The points as ``killpoint explore --points`` takes them: a plain target's built-in points
     # (or those --killpoint-points names), a declaring target's own (narrowed by it).
     if own == tuple(DEFAULT_POINTS):

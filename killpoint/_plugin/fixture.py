@@ -6,11 +6,11 @@ import base64
 import dataclasses
 import os
 import pickle
-from typing import TYPE_CHECKING, Any, Callable, Generator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Generator, NoReturn, Sequence
 
 import pytest
 
-from killpoint._plugin.marker import _Case, _marker_kwargs
+from killpoint._plugin.marker import _Case, _collection_error, _marker_kwargs
 from killpoint._plugin.settings import Settings, _points
 from killpoint._plugin.state import _HANDLE, _RUNS, _STATE, INDEX, _State
 from killpoint._plugin.verdict import CrashVerdict, _Run, _verdict
@@ -67,10 +67,12 @@ class Killpoint:
             try:
                 parsed = chaos.parse(schedule, points=points)
             except chaos.InvalidSchedule as exc:
-                pytest.fail(f"killpoint: schedule {schedule[:200]!r}: {exc}", pytrace=False)
+                _fail(f"killpoint: schedule {schedule[:200]!r}: {exc}")
         else:
             parsed = schedule
-        return self._judge([self._config(parsed, target, workload, workers, seed, config)])
+        run = self._config(parsed, target, workload, workers, seed, config)
+        self._check_schedule(run)
+        return self._judge([run])
 
     def matrix(self, *, target: "str | Callable[..., None]" = "reference",
                points: Sequence[str] | None = None, steps: Sequence[str] | None = None, depth: int = 1,
@@ -85,25 +87,37 @@ class Killpoint:
         Points default to all the target declares (narrowed by ``--killpoint-points``); under
         ``--killpoint-shard K/N`` this runs the K-th share of the list, which is the same in every job.
         """
-        from killpoint.harness.workload import default_for, resolve_workload
+        from killpoint.harness.workload import default_for
 
         seed = self.settings.seed if seed is None else seed
         declared = self._declared(target)
-        built = resolve_workload(workload if workload is not None else default_for(target, declared), seed)
+        built = self._workload(workload if workload is not None else default_for(target, declared), seed)
         known = built.step_names
-        points = [points] if isinstance(points, str) else points
         from killpoint.chaos import generator
 
+        asked = {"points": points, "steps": steps}
+        for name, value in asked.items():
+            if value is not None and (not value if isinstance(value, str) else not tuple(value)):
+                _fail(f"killpoint.matrix({name}={value!r}): name at least one, or leave it out for all")
+        points = _names(points, "points")
+        steps = _names(steps, "steps")
         if steps is None and depth == 2:
             steps = generator.repeated_steps(built)
-        steps = (steps,) if isinstance(steps, str) else tuple(steps) if steps is not None else known
+        steps = steps if steps is not None else known
         bad = [s for s in steps if s not in known]
         if bad:
-            raise ValueError(f"steps {bad!r}: the {built.name} workload's steps are {', '.join(known)}")
+            _fail(f"killpoint.matrix(steps={asked['steps']!r}): unknown step {', '.join(map(repr, bad))}; "
+                  f"the {built.name} workload's steps are {', '.join(known)}")
         if depth not in (1, 2):
-            raise ValueError(f"killpoint.matrix(depth={depth!r}): depth is 1 (single crashes) or 2 (pairs)")
-        plans = _plans(steps, _points(points, self.settings, declared.points), depth, actions,
-                       order=declared.points)
+            _fail(f"killpoint.matrix(depth={depth!r}): depth is 1 (single crashes) or 2 (pairs)")
+        try:
+            chosen = _points(points, self.settings, declared.points)
+            plans = _plans(steps, chosen, depth, actions, order=declared.points)
+        except ValueError as exc:
+            _fail(f"killpoint.matrix: {exc}")
+        if not plans:
+            _fail(f"killpoint.matrix(points={asked['points']!r}, actions={actions!r}): no run to make: "
+                  f"a pause is scheduled only where a lease is held ({', '.join(generator.LEASE_HELD)})")
         k, n = self.settings.shard
         mine = generator.shard(plans, k, n)
         if plans and not mine:
@@ -133,7 +147,30 @@ class Killpoint:
             return declared(target)
         except InvalidTarget as exc:
             problem = str(exc)
-        pytest.fail(f"killpoint: {problem}", pytrace=False)
+        _fail(f"killpoint: {problem}")
+
+    def _workload(self, workload: Any, seed: int) -> "Workload":
+        """A workload given by name (or as a Workload), or a test failure naming the bad one."""
+        from killpoint.harness.workload import InvalidWorkload, Workload, resolve_workload
+
+        if isinstance(workload, Workload):
+            return workload
+        try:
+            return resolve_workload(workload, seed)
+        except InvalidWorkload as exc:
+            _fail(f"killpoint: {exc}")
+
+    def _check_schedule(self, config: "RunConfig") -> None:
+        """Refuse, as ``killpoint replay`` does, a schedule that could never fire: a step the
+        workload does not have, or a worker no run with these workers ever starts."""
+        from killpoint.errors import BadInput
+        from killpoint.harness.supervise import check_schedule
+
+        workload = self._workload(config.workload_spec or config.workload_name, config.seed)
+        try:
+            check_schedule(config.schedule, steps=workload.step_names, workers=config.workers)
+        except BadInput as exc:
+            _fail(f"killpoint: {exc}")
 
     def _config(self, schedule: Any, target: Any, workload: Any, workers: int, seed: int | None,
                 extra: dict[str, Any]) -> "RunConfig":
@@ -150,12 +187,17 @@ class Killpoint:
             try:
                 resolve_workload(workload, seed)
             except InvalidWorkload as exc:
-                pytest.fail(f"killpoint: {exc}", pytrace=False)
+                _fail(f"killpoint: {exc}")
+        fields = {f.name for f in dataclasses.fields(RunConfig)}
+        unknown = sorted(set(extra) - fields)
+        if unknown:
+            _fail(f"killpoint: unknown keyword {', '.join(map(repr, unknown))}; a run takes target, "
+                  f"workload, workers, seed and RunConfig's {', '.join(sorted(fields - _SET_HERE))}")
         try:
             config = RunConfig(schedule=schedule, target=target, workload=workload, workers=workers,
                                seed=seed, store=self.settings.store, **extra)
         except InvalidConfig as exc:
-            pytest.fail(f"killpoint: {exc}", pytrace=False)
+            _fail(f"killpoint: {exc}")
         # --killpoint-real-time: the clock off, as killpoint matrix --real-time (a default timing
         # becomes the real-time one; the reproduce line says --real-time).
         return config.with_clock(False) if self.settings.real_time else config
@@ -187,7 +229,7 @@ class Killpoint:
                 results.append(result)
                 runs.append(self._keep(result))
         except InvalidTarget as exc:  # its setup() refused the run (a store it cannot use)
-            pytest.fail(f"killpoint: {exc}", pytrace=False)
+            _fail(f"killpoint: {exc}")
         target = configs[0].target_name if configs else "none"
         seed = configs[0].seed if configs else self.settings.seed
         return _verdict(runs, results, target, seed)
@@ -212,11 +254,21 @@ class Killpoint:
             return None
         from killpoint.reports import write_run_report
 
+        from killpoint.reports.files import claim_report_dir
+
         self._state.pages += 1
         prefix = f"{self._state.worker_id}-" if self._state.worker_id else ""
         path = os.path.join(report_dir, f"{prefix}run-{self._state.pages:04d}.html")
-        os.makedirs(report_dir, exist_ok=True)
-        return write_run_report(result, path, back=INDEX)
+        try:
+            claim_report_dir(report_dir)
+            return write_run_report(result, path, back=INDEX)
+        except OSError as exc:  # a report never hides the verdict
+            import warnings
+
+            from killpoint.errors import KillpointWarning
+
+            warnings.warn(f"killpoint: report {path} not written: {exc.strerror or exc}", KillpointWarning)
+            return None
 
     def _record(self, run: _Run, result: "RunResult | None", *, target: str, seed: int,
                 page: str | None = None, count: int = 1) -> None:
@@ -241,6 +293,29 @@ def _plans(steps: Sequence[str], points: Sequence[str], depth: int,
     from killpoint.chaos import generator
 
     return generator.matrix(steps, points, depth=depth, actions=_actions(actions), order=order)
+
+
+# RunConfig fields the fixture sets itself (from its own arguments and the session's options).
+_SET_HERE = frozenset({"schedule", "target", "workload", "workers", "seed", "store", "virtual_time",
+                       "workload_spec"})
+
+
+def _fail(message: str) -> NoReturn:
+    """Fail the calling test with ``message`` alone: bad input to the fixture, one line."""
+    __tracebackhide__ = True
+    _collection_error(message)  # the same failure, whether at collection or in a test
+
+
+def _names(value: "Sequence[str] | str | None", what: str) -> tuple[str, ...] | None:
+    """``points=`` or ``steps=`` as ``--points`` reads it: a name, a comma-separated string or a
+    sequence of names (None: all)."""
+    if value is None:
+        return None
+    items = value.split(",") if isinstance(value, str) else list(value)
+    names = tuple(n.strip() for n in items if isinstance(n, str) and n.strip())
+    if not names or len(names) != len(items):
+        _fail(f"killpoint.matrix({what}={value!r}): expected names such as 'after_call'")
+    return names
 
 
 def _actions(actions: "Sequence[str] | str") -> tuple[str, ...]:
@@ -305,7 +380,7 @@ def _killpoint_session(pytestconfig: pytest.Config,
     except (InvalidStore, StoreUnreachable) as exc:  # one line, never a fixture traceback
         problem = str(exc)
     if problem is not None:
-        pytest.fail(f"killpoint: {problem.replace('--store', '--killpoint-store', 1)}", pytrace=False)
+        _fail(f"killpoint: {problem.replace('--store', '--killpoint-store', 1)}")
     base = None if run_files_dir() is not None else str(tmp_path_factory.mktemp("killpoint"))
     with Session(base) as session:
         if session.downstream.pid == os.getpid():

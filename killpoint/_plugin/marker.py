@@ -93,7 +93,12 @@ def _declared_points(name: str, target: Any) -> tuple[str, ...]:
 def _collection_error(message: str) -> NoReturn:
     """Fail the collection of a test with just ``message`` (the plugin's traceback helps nobody)."""
     __tracebackhide__ = True
-    pytest.fail(message, pytrace=False)
+    try:
+        pytest.fail(message, pytrace=False)
+    except pytest.fail.Exception as failed:
+        # Raised while handling the error it explains: without this, pytest shows that error too,
+        # and "During handling of the above exception, another exception occurred".
+        raise failed from None
 
 
 def _case_of(item: pytest.Item) -> _Case | None:

@@ -9,6 +9,7 @@ from typing import Any, Sequence
 
 import pytest
 
+from killpoint.errors import BadInput
 from killpoint.errors import KillpointUnavailable as KillpointUnavailable
 
 # Every option: its name after the --killpoint- prefix (the ini key is killpoint_NAME), metavar, help.
@@ -114,6 +115,12 @@ def _settings(config: pytest.Config) -> Settings:
             os.path.dirname(table.path) if where.startswith("[tool.killpoint]") else \
             (config.inipath.parent if config.inipath else config.rootpath)
         values["report_dir"] = os.path.abspath(os.path.join(base, report_dir))
+        from killpoint.reports.files import check_report_path
+
+        try:  # as killpoint --report-dir: never a file, nor a user's own index.html replaced
+            check_report_path(values["report_dir"], flag=where)
+        except BadInput as exc:
+            raise pytest.UsageError(str(exc)) from None
     for name, low in (("seed", 0), ("budget", 1), ("jobs", 1)):
         text, where = _raw(config, name, table)
         if text is None:
