@@ -198,7 +198,8 @@ class RunConfig:
                  "--seed", str(self.seed)]
         if self.workers != 2:
             parts += ["--workers", str(self.workers)]
-        if self.workload_name != RunConfig(target=self.target).workload_name:  # not the target's default
+        built = self.workload_spec is not None and not _named_as(self.workload_spec, self.seed)
+        if built or self.workload_name != RunConfig(target=self.target).workload_name:  # not the default
             parts += ["--workload", self.workload_name]
         if self.store != "sqlite":
             parts += ["--store", redact(self.store)]  # before quoting: '***' must be quoted
@@ -211,7 +212,28 @@ class RunConfig:
             parts += ["--timing", ",".join(
                 f"{f.name.replace('_', '-')}={getattr(self.timing, f.name):g}"
                 for f in dataclasses.fields(Timing) if getattr(self.timing, f.name) != getattr(default, f.name))]
-        return redact(" ".join(shlex.quote(p) for p in parts))
+        line = " ".join(shlex.quote(p) for p in parts)
+        # What a command line cannot name: said after the command, so that the line does not pass
+        # for a replay of this run (it would fail to import the target, or run another workload).
+        notes = []
+        if not isinstance(self.target, str) and "<" in self.target_name:
+            notes.append(f"the target {self.target_name} is defined inside a function")
+        if built:
+            notes.append(f"the workload {self.workload_name} was built in code")
+        if notes:
+            line += f"  # {' and '.join(notes)}: give it as pkg.module:function to replay this run"
+        return redact(line)
+
+
+def _named_as(workload: Workload, seed: int) -> bool:
+    """Whether ``workload`` is what its name resolves to (a built-in name or pkg.module:function
+    giving the same instances), so that ``--workload NAME`` replays it."""
+    from killpoint.harness.workload import InvalidWorkload, resolve_workload
+
+    try:
+        return resolve_workload(workload.name, seed) == workload
+    except (InvalidWorkload, Exception):  # noqa: BLE001 - a name that does not resolve names nothing
+        return False
 
 
 @dataclass

@@ -105,6 +105,36 @@ def test_the_reproduce_line_is_a_method_of_the_run_configuration_and_hides_the_p
     assert RunConfig().reproduce_command() == "killpoint replay '' --target reference --seed 0"
 
 
+def test_a_reproduce_line_says_what_a_command_line_cannot_name():
+    """A workload built in code, or a target defined inside a function, has no name the command
+    line can import. Before, a Workload named like a built-in one lost its --workload (the line
+    replayed the built-in one without a word), and an inner function's line failed to import."""
+    import dataclasses
+
+    from killpoint import chaos
+    from killpoint.harness.run import RunConfig
+    from killpoint.harness.workload import Workload, resolve_workload
+
+    schedule = chaos.parse("A@charge.after_call:kill")
+    single = resolve_workload("single", 0)
+    other = Workload("single", (dataclasses.replace(single.instances[0], id="job-9"),), single.resources)
+    line = RunConfig(schedule=schedule, workload_spec=other).reproduce_command()
+    assert line == ("killpoint replay A@charge.after_call:kill --target reference --seed 0 --workload single"
+                    "  # the workload single was built in code: give it as pkg.module:function to replay this run")
+    # the very workload its name gives: a plain line (and none at all for the target's default)
+    assert RunConfig(schedule=schedule, workload_spec=single).reproduce_command() == \
+        "killpoint replay A@charge.after_call:kill --target reference --seed 0 --workload single"
+    assert RunConfig(schedule=schedule, workload_spec=resolve_workload("orders", 0)).reproduce_command() == \
+        "killpoint replay A@charge.after_call:kill --target reference --seed 0"
+
+    def inner(ctx):
+        pass
+
+    line = RunConfig(schedule=schedule, target=inner).reproduce_command()
+    assert line.endswith(".<locals>.inner is defined inside a function: give it as pkg.module:function "
+                         "to replay this run"), line
+
+
 # -- one redaction ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("text, shown", [
     (f"postgresql://postgres:{SECRET}@127.0.0.1:5432/test", "postgresql://postgres:***@127.0.0.1:5432/test"),
