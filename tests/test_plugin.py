@@ -698,3 +698,14 @@ def test_one(killpoint):
         result = runpytest(pytester, "--killpoint-report-dir=reports")
         result.assert_outcomes(passed=1)
         assert (pytester.path / "reports" / "index.html").exists()
+
+
+def test_a_negative_seed_is_a_seed_in_the_plugin_as_on_the_command_line(pytester):
+    # Before, --killpoint-seed -3 (and seed = -3 in [tool.killpoint]) stopped the session while
+    # killpoint --seed -3 ran.
+    pytester.makepyfile(test_seed="""
+def test_seed(killpoint):
+    assert killpoint.settings.seed == -3
+""")
+    result = inprocess(pytester, "--killpoint-seed=-3")
+    result.assert_outcomes(passed=1)

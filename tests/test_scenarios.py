@@ -103,7 +103,7 @@ def test_scenario_json_has_the_design_shape_and_the_storys_checks(capsys):
     assert {"valid", "runs", "violations", "invariants", "report"} <= set(out)
     assert out["valid"] is True and out["runs"] == 1 and out["violations"] == []
     assert out["invariants"]["no_duplicate_effects"] == {"checked": 1, "violated": 0, "not_applicable": 0}
-    assert out["scenario"] == "dangerous_window" and out["story_held"] is True
+    assert out["scenario"] == "dangerous_window" and out["story_held"] is True and out["target"] == "reference"
     assert out["checks"] and all(c["held"] for c in out["checks"])
 
 
@@ -114,6 +114,8 @@ def test_a_mutant_exits_1_naming_the_invariant_and_how_to_reproduce(capsys):
     assert {v["invariant"] for v in out["violations"]} == {"no_duplicate_effects"}
     assert out["violations"][0]["reproduce"] == \
         "killpoint scenario dangerous_window --target mutant:random-request-id"
+    # what ran, beside the mutant the story is known to catch (before, only the latter was there)
+    assert out["target"] == "mutant:random-request-id" and out["mutant"] == "random-request-id"
 
 
 def test_a_bad_name_exits_2_listing_the_valid_ones(capsys):

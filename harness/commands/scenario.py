@@ -132,6 +132,7 @@ def _json(args: argparse.Namespace, scenario: Scenario, stories: list[Story], su
         v["reproduce"] = line  # a scenario's runs carry hooks a bare schedule cannot replay
     first = stories[0]
     out.update({"valid": valid, "scenario": scenario.name, "summary": scenario.summary,
+                "target": getattr(args, "target", "reference"),  # what ran; "mutant": what the story catches
                 "mutant": scenario.mutant, "caught_by": scenario.caught_by, "story_held": first.held,
                 "checks": [c.to_json() for c in first.checks], "reproduce": line})
     if len(stories) > 1:

@@ -121,15 +121,17 @@ def _settings(config: pytest.Config) -> Settings:
             check_report_path(values["report_dir"], flag=where)
         except BadInput as exc:
             raise pytest.UsageError(str(exc)) from None
-    for name, low in (("seed", 0), ("budget", 1), ("jobs", 1)):
+    # A seed is any whole number, as killpoint --seed takes it (negative ones too).
+    for name, low in (("seed", None), ("budget", 1), ("jobs", 1)):
         text, where = _raw(config, name, table)
         if text is None:
             continue
         try:
             number = int(text)
         except ValueError:
-            number = low - 1
-        if number < low:
+            raise pytest.UsageError(f"{where} {text!r}: expected a whole number"
+                                    f"{'' if low is None else f' of at least {low}'}") from None
+        if low is not None and number < low:
             raise pytest.UsageError(f"{where} {text!r}: expected a whole number of at least {low}")
         values[name] = number
     real_time, where = _raw(config, "real-time", table)
