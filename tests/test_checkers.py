@@ -610,10 +610,11 @@ def test_stuck_detected_does_not_judge_a_hang_while_the_worker_held_no_lease():
 
 def test_stuck_detected_judges_a_hang_of_a_restarted_incarnation_holding_its_identitys_lease():
     h = build([created(0), harness(1, "spawn", worker="A.2", identity="A", pid=2),
+               harness(2, "spawn", worker="B", identity="B", pid=3),  # someone free to flag it
                claimed(10, "order-1", "charge", "A", 1, 2),
                point(1000, "A.2", "order-1", "charge", "hang", name="heartbeat"),
                harness(5000, "bound_hit")])
-    assert only(stuck_detected(h)).events == (3,)
+    assert only(stuck_detected(h)).events == (4,)  # the hang (after the two spawns)
 
 
 def test_terminates_holds_for_pending_steps_behind_a_step_in_manual_review():
@@ -760,6 +761,54 @@ def test_owned_state_duplicate_effect_is_still_violated_when_nothing_else_applie
     verdict = check_all(h)
     assert verdict.valid is False
     assert [v.invariant for v in verdict.violations] == ["no_duplicate_effects"]
+
+
+SLEEPER = "A@charge.heartbeat:1*hang,B@before_claim:1*sleep(1985)"
+
+
+def _two_workers(*raw: Raw, bound: float = 300) -> History:
+    """A run's history with its spawns: A claims charge at 10 ms and hangs at its heartbeat at
+    20 ms (bound 300 ms + slack 250 ms), B runs beside it; then ``raw``. Its schedule is
+    ``SLEEPER`` (whose sleep tells the checker how long B slept)."""
+    return build([created(0), harness(1, "spawn", worker="A", identity="A", pid=1),
+                  harness(2, "spawn", worker="B", identity="B", pid=2),
+                  claimed(10, "order-1", "charge", "A", 1, 2),
+                  point(20, "A", "order-1", "charge", "hang", name="heartbeat"), *raw,
+                  harness(10_000, "bound_hit")], stuck_bound_ms=bound, stuck_slack_ms=250,
+                 schedule=SLEEPER)
+
+
+def _asleep(t: float) -> Raw:
+    """B's sleep of SLEEPER firing at ``t`` ms (1985 ms long)."""
+    raw = point(t, "B", "order-2", "charge", "sleep", name="before_claim")
+    return (raw[0], raw[1], raw[2], raw[3], {**raw[4], "fault": 1})
+
+
+def test_stuck_detected_counts_only_time_another_worker_was_free_to_flag_the_hang():
+    # B asleep in a sleep fault from 15 ms to 2000 ms: nobody could look. Before, the reference
+    # was violated here (explore drew A hung and B asleep three bounds long); the window runs from
+    # B's waking, and a flag then holds, a flag later than B's waking plus the window does not.
+    # (B's heartbeat thread may write meanwhile: the sleep's length comes from the schedule)
+    asleep = [_asleep(15), (int(500 * MS), "B", "heartbeat_lost", "event", {"instance": "order-2"})]
+    holds(stuck_detected(_two_workers(*asleep, store(2100, "stuck_flagged", "order-1", "charge", worker="B"))))
+    v = only(stuck_detected(_two_workers(*asleep, store(2600, "stuck_flagged", "order-1", "charge", worker="B"))))
+    assert "only after 2580 ms" in v.detail
+    only(stuck_detected(_two_workers(*asleep)))  # never flagged, and B free long enough: caught
+    # without the sleep, the same late flag is late
+    only(stuck_detected(_two_workers(store(2100, "stuck_flagged", "order-1", "charge", worker="B"))))
+    # frozen by a pause (SIGSTOP to SIGCONT) counts as not free, as does a worker not yet started
+    paused = [harness(15, "stop", worker="B", pid=2), harness(2000, "cont", worker="B", pid=2)]
+    holds(stuck_detected(_two_workers(*paused, store(2100, "stuck_flagged", "order-1", "charge", worker="B"))))
+    # B hung too, and nobody else: nobody could ever flag A: not judged
+    unjudged(stuck_detected(_two_workers(point(15, "B", "order-2", "charge", "hang", name="heartbeat"))))
+
+
+def test_stuck_detected_takes_a_claim_of_the_step_by_another_worker_as_its_end():
+    # A hung before its first heartbeat: its lease ran out and B claimed the step: the step is
+    # free again. Before, this was a violation whenever the history went on past the bound.
+    holds(stuck_detected(_two_workers(claimed(500, "order-1", "charge", "B", 2, 3))))
+    # a claim later than the window is late all the same
+    only(stuck_detected(_two_workers(claimed(2000, "order-1", "charge", "B", 2, 3))))
 
 
 def test_a_verdict_resting_only_on_not_applicable_invariants_is_unknown():

@@ -469,3 +469,20 @@ def test_a_worker_still_paused_at_the_bound_makes_the_run_unknown_never_valid(se
     assert result.history.bound_hit and result.valid is None
     assert [r for r in result.verdict.unknown_reasons if r.startswith("worker A was still paused")], \
         result.verdict.unknown_reasons
+
+
+@pytest.mark.parametrize("point", ["after_claim", "heartbeat"])
+def test_a_hang_while_the_only_other_worker_sleeps_past_the_bound_is_judged_from_its_waking(session, point):
+    # Explore drew this on the reference (seed 0, budget 100) and reported stuck_detected violated:
+    # nobody was free to flag A while B slept three stuck bounds. Hung at after_claim A's heartbeat
+    # never started, and B takes the step once the lease ran out; hung at the heartbeat B flags A
+    # as it wakes. A monitor that never flags is still caught once B is awake.
+    schedule = f"A@reserve.{point}:1*hang,B@reserve.before_claim:1*sleep(180000)"
+    result = run(session, schedule, seed=2)
+    assert result.valid is True and not result.unfired, result.verdict
+    broken = run(session, schedule, seed=2, target="mutant:no-heartbeat-progress")
+    if point == "heartbeat":
+        assert broken.valid is False
+        assert {v.invariant for v in broken.verdict.violations} == {"stuck_detected"}
+    else:  # no heartbeat ran, so there was nothing for a monitor to flag
+        assert broken.valid is True

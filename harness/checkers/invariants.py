@@ -521,6 +521,13 @@ def stuck_detected(history: History) -> Result:
     starved itself (a ``starved`` event: its own wait overran, as on a loaded CI runner), the
     workers' monitors were held back too, and the deadline moves by that much.
 
+    The bound also counts only time in which some other worker could have flagged the hang: one
+    that was started, not yet dead, and not itself stalled by a fault (asleep in a ``sleep``,
+    hung, or frozen by a ``pause``). A schedule that stalls every other worker past the bound
+    leaves nobody to look; the deadline then runs from when somebody could (and a hang no worker
+    was ever free to flag is not judged). A worker whose monitor never flags is caught as before:
+    its deadline comes once another worker is free.
+
     A hang whose deadline lies beyond the end of the history, or whose worker died before the
     deadline (its heartbeat stopped with it), cannot be judged and does not count as checked.
     Neither can a hang while the store shows the worker held no lease on the step (before its
@@ -533,6 +540,7 @@ def stuck_detected(history: History) -> Result:
     end = history.events[-1].time
     window = int(round((history.stuck_bound_ms + history.stuck_slack_ms) * 1_000_000))
     flags: dict[StepId, list[Event]] = defaultdict(list)
+    claims: dict[StepId, list[Event]] = defaultdict(list)
     deaths: dict[Any, list[Event]] = defaultdict(list)
     owners: dict[StepId, list[Event]] = defaultdict(list)  # events that set or clear the lease
     identity: dict[Any, Any] = {}  # worker incarnation (A.2) -> the identity the store saw (A)
@@ -544,6 +552,8 @@ def stuck_detected(history: History) -> Result:
     for e in history.store_events():
         if e.kind == v.STUCK_FLAGGED:
             flags[_step_of(e)].append(e)
+        elif e.kind == v.CLAIMED:
+            claims[_step_of(e)].append(e)
         if e.kind in (v.CREATED, v.CLAIMED, v.STUCK_FLAGGED) or (
                 e.kind == v.COMMITTED and e.data.get("fence") is not None):
             owners[_step_of(e)].append(e)
@@ -553,13 +563,15 @@ def stuck_detected(history: History) -> Result:
     def times(index: Mapping[Any, list[Event]]) -> dict[Any, list[int]]:
         return {k: [x.time for x in evs] for k, evs in index.items()}
     flag_times, death_times, owner_times = times(flags), times(deaths), times(owners)
+    claim_times = times(claims)
     starved = [(e.time, int(round(float(e.data.get("ms") or 0) * 1_000_000)))
                for e in history.of(v.HARNESS) if e.kind == v.STARVED]
     starved_times = [t for t, _ in starved]
 
-    def deadline_of(hang: Event) -> int:
-        """The hang's deadline, moved by every starvation of the harness before it."""
-        deadline = hang.time + window
+    def deadline_of(hang: Event, start: int | None = None) -> int:
+        """The hang's deadline (``start``: when the window ends, by default ``window`` after the
+        hang), moved by every starvation of the harness before it."""
+        deadline = hang.time + window if start is None else start
         for t, ns in starved[bisect_left(starved_times, hang.time):]:
             if t > deadline:
                 break
@@ -581,6 +593,7 @@ def stuck_detected(history: History) -> Result:
         return ts[i] if i < len(ts) else None
     violations: list[Violation] = []
     checked = False
+    free: dict[Any, list[tuple[int, int]]] | None = None  # made only for a hang flagged late
     for e in history.of_workers("point"):
         if e.data.get("action") != "hang":
             continue
@@ -588,10 +601,29 @@ def stuck_detected(history: History) -> Result:
         if None in sid or held_no_lease(e, sid):
             continue
         deadline = deadline_of(e)
-        flagged = first_from(flag_times, sid, e.time)
+        # A flag ends the hang's hold on its step; so does a later claim of the step (the hung
+        # worker's heartbeat was not running -- it hung before its first beat -- and its lease
+        # ran out): either way the step is free again, which is what the bound is about.
+        ends = [t for t in (first_from(flag_times, sid, e.time), first_from(claim_times, sid, e.time + 1))
+                if t is not None]
+        flagged = min(ends) if ends else None
         if flagged is not None and flagged <= deadline:
             checked = True
             continue
+        # Not flagged in time: give the window only the time some other worker was free to look
+        # (known where the harness recorded who it started: a run's history always does).
+        if free is None:
+            free = _free_intervals(history)
+        if free:
+            window_end = _after_free_time(e.time, window, [iv for w, ivs in free.items()
+                                                           if w != e.process for iv in ivs])
+            if window_end is None:  # the other workers were free for less than the window in all
+                checked = checked or flagged is not None  # ended within it: judged, and held
+                continue  # else nobody was free long enough to flag it: nothing to judge
+            deadline = deadline_of(e, window_end)
+            if flagged is not None and flagged <= deadline:
+                checked = True
+                continue
         died = first_from(death_times, e.process, e.time)
         if died is not None and died <= deadline:
             continue  # the worker died unflagged before the deadline: its heartbeat died with it
@@ -609,6 +641,78 @@ def stuck_detected(history: History) -> Result:
                       f"and was never flagged within {ms:g} ms")
         violations.append(Violation(name, sid[0], sid[1], detail, _idx([e, *late[:1]])))
     return _result(name, checked, violations)
+
+
+_FOREVER = 1 << 62
+
+
+def _free_intervals(history: History) -> dict[Any, list[tuple[int, int]]]:
+    """For each worker incarnation, the spans of run time (ns) in which it could act: from its
+    spawn to its death, less the spans a fault stalled it -- asleep in a ``sleep`` (up to its next
+    event), hung (for good), frozen by a ``pause`` (from the harness's SIGSTOP to its SIGCONT)."""
+    born: dict[Any, int] = {}
+    dead: dict[Any, int] = {}
+    stalls: dict[Any, list[list[int]]] = defaultdict(list)  # [start, end] spans, end open = FOREVER
+    for e in history.events:
+        if e.process == v.HARNESS:
+            w = e.data.get("worker")
+            if e.kind == v.SPAWN:
+                born.setdefault(w, e.time)
+            elif e.kind in (v.KILL, v.EXIT):
+                dead.setdefault(w, e.time)
+            elif e.kind == v.STOP:
+                stalls[w].append([e.time, _FOREVER])
+            elif e.kind == v.CONT and stalls.get(w) and stalls[w][-1][1] == _FOREVER:
+                stalls[w][-1][1] = e.time
+        elif e.kind == "point" and e.data.get("action") == "hang":
+            stalls[e.process].append([e.time, _FOREVER])
+        elif e.kind == "point" and e.data.get("action") == "sleep":
+            # as long as the schedule's sleep, on the run clock (the history's time); unknown: to
+            # the end (not free, so never a deadline that lands on a worker that was asleep)
+            ms = _sleep_ms(history, e)
+            stalls[e.process].append([e.time, _FOREVER if ms is None else e.time + int(ms * 1_000_000)])
+    out: dict[Any, list[tuple[int, int]]] = {}
+    for w, start in born.items():
+        end = dead.get(w, _FOREVER)
+        spans, at = [], start
+        for s0, s1 in sorted(stalls.get(w, ())):
+            if s0 > at:
+                spans.append((at, min(s0, end)))
+            at = max(at, s1)
+        if at < end:
+            spans.append((at, end))
+        out[w] = [sp for sp in spans if sp[0] < sp[1]]
+    return out
+
+
+def _sleep_ms(history: History, point: Event) -> int | None:
+    """How long the ``sleep`` that ``point`` (a fault firing) slept, from the history's schedule."""
+    from killpoint import chaos
+    from killpoint.chaos.points import POINTS
+
+    names = frozenset(str(e.data.get("point")) for e in history.of_workers("point")) | POINTS
+    try:
+        fault = chaos.parse(history.schedule, points=names).faults[int(point.data.get("fault"))]
+    except (chaos.InvalidSchedule, IndexError, TypeError, ValueError):
+        return None
+    sleeps = {t.arg for t in fault.actions.terms if t.action == "sleep"}
+    return sleeps.pop() if len(sleeps) == 1 else None  # a chain of two lengths: not known here
+
+
+def _after_free_time(start: int, window: int, spans: list[tuple[int, int]]) -> int | None:
+    """The time at which ``window`` ns of time covered by ``spans`` (any worker free) have passed
+    since ``start``; None if they never do."""
+    left = window
+    at = start
+    for s0, s1 in sorted(spans):
+        s0 = max(s0, at)
+        if s1 <= s0:
+            continue
+        if s1 - s0 >= left:
+            return s0 + left
+        left -= s1 - s0
+        at = s1
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
