@@ -692,8 +692,8 @@ def _sleep_ms(history: History, point: Event) -> int | None:
 
     names = frozenset(str(e.data.get("point")) for e in history.of_workers("point")) | POINTS
     try:
-        fault = chaos.parse(history.schedule, points=names).faults[int(point.data.get("fault"))]
-    except (chaos.InvalidSchedule, IndexError, TypeError, ValueError):
+        fault = chaos.parse(history.schedule, points=names).faults[int(point.data["fault"])]
+    except (chaos.InvalidSchedule, IndexError, KeyError, TypeError, ValueError):
         return None
     sleeps = {t.arg for t in fault.actions.terms if t.action == "sleep"}
     return sleeps.pop() if len(sleeps) == 1 else None  # a chain of two lengths: not known here
