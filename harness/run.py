@@ -228,11 +228,11 @@ class RunConfig:
 def _named_as(workload: Workload, seed: int) -> bool:
     """Whether ``workload`` is what its name resolves to (a built-in name or pkg.module:function
     giving the same instances), so that ``--workload NAME`` replays it."""
-    from killpoint.harness.workload import InvalidWorkload, resolve_workload
+    from killpoint.harness.workload import resolve_workload
 
     try:
         return resolve_workload(workload.name, seed) == workload
-    except (InvalidWorkload, Exception):  # noqa: BLE001 - a name that does not resolve names nothing
+    except Exception:  # noqa: BLE001 - InvalidWorkload, or a user's function that fails: names nothing
         return False
 
 
@@ -335,7 +335,7 @@ class Session:
             shutil.rmtree(self.base_dir, ignore_errors=True)
 
     def run(self, config: RunConfig) -> RunResult:
-        _warn_racy([config])
+        _warn_before_runs([config])
         return self._new_run(config).execute()
 
     def _new_run(self, config: RunConfig) -> "_Run":
@@ -355,7 +355,7 @@ class Session:
         workers of the run going need no harness for. Only for targets without hooks, whose runs
         share nothing in this process (a hook's teardown would otherwise come after the next run's
         setup); the others run one after the other, as :meth:`run`."""
-        _warn_racy(configs)
+        _warn_before_runs(configs)
         unsettled: list[_Run] = []  # lived, not judged yet
         ahead: _Run | None = None  # the next run, made (and prepared) while this one goes
         going: _Run | None = None  # the run living now, until it is among the unsettled or judged
@@ -408,14 +408,15 @@ class Session:
         yields their results in the order of ``configs``."""
         from killpoint.harness.jobs import run_many
 
-        _warn_racy(configs)  # here, not in the runner processes, whose warnings nobody catches
+        _warn_before_runs(configs)  # here, not in the runner processes, whose warnings nobody catches
         return run_many(self, configs, jobs)
 
 
-def _warn_racy(configs: "Sequence[RunConfig]") -> None:
+def _warn_before_runs(configs: "Sequence[RunConfig]") -> None:
     """A :class:`KillpointWarning` for each of :meth:`RunConfig.warnings` of ``configs`` (a stall
-    that races the stuck monitor, a heartbeat not shorter than the lease). Always from this line, so that Python's filter shows a given
-    one once however many entry points a batch of runs goes through."""
+    that races the stuck monitor, a heartbeat not shorter than the lease). Always from this line,
+    so that Python's filter shows a given one once however many entry points a batch of runs goes
+    through."""
     import warnings
 
     for line in dict.fromkeys(line for config in configs for line in config.warnings()):
