@@ -72,7 +72,9 @@ def test_mutants_json_is_a_list_of_name_breaks_caught_by(capsys):
     assert main(["mutants", "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)
     assert [m["name"] for m in listed] == list(MUTANTS)
-    assert all(set(m) == {"name", "breaks", "caught_by"} for m in listed)
+    assert all(set(m) == {"name", "breaks", "caught_by", "schedule"} for m in listed)
+    # the schedule that shows each bug, as the text output's "shown by" (before: not in the JSON)
+    assert {m["name"]: m["schedule"] for m in listed}["no-fence-check"] == "A@charge.after_call:1*pause"
     assert {m["name"]: m["caught_by"] for m in listed}["no-fence-check"] == "stale_writes_rejected"
 
 

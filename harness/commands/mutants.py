@@ -12,15 +12,15 @@ HELP = "list the built-in mutants: the rule each one breaks and the invariant th
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true",
-                   help="print a JSON list of objects with name, breaks, caught_by")
+                   help="print a JSON list of objects with name, breaks, caught_by, schedule")
 
 
 def run(args: argparse.Namespace) -> int:
     from killpoint.harness.mutants import MUTANTS
 
     if args.json:
-        print(json.dumps([{"name": m.name, "breaks": m.breaks, "caught_by": m.caught_by}
-                          for m in MUTANTS.values()], indent=2))
+        print(json.dumps([{"name": m.name, "breaks": m.breaks, "caught_by": m.caught_by,
+                           "schedule": m.schedule} for m in MUTANTS.values()], indent=2))
         return EXIT_VALID
     width = max(len(m.name) for m in MUTANTS.values())
     for m in MUTANTS.values():
