@@ -96,12 +96,12 @@ def _check_steps(name: str, kwargs: dict[str, Any], settings: Any) -> None:
     """A marker's ``steps`` must be steps of its workload (at collection, as ``killpoint matrix
     --steps`` refuses them): else every item would run and come out unknown."""
     from killpoint.harness.targets import declared
-    from killpoint.harness.workload import InvalidWorkload, Workload, default_for, resolve_workload
+    from killpoint.harness.workload import InvalidWorkload, Workload, cached_workload, default_for
 
     workload = kwargs["workload"]
     seed = settings.seed if kwargs["seed"] is None else kwargs["seed"]
     try:
-        built = workload if isinstance(workload, Workload) else resolve_workload(
+        built = workload if isinstance(workload, Workload) else cached_workload(
             workload if workload is not None else default_for(kwargs["target"], declared(kwargs["target"])), seed)
     except InvalidWorkload as exc:
         _collection_error(f"{name}: @pytest.mark.killpoint(workload={workload!r}): {exc}")

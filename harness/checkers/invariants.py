@@ -648,8 +648,10 @@ _FOREVER = 1 << 62
 
 def _free_intervals(history: History) -> dict[Any, list[tuple[int, int]]]:
     """For each worker incarnation, the spans of run time (ns) in which it could act: from its
-    spawn to its death, less the spans a fault stalled it -- asleep in a ``sleep`` (up to its next
-    event), hung (for good), frozen by a ``pause`` (from the harness's SIGSTOP to its SIGCONT)."""
+    spawn to its death, less the spans a fault stalled it -- asleep in a ``sleep`` (for the
+    schedule's length of it), hung (for good), frozen by a ``pause`` (from the harness's SIGSTOP
+    to its SIGCONT)."""
+    sleeps: dict[int, int | None] | None = None  # fault index -> its sleep's ms, read once
     born: dict[Any, int] = {}
     dead: dict[Any, int] = {}
     stalls: dict[Any, list[list[int]]] = defaultdict(list)  # [start, end] spans, end open = FOREVER
@@ -669,7 +671,9 @@ def _free_intervals(history: History) -> dict[Any, list[tuple[int, int]]]:
         elif e.kind == "point" and e.data.get("action") == "sleep":
             # as long as the schedule's sleep, on the run clock (the history's time); unknown: to
             # the end (not free, so never a deadline that lands on a worker that was asleep)
-            ms = _sleep_ms(history, e)
+            if sleeps is None:
+                sleeps = _sleep_lengths(history)
+            ms = sleeps.get(e.data.get("fault", -1))
             stalls[e.process].append([e.time, _FOREVER if ms is None else e.time + int(ms * 1_000_000)])
     out: dict[Any, list[tuple[int, int]]] = {}
     for w, start in born.items():
@@ -685,18 +689,22 @@ def _free_intervals(history: History) -> dict[Any, list[tuple[int, int]]]:
     return out
 
 
-def _sleep_ms(history: History, point: Event) -> int | None:
-    """How long the ``sleep`` that ``point`` (a fault firing) slept, from the history's schedule."""
+def _sleep_lengths(history: History) -> dict[int, int | None]:
+    """For each fault of the history's schedule (by index), how long its ``sleep`` lasts in ms
+    (None: no sleep, or a chain of two lengths, which is not known here)."""
     from killpoint import chaos
     from killpoint.chaos.points import POINTS
 
     names = frozenset(str(e.data.get("point")) for e in history.of_workers("point")) | POINTS
     try:
-        fault = chaos.parse(history.schedule, points=names).faults[int(point.data["fault"])]
-    except (chaos.InvalidSchedule, IndexError, KeyError, TypeError, ValueError):
-        return None
-    sleeps = {t.arg for t in fault.actions.terms if t.action == "sleep"}
-    return sleeps.pop() if len(sleeps) == 1 else None  # a chain of two lengths: not known here
+        faults = chaos.parse(history.schedule, points=names).faults
+    except chaos.InvalidSchedule:
+        return {}
+    out: dict[int, int | None] = {}
+    for i, fault in enumerate(faults):
+        lengths = {t.arg for t in fault.actions.terms if t.action == "sleep"}
+        out[i] = lengths.pop() if len(lengths) == 1 else None
+    return out
 
 
 def _after_free_time(start: int, window: int, spans: list[tuple[int, int]]) -> int | None:

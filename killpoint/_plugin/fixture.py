@@ -96,9 +96,6 @@ class Killpoint:
         from killpoint.chaos import generator
 
         asked = {"points": points, "steps": steps}
-        for name, value in asked.items():
-            if value is not None and (not value if isinstance(value, str) else not tuple(value)):
-                _fail(f"killpoint.matrix({name}={value!r}): name at least one, or leave it out for all")
         points = _names(points, "points")
         steps = _names(steps, "steps")
         if steps is None and depth == 2:
@@ -151,12 +148,12 @@ class Killpoint:
 
     def _workload(self, workload: Any, seed: int) -> "Workload":
         """A workload given by name (or as a Workload), or a test failure naming the bad one."""
-        from killpoint.harness.workload import InvalidWorkload, Workload, resolve_workload
+        from killpoint.harness.workload import InvalidWorkload, Workload, cached_workload
 
         if isinstance(workload, Workload):
             return workload
         try:
-            return resolve_workload(workload, seed)
+            return cached_workload(workload, seed)  # the run's own cache: built once
         except InvalidWorkload as exc:
             _fail(f"killpoint: {exc}")
 
@@ -176,7 +173,7 @@ class Killpoint:
                 extra: dict[str, Any]) -> "RunConfig":
         from killpoint.errors import InvalidConfig
         from killpoint.harness.run import RunConfig
-        from killpoint.harness.workload import InvalidWorkload, Workload, resolve_workload
+        from killpoint.harness.workload import Workload
 
         self._declared(target)
         seed = self.settings.seed if seed is None else seed
@@ -184,10 +181,7 @@ class Killpoint:
             extra = {"workload_spec": workload, **extra}
             workload = workload.name
         elif workload is not None:
-            try:
-                resolve_workload(workload, seed)
-            except InvalidWorkload as exc:
-                _fail(f"killpoint: {exc}")
+            self._workload(workload, seed)  # a bad name fails here, naming it
         fields = {f.name for f in dataclasses.fields(RunConfig)}
         unknown = sorted(set(extra) - fields)
         if unknown:
@@ -313,7 +307,9 @@ def _names(value: "Sequence[str] | str | None", what: str) -> tuple[str, ...] | 
         return None
     items = value.split(",") if isinstance(value, str) else list(value)
     names = tuple(n.strip() for n in items if isinstance(n, str) and n.strip())
-    if not names or len(names) != len(items):
+    if not names:
+        _fail(f"killpoint.matrix({what}={value!r}): name at least one, or leave it out for all")
+    if len(names) != len(items):
         _fail(f"killpoint.matrix({what}={value!r}): expected names such as 'after_call'")
     return names
 
