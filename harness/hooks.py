@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
 from killpoint import vocab
-from killpoint.errors import InvalidTarget
+from killpoint.errors import InvalidTarget, shown
 from killpoint.chaos.journal import Journal
 from killpoint.harness.declaration import Target, TargetRun, normalize_final_states
 
@@ -153,11 +153,21 @@ class Hooks:
         """Store events from ``history()``; an event without ``t`` is placed after ``end``, in order."""
         raw = self._call("history", None, self.run) if self.setup_ok else None
         events: list[dict[str, Any]] = []
+        unknown: dict[str, int] = {}
         for n, e in enumerate(_rows(raw, self.errors)):
             if "kind" not in e:
                 self.errors.append(f"the target's history() hook gave an event without a kind: {e!r:.200}")
                 continue
+            if e["kind"] not in vocab.STORE_KINDS:
+                # An event the invariants would pass over without a word: a misspelt kind
+                # ('claim' for 'claimed') once turned a caught stale write into a valid run.
+                unknown[str(e["kind"])] = unknown.get(str(e["kind"]), 0) + 1
+                continue
             events.append({**e, "t": int(e.get("t") or end + n + 1)})
+        if unknown:
+            kinds = ", ".join(f"{shown(k)} ({n}x)" for k, n in sorted(unknown.items()))
+            self.errors.append(f"the target's history() hook gave events of unknown kind {kinds}; the "
+                               f"kinds are {', '.join(sorted(vocab.STORE_KINDS))}")
         return events
 
     def teardown(self) -> None:

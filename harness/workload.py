@@ -362,7 +362,12 @@ def resolve_workload(spec: "str | Workload", seed: int = 0) -> Workload:
         takes_seed = bool(inspect.signature(fn).parameters)
     except (TypeError, ValueError):
         takes_seed = True
-    built = fn(seed) if takes_seed else fn()
+    try:
+        built = fn(seed) if takes_seed else fn()
+    except Exception as exc:  # noqa: BLE001 - the user's function: its failure is bad input, said once
+        what = f"{type(exc).__name__}: {' '.join(str(exc).split())}".rstrip(": ")
+        raise InvalidWorkload(f"workload {spec!r}: {attr}({'seed' if takes_seed else ''}) raised "
+                              f"{what[:300]}") from None
     if not isinstance(built, Workload):
         raise InvalidWorkload(f"workload {spec!r}: {attr}() returned {type(built).__name__}, "
                               f"not a killpoint Workload")

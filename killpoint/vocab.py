@@ -59,6 +59,9 @@ OPERATOR_RESOLVED = "operator_resolved"
 APPROVED = "approved"
 # The store events that changed a step; ``commit_rejected`` changed nothing.
 ACCEPTED_TRANSITIONS = frozenset({CLAIMED, COMMITTED, OPERATOR_RESOLVED, APPROVED})
+# Every kind a store event may have (also those a target's ``history()`` hook gives).
+STORE_KINDS = frozenset({CREATED, CLAIMED, COMMITTED, COMMIT_REJECTED, RENEWED, RELEASED,
+                         RECEIPT_RECORDED, STUCK_FLAGGED, OPERATOR_RESOLVED, APPROVED})
 
 # -- the downstream ledger -------------------------------------------------------------------------------
 REQUEST = "request"  # the one kind of a ledger row

@@ -627,6 +627,27 @@ def test_terminates_holds_for_pending_steps_behind_a_step_in_manual_review():
     assert r.valid is False and len(r.violations) == 2
 
 
+def test_terminates_flags_a_workload_step_the_final_states_leave_out():
+    # Protects: a target whose final_states() named only the steps it did (its queue never
+    # enqueued the last order) was judged valid -- a lost job passed as "nothing to judge".
+    steps = tuple(StepConfig(i, s, "payment", f"{i}:{s}") for i in ("order-1", "order-2")
+                  for s in ("reserve", "charge"))
+    h = build([], steps=steps, owns_state=True,
+              final=final(("order-1", "reserve", "succeeded"), ("order-1", "charge", "succeeded")))
+    r = terminates(h)
+    assert r.valid is False and [(v.instance, v.step) for v in r.violations] == [
+        ("order-2", "reserve"), ("order-2", "charge")]
+    assert "has no final state" in r.violations[0].detail
+    # Behind a step awaiting an operator, a step with no final state is waiting, not lost.
+    holds(terminates(build([], steps=steps, owns_state=True, final=final(
+        ("order-1", "reserve", "succeeded"), ("order-1", "charge", "succeeded"),
+        ("order-2", "reserve", "manual_intervention")))))
+    # With the bound hit, a missing step means not every step settled: unknown, never valid.
+    r = terminates(build([], steps=steps, owns_state=True, bound_hit=True, quiescent=False,
+                         final=final(("order-1", "reserve", "succeeded"))))
+    assert r.valid is None
+
+
 # ---------------------------------------------------------------------------------------------
 # lease_fenced, fence_rises, receipt_first: the bug classes of DESIGN section 7 beyond its ten
 

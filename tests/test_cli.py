@@ -138,6 +138,14 @@ def worker(ctx):
 
 def not_a_workload(seed=0):
     return {"instances": []}
+
+
+def broken_workload(seed=0):
+    raise ValueError("no such region: mars")
+
+
+def needs_two(a, b):
+    return two_charges()
 '''
 
 
@@ -166,10 +174,17 @@ def test_a_schedule_naming_a_point_the_target_does_not_declare_exits_2_listing_t
 
 @pytest.mark.parametrize("workload, named", [("mytarget:not_a_workload", "dict"),
                                              ("mytarget:nothing_here", "nothing_here"),
-                                             ("no_such_pkg:jobs", "no_such_pkg")])
+                                             ("no_such_pkg:jobs", "no_such_pkg"),
+                                             # A workload function that raises, or takes what a
+                                             # target takes, is bad input (it was exit 3, an
+                                             # "infrastructure failure" that named no workload).
+                                             ("mytarget:broken_workload", "ValueError: no such region: mars"),
+                                             ("mytarget:needs_two", "TypeError"),
+                                             ("mytarget:worker", "mytarget:worker")])
 def test_a_bad_user_workload_exits_2_naming_it(capsys, user_project, workload, named):
     code, out, err = run_cli(capsys, "replay", "", "--workload", workload)
     assert code == 2 and named in err and len(err.strip().splitlines()) == 1
+    assert workload in err
 
 
 def test_a_user_workload_by_pkg_module_function_on_the_reference(capsys, user_project):

@@ -421,6 +421,28 @@ def test_a_paused_worker_of_an_owned_target_gets_its_late_say_before_done_ends_t
     assert not result.history.bound_hit
 
 
+def test_a_history_hook_with_an_unknown_event_kind_makes_the_run_unknown_naming_it(session):
+    """Protects: a history() hook that spelt its kinds 'claim' and 'commit' had its events passed
+    over by every invariant without a word, so a stale commit it recorded came out valid."""
+    import killpoint
+
+    def work(ctx):
+        with ctx.at("order-1", "charge"):
+            ctx.downstream.call("payment", key="order-1:charge", params={"amount": 1},
+                                meta={"instance": "order-1", "step": "charge"})
+
+    target = killpoint.target(work, owns_state=True, final_states=lambda run: {("order-1", "charge"): "succeeded"},
+                              history=lambda run: [
+                                  {"kind": "created", "instance": "order-1", "step": "charge"},
+                                  {"kind": "claim", "instance": "order-1", "step": "charge", "worker": "A"},
+                                  {"kind": "claim", "instance": "order-1", "step": "charge", "worker": "B"},
+                                  {"kind": "commit", "instance": "order-1", "step": "charge", "worker": "A"}])
+    result = session.run(RunConfig(target=target, workload="single", workers=1))
+    assert result.valid is None
+    [reason] = [r for r in result.verdict.unknown_reasons if "history()" in r]
+    assert "unknown kind 'claim' (2x), 'commit' (1x)" in reason and "claimed" in reason
+
+
 def test_a_late_worker_that_serves_forever_is_ended_a_grace_after_done(session):
     """Protects: a resumed worker whose loop never returns does not hold the run to its bound: once
     done() says yes it has LATE_GRACE_S to act (its late call lands and is judged), then it is

@@ -474,6 +474,7 @@ def retry_budget(history: History) -> Result:
 
 # Settled states that wait for an outside event (an operator, an approval) and hold later steps.
 _AWAITING_OUTSIDE = frozenset({MANUAL, WAITING_APPROVAL})
+_NO_FINAL_STATE = "(no final state)"  # a workload step the final states leave out
 
 
 def terminates(history: History) -> Result:
@@ -484,13 +485,23 @@ def terminates(history: History) -> Result:
     until an outside event), so a pending step behind one is waiting, not stuck.
     """
     name = "terminates"
-    final = history.final
+    final = list(history.final)
+    if final:
+        # A step of the workload with no final row at all (a target's final_states() that leaves
+        # it out: never done, or lost) did not terminate either. It stands in the workload's order
+        # as a step not started, so that one behind a step awaiting an outside event is held.
+        named = {(row["instance"], row["step"]) for row in final}
+        missing = [s for s in history.steps if (s.instance, s.step) not in named]
+        if missing:
+            order = {(s.instance, s.step): n for n, s in enumerate(history.steps)}
+            final += [{"instance": s.instance, "step": s.step, "state": _NO_FINAL_STATE} for s in missing]
+            final.sort(key=lambda row: order.get((row["instance"], row["step"]), len(order)))
     unsettled = [row for row in final if row["state"] not in SETTLED]
     if unsettled:
         held: set[StepId] = set()
         blocked: set[Any] = set()  # instances with a step awaiting an outside event
         for row in final:  # the store's order: instance, then step index
-            if row["instance"] in blocked and row["state"] == PENDING:
+            if row["instance"] in blocked and row["state"] in (PENDING, _NO_FINAL_STATE):
                 held.add((row["instance"], row["step"]))
             if row["state"] in _AWAITING_OUTSIDE:
                 blocked.add(row["instance"])
@@ -504,8 +515,10 @@ def terminates(history: History) -> Result:
     last_store = _last_store(history)
     violations = [Violation(
         name, row["instance"], row["step"],
-        f"instance {row['instance']} did not reach a terminal state: step {row['step']} is "
-        f"{row['state']}", _idx([last_store.get((row["instance"], row["step"]))]))
+        f"instance {row['instance']} did not reach a terminal state: step {row['step']} " + (
+            "has no final state (the target's final_states() does not name it: never done, or lost)"
+            if row["state"] == _NO_FINAL_STATE else f"is {row['state']}"),
+        _idx([last_store.get((row["instance"], row["step"]))]))
         for row in unsettled]
     return _result(name, True, violations, f"{len(final)} step(s)")
 
