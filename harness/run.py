@@ -10,6 +10,7 @@ speak to the harness, and :mod:`killpoint.harness.judge` turns what happened int
 from __future__ import annotations
 
 import dataclasses
+import functools
 import numbers
 import os
 import secrets
@@ -33,6 +34,7 @@ from killpoint.harness.judge import gathering, judging
 from killpoint.harness.declaration import TargetRun
 from killpoint.harness.hooks import Hooks
 from killpoint.harness.redact import redact
+from killpoint.harness.settings import Settings, find, load
 from killpoint.harness.store import check_faults, open_store, schema_name
 from killpoint.harness.store.base import Store
 from killpoint.errors import InfrastructureError, InvalidConfig, InvalidTarget, KillpointWarning
@@ -194,24 +196,30 @@ class RunConfig:
     def reproduce_command(self) -> str:
         """The one ``killpoint replay`` line that runs this configuration again: shell-quoted, the
         store's password hidden (:func:`killpoint.harness.redact.redact`)."""
+        # A setting is named when it is not killpoint's default, or when the [tool.killpoint] table
+        # a replay started here would read sets it (the table would otherwise give its own value).
+        table = _project_table()
         parts = ["killpoint", "replay", str(self.schedule), "--target", self.target_name,
                  "--seed", str(self.seed)]
-        if self.workers != 2:
+        if self.workers != 2 or "workers" in table.values:
             parts += ["--workers", str(self.workers)]
         built = self.workload_spec is not None and not _named_as(self.workload_spec, self.seed)
-        if built or self.workload_name != RunConfig(target=self.target).workload_name:  # not the default
+        if built or self.workload_name != RunConfig(target=self.target).workload_name \
+                or "workload" in table.values:
             parts += ["--workload", self.workload_name]
-        if self.store != "sqlite":
+        if self.store != "sqlite" or "store" in table.values:
             parts += ["--store", redact(self.store)]  # before quoting: '***' must be quoted
         if self.same_identity != 0.5:  # the restart rule decides who recovers: it is part of the run
             parts += ["--same-identity", f"{self.same_identity:g}"]
         if not self.virtual_time:  # the clock is part of the run too
             parts += ["--real-time"]
+        elif "real_time" in table.values:
+            parts += ["--no-real-time"]
         default = Timing() if self.virtual_time else REAL_TIME_TIMING
-        if self.timing != default:
-            parts += ["--timing", ",".join(
-                f"{f.name.replace('_', '-')}={getattr(self.timing, f.name):g}"
-                for f in dataclasses.fields(Timing) if getattr(self.timing, f.name) != getattr(default, f.name))]
+        named = [f.name for f in dataclasses.fields(Timing)
+                 if getattr(self.timing, f.name) != getattr(default, f.name) or f.name in table.timing]
+        if named:  # --timing replaces the table's timings whole: the others take the clock's default
+            parts += ["--timing", ",".join(f"{n.replace('_', '-')}={getattr(self.timing, n):g}" for n in named)]
         line = " ".join(shlex.quote(p) for p in parts)
         # What a command line cannot name: said after the command, so that the line does not pass
         # for a replay of this run (it would fail to import the target, or run another workload).
@@ -223,6 +231,25 @@ class RunConfig:
         if notes:
             line += f"  # {' and '.join(notes)}: give it as pkg.module:function to replay this run"
         return redact(line)
+
+
+def _project_table() -> Settings:
+    """The ``[tool.killpoint]`` table a ``killpoint replay`` started in this directory would read
+    (empty when there is none, or it cannot be read: the replay then says why itself)."""
+    try:
+        path = find()
+        stamp = os.stat(path).st_mtime_ns if path is not None else 0
+    except OSError:
+        return Settings()
+    return _table_at(path, stamp) if path is not None else Settings()
+
+
+@functools.lru_cache(maxsize=8)
+def _table_at(path: str, stamp: int) -> Settings:
+    try:
+        return load(path=path)
+    except Exception:  # noqa: BLE001 - a broken table is the replay's to report
+        return Settings()
 
 
 def _named_as(workload: Workload, seed: int) -> bool:

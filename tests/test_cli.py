@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -313,6 +314,29 @@ def test_tool_killpoint_table_sets_seed_and_store_of_matrix_and_flags_win(capsys
     code, out, err = run_cli(capsys, *argv, "--seed", "3", "--store", "sqlite")
     (run,) = json.loads(out)["results"]
     assert code == 0 and (run["seed"], run["store"]) == (3, "sqlite")
+
+
+def test_a_reproduce_line_names_what_the_table_would_otherwise_change(capsys, tmp_path, monkeypatch):
+    """Protects: flags given over the [tool.killpoint] table were left out of the reproduce line
+    when they were killpoint's defaults (two workers, the run clock on, SQLite, the orders
+    workload), so the line, run in the same project, ran the table's settings instead: another
+    run, another verdict."""
+    monkeypatch.chdir(_pyproject(tmp_path, '[tool.killpoint]\nreal-time = true\nworkers = 3\nseed = 7\n'
+                                           'workload = "plain"\nstore = "sqlite"\n'
+                                           '[tool.killpoint.timing]\nlease-ttl-ms = 5000\n'))
+    argv = ["replay", "A@charge.after_call:kill", "--workers", "2", "--no-real-time", "--workload", "orders",
+            "--store", "sqlite", "--json"]
+    code, out, err = run_cli(capsys, *argv)
+    first = json.loads(out)
+    line = first["reproduce"]
+    for named in ("--workers 2", "--no-real-time", "--workload orders", "--store sqlite",
+                  "--timing lease-ttl-ms=5000", "--seed 7"):
+        assert named in line, line
+    # The line, run in the same project, makes the same run.
+    code2, out2, _ = run_cli(capsys, *shlex.split(line)[1:], "--json")
+    again = json.loads(out2)
+    assert (code2, again["reproduce"], again["results"][0]["schedule"]) == (code, line, "A@charge.after_call:kill")
+    assert again["results"][0]["workers_spawned"] == first["results"][0]["workers_spawned"]
 
 
 @pytest.mark.parametrize("table, named", [("sed = 7", "'sed'"), ("workers = \"two\"", "workers = 'two'"),
