@@ -583,14 +583,25 @@ def downstream_for(target: object) -> dict[str, Any]:
 
 
 def overrides_for(target: object) -> dict[str, Any]:
-    """RunConfig fields (other than workers) a ``mutant:NAME`` target needs, e.g. a tighter bound."""
+    """RunConfig fields (other than workers) a ``mutant:NAME`` target needs, e.g. a tighter bound.
+    Its timings are not among them: a run of the mutant takes them unless it is given its own
+    (:func:`timing_for`, applied by :class:`RunConfig` itself)."""
     if isinstance(target, str) and target.startswith("mutant:"):
         mutant = MUTANTS.get(target.split(":", 1)[1])
         if mutant is not None:
             extra = mutant.run_overrides()
-            return {k: v for k, v in extra.items() if k in ("bound_s", "timing")}
+            return {k: v for k, v in extra.items() if k == "bound_s"}
     return {}
 
 
+def timing_for(target: object) -> Timing | None:
+    """The timings a ``mutant:NAME`` target runs with unless given others (None: the defaults)."""
+    if isinstance(target, str) and target.startswith("mutant:"):
+        mutant = MUTANTS.get(target.split(":", 1)[1])
+        if mutant is not None and mutant.timing is not None:
+            return Timing(**mutant.timing)
+    return None
+
+
 __all__ = ["MUTANTS", "BlindCommits", "Delegating", "Mutant", "blind_commit", "downstream_for",
-           "overrides_for"]
+           "overrides_for", "timing_for"]

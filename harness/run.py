@@ -90,6 +90,13 @@ class RunConfig:
     def __post_init__(self) -> None:
         self._check()
         if self.timing is None:
+            # A mutant whose bug shows only with one period short next to a step's work brings its
+            # own timings, wherever it runs (matrix, replay, explore, the plugin), on either clock.
+            if isinstance(self.target, str) and self.target.startswith("mutant:"):
+                from killpoint.harness.mutants import timing_for
+
+                object.__setattr__(self, "timing", timing_for(self.target))
+        if self.timing is None:
             # A target that owns its state keeps its leases and heartbeats in its own system, on that
             # system's clock, which the run clock cannot move: it runs in real time, with the short
             # timings, unless told otherwise.

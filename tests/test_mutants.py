@@ -127,3 +127,20 @@ def test_no_fence_check_and_no_cas_are_different_mutants_with_different_countere
     assert "stale_writes_rejected" in unfenced_violated and "version_chain" not in unfenced_violated
     assert "version_chain" in blind_violated
     assert resolve("mutant:no-fence-check") is not resolve("mutant:no-cas")
+
+
+def test_a_mutant_with_timings_of_its_own_runs_them_everywhere_unless_given_others(capsys):
+    """Protects: renew-by-instance's timings (heartbeat 5 ms) were applied by replay, explore and
+    selftest but not by the matrix or the plugin's fixture, so the matrix ran the defaults and its
+    reproduce lines replayed another run; and replay let them override a --timing the user gave."""
+    assert RunConfig(target="mutant:renew-by-instance").timing.heartbeat_ms == 5
+    assert RunConfig(target="mutant:renew-by-instance", virtual_time=False).timing.heartbeat_ms == 5
+    assert RunConfig(target="mutant:no-cas").timing == RunConfig().timing
+    code = main(["matrix", "--target", "mutant:renew-by-instance", "--steps", "charge", "--points", "heartbeat",
+                 "--json", "--quiet"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 1 and "heartbeat-ms=5" in report["violations"][0]["reproduce"]
+    code = main(["replay", "A@charge.heartbeat:hang", "--target", "mutant:renew-by-instance", "--timing",
+                 "heartbeat-ms=7", "--json"])
+    line = json.loads(capsys.readouterr().out)["reproduce"]
+    assert "heartbeat-ms=7" in line and "lease-ttl-ms" not in line, line
