@@ -696,6 +696,15 @@ class _Run:
         # A target that raised, or a hook that did, is a finding: the run cannot be valid.
         judged = yield from judging(history, self.config.schedule, sup.tally.fired,
                                     sup.raised.reasons() + tuple(self.hooks.errors) + sup.still_paused())
+        if bound_hit and judged.verdict.valid is None and clock.virtual and not clock.jumps:
+            # The run clock never moved: nobody waited through ctx.clock, so every wait was real
+            # time against the production-like timings (a takeover waits out a 30 s lease).
+            verdict = dataclasses.replace(judged.verdict, unknown_reasons=judged.verdict.unknown_reasons + (
+                f"the run hit its {self.config.bound_s:g} s bound and its clock never moved: no worker waited "
+                f"through ctx.clock, so each wait took real time against the run clock's timings (lease "
+                f"{self.config.timing.lease_ttl_ms:g} ms); wait through ctx.clock, or give --real-time "
+                f"(short timings) or --timing",))
+            judged = dataclasses.replace(judged, verdict=verdict)
         if not self.s.keep:
             self.hooks.teardown()
         return RunResult(self.config, self.run_id, history, judged.verdict, judged.fired,

@@ -443,6 +443,25 @@ def test_a_history_hook_with_an_unknown_event_kind_makes_the_run_unknown_naming_
     assert "unknown kind 'claim' (2x), 'commit' (1x)" in reason and "claimed" in reason
 
 
+def test_a_target_that_waits_outside_the_run_clock_and_hits_the_bound_is_told_why(session):
+    """Protects: a target that waits with time.sleep (not ctx.clock) ran on the virtual clock's
+    production-like timings in real time -- a takeover waits out a 30 s lease -- and came out
+    unknown with "run hit its bound" alone, which said nothing of the cause or the way out."""
+    import time as _time
+
+    def work(ctx):
+        _time.sleep(60)  # its idle wait, outside the run clock
+
+    result = session.run(RunConfig(target=work, workload="single", workers=1, bound_s=1.5))
+    assert result.valid is None and result.history.bound_hit
+    [why] = [r for r in result.verdict.unknown_reasons if "clock never moved" in r]
+    assert "ctx.clock" in why and "--real-time" in why and "30000 ms" in why
+    # A target that waits through the run clock is not told so, whatever else happens.
+    slept = session.run(RunConfig(target=lambda ctx: ctx.clock.sleep(3600), workload="single", workers=1,
+                                  bound_s=1.5))
+    assert not [r for r in slept.verdict.unknown_reasons if "clock never moved" in r]
+
+
 def test_a_late_worker_that_serves_forever_is_ended_a_grace_after_done(session):
     """Protects: a resumed worker whose loop never returns does not hold the run to its bound: once
     done() says yes it has LATE_GRACE_S to act (its late call lands and is judged), then it is
