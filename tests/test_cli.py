@@ -425,6 +425,66 @@ def test_a_report_that_cannot_be_written_never_hides_the_verdict(capsys, tmp_pat
     assert "the verdict stands" in err
 
 
+def test_a_junit_xml_path_no_file_can_be_written_to_is_refused_before_the_first_run(capsys, tmp_path):
+    """Protects: a --junit-xml typo (a directory, a path under a regular file, a folder that cannot
+    be written) is exit 2 naming it before any run, as --report-dir is; before, every run was made
+    and then the command ended exit 2 with nothing on stdout, its verdict lost. A missing parent
+    folder is made, as pytest makes it."""
+    import os
+
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    (tmp_path / "a-dir").mkdir()
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    os.chmod(locked, 0o500)
+    cases = [(tmp_path / "a-dir", "is a directory"), (a_file / "k.xml", "Not a directory"),
+             (a_file / "deeper" / "k.xml", "Not a directory")]
+    if not os.access(locked, os.W_OK):  # root may write anywhere
+        cases.append((locked / "k.xml", "Permission denied"))
+    try:
+        for command in (["replay", "A@charge.after_call:1*pause", "--target", "mutant:no-cas"],
+                        ["selftest", "--quick", "--mutants", "no-cas"]):
+            for where, why in cases:
+                code, out, err = run_cli(capsys, *command, "--junit-xml", str(where), "--json")
+                assert code == 2 and out == "", (where, code, out[:200])
+                assert len(err.strip().splitlines()) == 1, err  # no progress line: no run made
+                assert "--junit-xml" in err and str(where)[-40:] in err and why in err, err
+    finally:
+        os.chmod(locked, 0o700)
+    assert os.listdir(locked) == []  # the check leaves nothing behind
+    fresh = tmp_path / "made" / "for it" / "k.xml"
+    code, out, err = run_cli(capsys, "replay", "", "--workload", "single", "--junit-xml", str(fresh))
+    assert code == 0 and ET.parse(fresh).getroot().tag == "testsuites"
+
+
+def test_a_junit_xml_that_cannot_be_written_after_the_runs_is_a_warning_and_the_verdict_stands(
+        capsys, tmp_path, monkeypatch):
+    """Protects the verdict: when the JUnit file cannot be written once the runs are done (a disk
+    that filled, a folder removed meanwhile), the command says so in a warning line and still
+    prints its JSON and exits with the verdict's code (1 here), in every command writing one."""
+    import errno
+
+    from killpoint.reports import junit
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(junit, "write", full)
+    path = str(tmp_path / "k.xml")
+    code, out, err = run_cli(capsys, "replay", "A@charge.after_call:1*pause", "--target", "mutant:no-cas",
+                             "--junit-xml", path, "--json", "-q")
+    report = json.loads(out)
+    assert code == 1 and report["valid"] is False
+    assert "No space left on device" in report["junit_error"]
+    assert err.strip() == (f"killpoint: warning: --junit-xml '{path}': cannot write it there "
+                           f"(No space left on device); the verdict stands")
+    code, out, err = run_cli(capsys, "selftest", "--quick", "--mutants", "no-cas", "--junit-xml", path,
+                             "--json", "-q")
+    assert code == 0 and json.loads(out)["valid"] is True
+    assert "killpoint: warning: --junit-xml" in err and "the verdict stands" in err
+
+
 def test_each_command_leaves_only_its_own_runs_in_the_report_dir(capsys, tmp_path):
     import os
 

@@ -254,6 +254,7 @@ class Summary:
     results: list[RunResult] = field(default_factory=list)
     report: str | None = None
     report_error: str | None = None  # why the reports asked for could not be written
+    junit_error: str | None = None  # why the --junit-xml file could not be written
     # The point statistics of runs whose events were let go (see add), by the result's id.
     _points: dict[int, PointStats] = field(default_factory=dict, repr=False)
 
@@ -314,6 +315,7 @@ class Summary:
             "judged": self.judged()[0],
             "report": self.report,
             **({"report_error": self.report_error} if self.report_error else {}),
+            **({"junit_error": self.junit_error} if self.junit_error else {}),
             "unknown": [{"schedule": str(r.config.schedule), "reasons": list(r.verdict.unknown_reasons)}
                         for r in self.results if r.valid is None],
             "unknown_reasons": list(dict.fromkeys(reason for r in self.results if r.valid is None
@@ -370,16 +372,40 @@ def write_junit(args: argparse.Namespace, summary: Summary, title: str) -> None:
     path = getattr(args, "junit_xml", None)
     if not path:
         return
-    from killpoint.reports import junit, run_report_name
+    from killpoint.reports import run_report_name
 
     reports = None
     if summary.report:
         where = os.path.dirname(summary.report)
         reports = [os.path.join(where, run_report_name(n)) for n in range(1, len(summary.results) + 1)]
+    summary.junit_error = write_junit_file(path, summary.results, suite=title, reproduce=replay_command,
+                                           reports=reports)
+
+
+def write_junit_file(path: str, results: Sequence[RunResult], **kwargs: Any) -> str | None:
+    """Write the JUnit XML after the runs; a file that cannot be written (the path was checked at
+    the start, by :func:`check_junit_xml`, but the disk filled or the folder went meanwhile) is a
+    warning on stderr, never an error that hides the verdict the runs earned: returns why, or None."""
+    from killpoint.reports import junit
+
     try:
-        junit.write(path, summary.results, suite=title, reproduce=replay_command, reports=reports)
+        junit.write(path, results, **kwargs)
     except OSError as exc:
-        raise BadInput(f"--junit-xml {str(path)[:200]!r}: cannot write it there ({exc.strerror or exc})") from None
+        why = f"--junit-xml {shown(path)}: cannot write it there ({exc.strerror or exc})"
+        print(f"killpoint: warning: {why}; the verdict stands", file=sys.stderr)
+        return why
+    return None
+
+
+def check_junit_xml(args: argparse.Namespace) -> None:
+    """Before the first run, as ``--report-dir`` is checked: refuse a ``--junit-xml`` path that no
+    file can be written to (:func:`killpoint.reports.files.check_file_path`), rather than find out
+    after every run has been made."""
+    path = getattr(args, "junit_xml", None)
+    if path:
+        from killpoint.reports.files import check_file_path
+
+        check_file_path(path, "--junit-xml")
 
 
 def print_stats(summary: Summary) -> None:

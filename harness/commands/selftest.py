@@ -154,15 +154,11 @@ def _junit(args: argparse.Namespace, outcomes: list[MutantOutcome], reference: S
     """``--junit-xml``: a case per run; a mutant's passes when its named invariant caught it."""
     if not args.junit_xml:
         return
-    from killpoint.reports import junit
+    from killpoint.harness.commands.common import write_junit_file
 
-    try:
-        junit.write(args.junit_xml, [o.result for o in outcomes] + reference.results,
-                    suite="killpoint selftest", reproduce=replay_command,
-                    expect=[o.caught_by for o in outcomes] + [None] * len(reference.results))
-    except OSError as exc:
-        raise BadInput(f"--junit-xml {shown(args.junit_xml)}: cannot write it there "
-                       f"({exc.strerror or exc})") from None
+    write_junit_file(args.junit_xml, [o.result for o in outcomes] + reference.results,
+                     suite="killpoint selftest", reproduce=replay_command,
+                     expect=[o.caught_by for o in outcomes] + [None] * len(reference.results))
 
 
 def table(outcomes: list[MutantOutcome]) -> str:
