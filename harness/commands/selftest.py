@@ -121,15 +121,22 @@ def run(args: argparse.Namespace) -> int:
     ok = caught == len(outcomes) and reference.valid is True
     _junit(args, outcomes, reference)
     if args.json:
+        from killpoint.harness.stats import total
+
         out = reference.to_json()
         out.pop("results", None)
+        # The crash points reached and fired, as matrix's JSON has them: each mutant's run, the
+        # reference's runs, and the whole.
+        stats = Summary(results=[o.result for o in outcomes]).point_stats()
         print(json.dumps({
             "valid": ok, "runs": len(outcomes) + len(reference.results),
             "score": {"caught": caught, "mutants": len(outcomes)},
-            "mutants": [o.to_json() for o in outcomes],
+            "mutants": [{**o.to_json(), "points": s.to_json()} for o, s in zip(outcomes, stats)],
             "reference": {"valid": reference.valid, "runs": len(reference.results),
-                          "violations": out["violations"], "unknown": out["unknown"]},
+                          "violations": out["violations"], "unknown": out["unknown"],
+                          "points": out["points"]},
             "violations": out["violations"], "invariants": out["invariants"], "report": None,
+            "points": total(stats + reference.point_stats()).to_json(),
         }, indent=2))
         return EXIT_VALID if ok else EXIT_VIOLATED
     print(table(outcomes))
