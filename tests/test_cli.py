@@ -237,6 +237,29 @@ def test_bad_input_is_exit_2_with_one_line_naming_the_value_clipped_to_200_chara
     assert "x" * 201 not in lines[0]  # the value is named, clipped, never echoed whole
 
 
+@pytest.mark.parametrize("argv, value", [
+    (["replay", "A@charge.after_call:kill" + "x" * 5000], "A@charge.after_call:kill" + "x" * 5000),
+    (["matrix", "--steps", "y" * 3000], "y" * 3000),
+    (["replay", "A@charge.after_call:" + "k" * 3000], "A@charge.after_call:" + "k" * 3000),
+    (["replay", "A@charge." + "p" * 3000 + ":kill"], "A@charge." + "p" * 3000 + ":kill"),
+])
+def test_a_long_bad_value_is_named_once_clipped_once_in_a_sensible_line(capsys, argv, value):
+    """Protects the error line of a long value: it names the value as shown() clips it, once,
+    and no clipping is applied to a clipped value again. Before, one_line clipped shown()'s
+    output a second time ("...(203 characters) (3000 characters)") and the schedule's parts were
+    repeated whole and clipped mid-word ("...(208 characters) characters)"), and a line that
+    grew too long lost its tail."""
+    from killpoint.errors import shown
+
+    code, out, err = run_cli(capsys, *argv)
+    (line,) = err.strip().splitlines()
+    assert code == 2 and out == ""
+    assert shown(value) in line, line
+    assert re.findall(r"\((\d+) characters\)", line)[0] == str(len(value))
+    assert not re.search(r"characters\) (\(|characters)", line) and "...(" not in line, line
+    assert len(line) < 800 and not line.endswith("..."), line  # whole: no truncated tail
+
+
 def test_a_schedule_may_name_a_replacement_a_run_can_start():
     # With one worker, the first replacement is a fresh identity B: depth 2's workers form uses it.
     from killpoint import chaos

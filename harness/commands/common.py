@@ -102,8 +102,10 @@ def _timing(text: str) -> dict[str, float]:
 
 def one_line(message: str, limit: int = 800) -> str:
     """An error message as one line, no word of it longer than 200 characters and the whole no
-    longer than ``limit``: the last guard against a long value that a message quoted whole."""
-    words = [w if len(w) <= SHOWN_LIMIT else f"{w[:SHOWN_LIMIT]}...({len(w)} characters)"
+    longer than ``limit``: the last guard against a long value that a message quoted whole. A value
+    :func:`~killpoint.errors.shown` clipped already (200 characters and its ``...``) is left as it
+    is, never clipped a second time; a longer word is clipped the way ``shown`` clips."""
+    words = [w if len(w) <= SHOWN_LIMIT + len("...") else f"{w[:SHOWN_LIMIT]}... ({len(w)} characters)"
              for w in message.split()]
     line = " ".join(words)
     return line if len(line) <= limit else line[:limit] + "..."
@@ -200,9 +202,9 @@ def parse_schedule(args: argparse.Namespace, text: str):
 
     points = frozenset(declared_target(args).points) | frozenset(DB_POINTS)
     try:
-        return chaos.parse(text, points=points)
+        return chaos.parse(text, points=points, context=False)  # the message names the schedule
     except chaos.InvalidSchedule as exc:
-        raise BadInput(f"schedule {shown(text)}: {one_line(str(exc), 400)}") from None
+        raise BadInput(f"schedule {shown(text)}: {one_line(str(exc), 600)}") from None
 
 
 def run_config(args: argparse.Namespace, schedule, **overrides: Any) -> RunConfig:

@@ -34,9 +34,10 @@ def run(args: argparse.Namespace) -> int:
     from killpoint.chaos.points import DB_POINTS
 
     try:  # the target's declared points are names too (A@before_ack:kill)
-        schedule = chaos.parse(args.schedule, points=frozenset(declared_target(args).points) | frozenset(DB_POINTS))
+        schedule = chaos.parse(args.schedule, points=frozenset(declared_target(args).points) | frozenset(DB_POINTS),
+                               context=False)
     except chaos.InvalidSchedule as exc:
-        raise BadInput(f"--schedule {shown(args.schedule)}: {one_line(str(exc), 400)}") from None
+        raise BadInput(f"--schedule {shown(args.schedule)}: {one_line(str(exc), 600)}") from None
     if os.path.exists(args.report_dir) and not os.path.isdir(args.report_dir):
         raise BadInput(f"--report-dir {shown(args.report_dir)} is a file: name a directory to write into")
     config = run_config(args, schedule)
