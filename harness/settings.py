@@ -155,7 +155,11 @@ def parse(table: Any, *, where: str = "[tool.killpoint]") -> Settings:
 
 
 def parse_timing(text: str) -> dict[str, float]:
-    """``--timing lease-ttl-ms=200,heartbeat-ms=50`` as the same overrides as the table's."""
+    """``--timing lease-ttl-ms=200,heartbeat-ms=50`` as the same overrides as the table's. An empty
+    one is refused, as an empty ``--points`` is: leaving the option out is how to keep the defaults."""
+    if not text.replace(",", "").strip():
+        raise BadInput(f"--timing {_show(text)}: name at least one NAME=MILLISECONDS "
+                       f"({', '.join(TIMING_KEYS)}), or leave --timing out")
     out: dict[str, Any] = {}
     for part in (p.strip() for p in text.split(",") if p.strip()):
         name, sep, value = part.partition("=")

@@ -260,6 +260,29 @@ def test_a_long_bad_value_is_named_once_clipped_once_in_a_sensible_line(capsys, 
     assert len(line) < 800 and not line.endswith("..."), line  # whole: no truncated tail
 
 
+@pytest.mark.parametrize("argv, named", [
+    (["replay", "A@charge.after_call:kill", "--store", ""], "--store ''"),
+    (["replay", "A@charge.after_call:kill", "--store", "  "], "--store ' '"),  # one line: spaces run together
+    (["selftest", "--quick", "--store", ""], "--store ''"),
+    (["scenario", "lease_takeover", "--store", ""], "--store ''"),
+    (["replay", "A@charge.after_call:kill", "--timing", ""], "--timing: ''"),
+    (["matrix", "--timing", " , "], "--timing: ' , '"),
+    (["replay", "A@charge.after_call:kill", "--junit-xml", ""], "--junit-xml ''"),
+    (["selftest", "--quick", "--junit-xml", ""], "--junit-xml ''"),
+    (["selftest", "--mutants", ""], "--mutants ''"),
+    (["selftest", "--mutants", " , "], "--mutants ' , '"),
+])
+def test_an_empty_value_is_refused_naming_the_option_never_a_quiet_default(capsys, argv, named):
+    """Protects: an option given with an empty value (a CI variable that was never set) is exit 2
+    naming it, as an empty --points is. Before, --store '' ran on SQLite (and the reproduce line
+    carried --store ''), --timing '' kept the defaults, --junit-xml '' wrote no file, and selftest
+    --mutants '' ran all 15 mutants."""
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2 and out == "", (code, out[:300])
+    (line,) = err.strip().splitlines()
+    assert line.startswith("killpoint: error: ") and named in line, line
+
+
 def test_a_schedule_may_name_a_replacement_a_run_can_start():
     # With one worker, the first replacement is a fresh identity B: depth 2's workers form uses it.
     from killpoint import chaos

@@ -238,6 +238,9 @@ def validate_store(spec: str, schedule=None) -> None:
     """Refuse a store we cannot use, or one that cannot carry out a fault of ``schedule``."""
     from killpoint.harness.store import InvalidStore, check_faults, check_store
 
+    if not str(spec).strip():  # the store's library call takes "" as sqlite; given on purpose, it is a slip
+        raise BadInput(f"--store {shown(spec)}: name sqlite or a postgresql:// URL, or leave --store "
+                       f"out for sqlite")
     try:
         check_store(spec)
         check_faults(spec, schedule)
@@ -404,6 +407,8 @@ def check_junit_xml(args: argparse.Namespace) -> None:
     file can be written to (:func:`killpoint.reports.files.check_file_path`), rather than find out
     after every run has been made."""
     path = getattr(args, "junit_xml", None)
+    if path is not None and not path.strip():  # before: no file, and no word of it
+        raise BadInput(f"--junit-xml {shown(path)}: name the file to write, or leave --junit-xml out")
     if path:
         from killpoint.reports.files import check_file_path
 

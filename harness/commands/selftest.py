@@ -68,12 +68,14 @@ class MutantOutcome:
 def _chosen(text: str | None) -> list[Any]:
     from killpoint.harness.mutants import MUTANTS
 
-    if not text:
+    from killpoint.harness.commands.common import _names
+
+    if text is None:
         return list(MUTANTS.values())
-    names = [n.strip() for n in text.split(",") if n.strip()]
+    names = _names(text, "--mutants")  # an empty list is refused, as --points '' is, never all
     bad = [n for n in names if n not in MUTANTS]
-    if bad or not names:
-        raise BadInput(f"--mutants: unknown mutant {', '.join(map(shown, bad)) or shown(text)}; "
+    if bad:
+        raise BadInput(f"--mutants: unknown mutant {', '.join(map(shown, bad))}; "
                        f"known mutants are {', '.join(MUTANTS)}")
     return [MUTANTS[n] for n in names]
 
