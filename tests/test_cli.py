@@ -283,6 +283,21 @@ def test_an_empty_value_is_refused_naming_the_option_never_a_quiet_default(capsy
     assert line.startswith("killpoint: error: ") and named in line, line
 
 
+@pytest.mark.parametrize("argv, named", [
+    (["matrix", "--forms", "hits"], "--forms 'hits'"),
+    (["matrix", "--depth", "1", "--forms", "workers,hits"], "--forms 'workers,hits'"),
+    (["matrix", "--cross-steps"], "--cross-steps"),
+])
+def test_depth_2_options_without_depth_2_are_refused_not_ignored(capsys, argv, named):
+    """Protects: --forms and --cross-steps shape pairs of crashes; at depth 1 they were ignored
+    without a word (exit 0 on the single-crash matrix), so a user who forgot --depth 2 believed the
+    pairs had been run. Now exit 2 naming the option, before any run."""
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2 and out == ""
+    (line,) = err.strip().splitlines()
+    assert named in line and "--depth 2" in line, line
+
+
 def test_a_schedule_may_name_a_replacement_a_run_can_start():
     # With one worker, the first replacement is a fresh identity B: depth 2's workers form uses it.
     from killpoint import chaos
