@@ -298,6 +298,26 @@ def test_depth_2_options_without_depth_2_are_refused_not_ignored(capsys, argv, n
     assert named in line and "--depth 2" in line, line
 
 
+def test_report_never_is_refused_by_the_report_command_and_the_table_default_is_not(
+        capsys, tmp_path, monkeypatch):
+    """Protects: `killpoint report --report never` wrote the report all the same (exit 0, the flag
+    ignored); it is exit 2 naming it, with no run and no report. A project's [tool.killpoint]
+    report = "never", meant for the other commands, does not stop the one that writes reports."""
+    where = tmp_path / "rep"
+    code, out, err = run_cli(capsys, "report", "--schedule", "", "--workload", "single",
+                             "--report", "never", "--report-dir", str(where))
+    assert code == 2 and out == "" and not where.exists()
+    (line,) = err.strip().splitlines()
+    assert "--report 'never'" in line and "killpoint replay" in line, line
+    monkeypatch.chdir(_pyproject(tmp_path, '[tool.killpoint]\nreport = "never"\n'))
+    code, out, err = run_cli(capsys, "report", "--schedule", "", "--workload", "single", "-q",
+                             "--report-dir", str(where), "--json")
+    assert code == 0 and json.loads(out)["report"] == str(where / "index.html")
+    code, out, err = run_cli(capsys, "report", "--schedule", "", "--workload", "single", "-q",
+                             "--report", "on-failure", "--report-dir", str(where), "--json")
+    assert code == 0 and json.loads(out)["report"]  # on-failure: accepted, written all the same
+
+
 def test_a_schedule_may_name_a_replacement_a_run_can_start():
     # With one worker, the first replacement is a fresh identity B: depth 2's workers form uses it.
     from killpoint import chaos

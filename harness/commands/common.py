@@ -24,7 +24,9 @@ from killpoint.harness.worker import REAL_TIME_TIMING, Timing
 EXIT_VALID, EXIT_VIOLATED, EXIT_BAD_INPUT, EXIT_UNKNOWN = 0, 1, 2, 3
 
 
-def add_common(p: argparse.ArgumentParser, *, target: bool = True) -> None:
+def add_common(p: argparse.ArgumentParser, *, target: bool = True, report: bool = True) -> None:
+    """The options every command that runs a target shares; ``report=False`` leaves ``--report``
+    to the command (``killpoint report``, which always writes one)."""
     if target:
         p.add_argument("--target", default="reference",
                        help="reference, mutant:NAME or pkg.module:function (default: reference)")
@@ -36,8 +38,9 @@ def add_common(p: argparse.ArgumentParser, *, target: bool = True) -> None:
                         "orders for reference and mutants, plain for your own target)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.add_argument("--report-dir", default=None, help="where to write HTML reports")
-    p.add_argument("--report", choices=("always", "on-failure", "never"), default="on-failure",
-                   help="when to write HTML reports (default: on-failure)")
+    if report:
+        p.add_argument("--report", choices=("always", "on-failure", "never"), default="on-failure",
+                       help="when to write HTML reports (default: on-failure)")
     add_jobs(p)
     add_real_time(p, "turn the run clock off: leases and bounds wait in real time, with short "
                      "timings (lease 120 ms), instead of production-like ones (lease 30 s) that "
