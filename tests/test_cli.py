@@ -318,6 +318,24 @@ def test_report_never_is_refused_by_the_report_command_and_the_table_default_is_
     assert code == 0 and json.loads(out)["report"]  # on-failure: accepted, written all the same
 
 
+@pytest.mark.parametrize("command", [["replay", "A@charge.after_call:kill"], ["matrix"], ["selftest"],
+                                     ["scenario", "lease_takeover"], ["explore"]])
+@pytest.mark.parametrize("seed", ["\u0663", "1_000", " 3", "", "-"])
+def test_a_seed_is_ascii_digits_with_an_optional_minus(capsys, command, seed):
+    """Protects the seed's one text: --seed \u0663 (an Arabic-Indic 3) ran as seed 3, and 1_000 as
+    1000, while the reproduce line said --seed 3; seeds are read as schedule numbers are, ASCII
+    digits (a leading minus allowed: negative seeds are seeds), in every command taking one."""
+    code, out, err = run_cli(capsys, *command, "--seed", seed)
+    assert code == 2 and out == ""
+    (line,) = err.strip().splitlines()
+    assert f"--seed: {seed!r}" in line and "ASCII digits" in line, line
+
+
+def test_a_negative_seed_is_still_a_seed(capsys):
+    code, out, err = run_cli(capsys, "replay", "A@charge.after_call:kill", "--seed", "-3", "--json", "-q")
+    assert code == 0 and json.loads(out)["results"][0]["seed"] == -3
+
+
 def test_a_schedule_may_name_a_replacement_a_run_can_start():
     # With one worker, the first replacement is a fresh identity B: depth 2's workers form uses it.
     from killpoint import chaos

@@ -32,7 +32,7 @@ def add_common(p: argparse.ArgumentParser, *, target: bool = True, report: bool 
                        help="reference, mutant:NAME or pkg.module:function (default: reference)")
     p.add_argument("--store", default="sqlite", help="sqlite (default) or a postgresql:// URL")
     p.add_argument("--workers", type=int, default=2, help="worker processes per run (default: 2)")
-    p.add_argument("--seed", type=int, default=0, help="seed for the workload data and every draw")
+    add_seed(p)
     p.add_argument("--workload", default=None,
                    help="orders, single, plain or pkg.module:function (default: the target's own, else "
                         "orders for reference and mutants, plain for your own target)")
@@ -52,6 +52,24 @@ def add_common(p: argparse.ArgumentParser, *, target: bool = True, report: bool 
                         "stuck-bound-ms, poll-ms (default: 30000, 10000, 60000, 1000 on the run clock; "
                         "120, 30, 300, 2 with --real-time)")
     add_output(p)
+
+
+def add_seed(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--seed", type=_seed, default=0, metavar="N",
+                   help="seed for the workload data and every draw (a whole number, negative ones too)")
+
+
+def _seed(text: str) -> int:
+    """A seed in ASCII digits, with an optional leading minus, as a schedule's numbers are: int()
+    also reads '\u0663' (an Arabic-Indic 3), '1_000' and ' 3 ', which the reproduce line would then
+    give back as another text than the one typed."""
+    from killpoint.harness.settings import whole_number
+
+    number = whole_number(text)
+    if number is None:  # argparse says "argument --seed: " first
+        raise argparse.ArgumentTypeError(f"{shown(text)}: give a whole number in ASCII digits "
+                                         f"(a leading minus allowed)")
+    return number
 
 
 def add_real_time(p: argparse.ArgumentParser, help_text: str) -> None:

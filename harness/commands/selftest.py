@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from killpoint import chaos
-from killpoint.harness.commands.common import (add_jobs, add_real_time, jobs_of, EXIT_VALID, EXIT_VIOLATED, BadInput, Summary, add_output,
+from killpoint.harness.commands.common import (add_jobs, add_real_time, add_seed, jobs_of, EXIT_VALID, EXIT_VIOLATED, BadInput, Summary, add_output,
                                                print_stats, progress_for, replay_command, run_config, shown,
                                                validate_store)
 
@@ -28,7 +28,7 @@ MAX_FAULTS = 2  # a counterexample a person can follow
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--store", default="sqlite", help="sqlite (default) or a postgresql:// URL")
-    p.add_argument("--seed", type=int, default=0, help="seed for the workload data and every draw")
+    add_seed(p)
     p.add_argument("--mutants", default=None,
                    help="comma-separated mutant names (default: all of them)")
     p.add_argument("--quick", action="store_true",
