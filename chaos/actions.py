@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from killpoint.errors import InvalidAction as InvalidAction
+from killpoint.errors import InvalidAction as InvalidAction, shown
 
 ACTIONS = ("kill", "pause", "terminate", "hang", "off", "sleep")
 _ONE_OF = "kill, pause, terminate, hang, off, sleep(MS)"
@@ -81,27 +81,29 @@ LONGEST_SLEEP_MS = 31_536_000_000
 def parse_term(text: str) -> Term:
     m = _TERM.match(text.strip())
     if not m:
-        raise InvalidAction(f"cannot read failpoint action {text!r}: expected [P%][N*]ACTION "
+        raise InvalidAction(f"cannot read failpoint action {shown(text)}: expected [P%][N*]ACTION "
                             f"with ACTION one of {_ONE_OF}")
     action, arg = m["action"], m["arg"]
     if action not in ACTIONS:
-        raise InvalidAction(f"unknown failpoint action {action!r} in {text!r}: "
-                            f"use one of {_ONE_OF}")
+        # "in TEXT" only where it says more than the action (a count, a chain): a long bad value
+        # is named once, not once per part of the message.
+        where = f" in {shown(text)}" if text.strip() != action else ""
+        raise InvalidAction(f"unknown failpoint action {shown(action)}{where}: use one of {_ONE_OF}")
     if action == "sleep":
         if arg is None or not re.fullmatch(r"[0-9]+", arg.strip()) or int(arg) > LONGEST_SLEEP_MS:
             raise InvalidAction(f"sleep needs a whole number of milliseconds up to {LONGEST_SLEEP_MS} "
-                                f"(a year), as in sleep(50), not {text!r}")
+                                f"(a year), as in sleep(50), not {shown(text)}")
         arg_value: int | None = int(arg)
     else:
         if arg is not None:
-            raise InvalidAction(f"{action!r} takes no argument, in {text!r}")
+            raise InvalidAction(f"{action!r} takes no argument, in {shown(text)}")
         arg_value = None
     count = int(m["n"]) if m["n"] is not None else None
     if count == 0:
-        raise InvalidAction(f"a count must be at least 1, in {text!r}")
+        raise InvalidAction(f"a count must be at least 1, in {shown(text)}")
     p = float(m["p"]) if m["p"] is not None else None
     if p is not None and not 0 < p <= 100:
-        raise InvalidAction(f"a probability must be in (0, 100], in {text!r}")
+        raise InvalidAction(f"a probability must be in (0, 100], in {shown(text)}")
     return Term(action, count, p, arg_value)
 
 
@@ -112,6 +114,6 @@ def parse(text: str) -> Chain:
     terms = tuple(parse_term(part) for part in text.split("->"))
     for term in terms[:-1]:
         if term.count is None:
-            raise InvalidAction(f"{str(term)!r} applies to every hit, so nothing after it in "
-                                f"{text!r} could run: give it a count, as in 2*{term}")
+            raise InvalidAction(f"{shown(str(term))} applies to every hit, so nothing after it in "
+                                f"{shown(text)} could run: give it a count, as in 2*{term}")
     return Chain(terms)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from killpoint.chaos.actions import Chain, parse as parse_chain
 from killpoint.chaos.points import POINTS
-from killpoint.errors import InvalidAction as InvalidAction, InvalidSchedule as InvalidSchedule
+from killpoint.errors import InvalidAction as InvalidAction, InvalidSchedule as InvalidSchedule, shown
 
 
 @dataclass(frozen=True)
@@ -72,40 +72,52 @@ def _split(text: str) -> list[str]:
 
 
 def parse_fault(text: str, *, points: frozenset[str] | None = None) -> Fault:
+    """One fault's text (``A@charge.after_call:kill``); an error names the fault."""
+    return _parse_fault(text, points=points, named=True)
+
+
+def _parse_fault(text: str, *, points: frozenset[str] | None, named: bool) -> Fault:
+    """One fault. ``named``: the messages say which fault the bad part is in; in a schedule of one
+    fault that is the schedule, which whoever reports the error names already (a long bad value
+    is then named once in the line, not twice or three times)."""
     part = text.strip()
+    where = f" in {shown(part)}" if named else ""
     m = _FAULT.match(part)
     if not m:
-        raise InvalidSchedule(f"cannot read fault {part!r}: expected WORKER@[STEP.]POINT[#HIT]:ACTIONS, "
+        raise InvalidSchedule(f"cannot read fault {shown(part)}: expected WORKER@[STEP.]POINT[#HIT]:ACTIONS, "
                               f"as in A@charge.after_call:kill")
     known = POINTS if points is None else points
     if m["point"] not in known:
-        raise InvalidSchedule(f"unknown crash point {m['point']!r} in {part!r}: "
+        raise InvalidSchedule(f"unknown crash point {shown(m['point'])}{where}: "
                               f"valid points are {', '.join(sorted(known))}")
     hit = int(m["hit"]) if m["hit"] else 1
     if hit < 1:
-        raise InvalidSchedule(f"hit numbers start at 1, in {part!r}")
+        raise InvalidSchedule(f"hit numbers start at 1{',' if named else ''}{where}")
     try:
         chain = parse_chain(m["actions"])
     except InvalidAction as exc:
-        raise InvalidSchedule(f"in fault {part!r}: {exc}") from None
+        raise InvalidSchedule(f"in fault {shown(part)}: {exc}" if named else str(exc)) from None
     return Fault(m["worker"], m["point"], chain, m["step"], hit)
 
 
-def parse(text: str, *, points: frozenset[str] | None = None) -> Schedule:
+def parse(text: str, *, points: frozenset[str] | None = None, context: bool = True) -> Schedule:
     """Parse a schedule; the empty string (or ``none``) is the schedule without faults.
 
     ``points`` is the set of crash-point names allowed (the built-in ones by default; a target may
-    add its own).
+    add its own). An error names the bad part and the fault it is in; ``context=False`` leaves the
+    fault out when the schedule is that one fault, for a caller whose message names the schedule
+    already (the command line: a long bad value is then named once in its line, not twice).
     """
     if text is None or not text.strip() or text.strip() == "none":
         return Schedule()
-    faults = tuple(parse_fault(p, points=points) for p in _split(text))
+    parts = _split(text)
+    faults = tuple(_parse_fault(p, points=points, named=context or len(parts) > 1) for p in parts)
     seen: dict[tuple[str, str | None, str, int], Fault] = {}
     for fault in faults:
         first = seen.setdefault((fault.worker, fault.step, fault.point, fault.hit), fault)
         if first is not fault:  # two faults competing for one hit: only the first could fire
-            raise InvalidSchedule(f"{str(fault)!r} is at the same worker, step, point and hit as "
-                                  f"{str(first)!r}, so only one of them could fire: give one of "
+            raise InvalidSchedule(f"{shown(str(fault))} is at the same worker, step, point and hit as "
+                                  f"{shown(str(first))}, so only one of them could fire: give one of "
                                   f"them another hit (#2), or write one chain (1*pause->kill: pause at "
                                   f"this hit, kill at the next)")
     return Schedule(faults)

@@ -19,7 +19,7 @@ from typing import NoReturn
 from killpoint.errors import InvalidTarget
 from killpoint.harness import signals
 from killpoint.harness.commands.common import (EXIT_BAD_INPUT, EXIT_UNKNOWN, BadInput, one_line,
-                                               check_report_dir)
+                                               check_junit_xml, check_report_dir)
 from killpoint.harness.redact import RedactingStream
 
 # name -> module under harness.commands; each has HELP, add_arguments(parser) and run(args) -> int.
@@ -112,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     _warnings_as_lines()
     try:
         check_report_dir(args)  # before the first run, not after the last; made as the runs start
+        check_junit_xml(args)
         code = args._run(args)
     except (BadInput, InvalidTarget) as exc:  # InvalidTarget: a target's setup() refused the run
         print(f"killpoint: error: {one_line(str(exc))}", file=sys.stderr)

@@ -17,6 +17,7 @@ import traceback
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from killpoint.errors import InvalidTarget
+from killpoint.harness import signals
 from killpoint.harness.signals import sigint_deferred, unblock_sigint
 
 if TYPE_CHECKING:
@@ -94,6 +95,11 @@ def _runner(session: "Session", configs: Sequence["RunConfig"], conn: Any, paren
             conn.send_bytes(_dumps((index, {f.name: getattr(result, f.name)
                                             for f in dataclasses.fields(result) if f.name != "config"},
                                     None)))
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        # The parent is gone, or gave up on this result: there is no one to tell. End as after a
+        # SIGTERM, quietly (the parent's own line says why the command ended), never with the
+        # traceback multiprocess prints for an exception that leaves a process.
+        return
     finally:
         own.close()
         conn.close()
@@ -155,17 +161,29 @@ def run_many(session: "Session", configs: Sequence["RunConfig"], jobs: int) -> I
                     conn.send(nxt)
                     busy[conn] = nxt
     finally:
-        for proc, conn in runners:
-            try:
-                conn.send(None)
-            except (OSError, ValueError):
-                pass
-        for proc, conn in runners:
-            proc.join(0.5 if proc.is_alive() else 0)
-            if proc.is_alive():
-                proc.terminate()  # SIGTERM: it ends its run's workers and files, then exits
-                proc.join(10)
-            if proc.is_alive():
-                proc.kill()
-                proc.join(5)
-            conn.close()
+        # With SIGINT and SIGTERM held: a second signal (timeout sends SIGTERM to the command and
+        # then to its whole group) landing in here cut the ending short, and the runners, their
+        # pipes closed by the garbage collector, went on and died on a broken pipe with a traceback
+        # each, after the command had said every process was ended.
+        with sigint_deferred():
+            _end(runners)
+            signals.drop_repeats()
+
+
+def _end(runners: Sequence[tuple[Any, Any]]) -> None:
+    """End every runner: it finishes its run when told there is no other, else by SIGTERM (its run's
+    workers and files go first), else SIGKILL."""
+    for proc, conn in runners:
+        try:
+            conn.send(None)
+        except (OSError, ValueError):
+            pass
+    for proc, conn in runners:
+        proc.join(0.5 if proc.is_alive() else 0)
+        if proc.is_alive():
+            proc.terminate()  # SIGTERM: it ends its run's workers and files, then exits
+            proc.join(10)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(5)
+        conn.close()

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -67,6 +68,13 @@ def timing_problem(ms: Any) -> str | None:
     if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not 0 < ms <= MAX_TIMING_MS:
         return f"give a number of milliseconds above 0 and at most {MAX_TIMING_MS:.0f} (a year)"
     return None
+
+
+def whole_number(text: str) -> int | None:
+    """``text`` as a whole number when it is one in ASCII digits, with an optional leading minus
+    (``None`` otherwise): the one reading of a seed, on the command line and in the pytest plugin.
+    int() also takes other scripts' digits, underscores and surrounding spaces."""
+    return int(text) if re.fullmatch(r"-?[0-9]+", text) else None
 
 
 class InvalidSettings(BadInput):
@@ -155,7 +163,11 @@ def parse(table: Any, *, where: str = "[tool.killpoint]") -> Settings:
 
 
 def parse_timing(text: str) -> dict[str, float]:
-    """``--timing lease-ttl-ms=200,heartbeat-ms=50`` as the same overrides as the table's."""
+    """``--timing lease-ttl-ms=200,heartbeat-ms=50`` as the same overrides as the table's. An empty
+    one is refused, as an empty ``--points`` is: leaving the option out is how to keep the defaults."""
+    if not text.replace(",", "").strip():
+        raise BadInput(f"--timing {_show(text)}: name at least one NAME=MILLISECONDS "
+                       f"({', '.join(TIMING_KEYS)}), or leave --timing out")
     out: dict[str, Any] = {}
     for part in (p.strip() for p in text.split(",") if p.strip()):
         name, sep, value = part.partition("=")
@@ -196,4 +208,5 @@ def _clip(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
 
-__all__ = ["MAX_TIMING_MS", "Settings", "InvalidSettings", "find", "load", "parse", "parse_timing", "timing_problem"]
+__all__ = ["MAX_TIMING_MS", "Settings", "InvalidSettings", "find", "load", "parse", "parse_timing", "timing_problem",
+           "whole_number"]

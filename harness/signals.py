@@ -69,6 +69,17 @@ def sigint_deferred() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
+def drop_repeats() -> None:
+    """Inside :func:`sigint_deferred`, once the processes are ended: discard a SIGINT or SIGTERM
+    held meanwhile if one was received before it (a repeat of a signal the command is already
+    ending for). Let through, it would be raised wherever the mask is restored -- in a generator's
+    cleanup, where Python prints it as "Exception ignored" -- and tell nothing new."""
+    if not _received:
+        return
+    for sig in signal.sigpending() & SIGNALS:
+        signal.sigtimedwait([sig], 0)
+
+
 def unblock_sigint() -> None:
     """For a forked child: it inherits the blocked mask, which must not outlive the fork. The
     harness decides when its children end, so they ignore both signals (their parent's death

@@ -177,7 +177,7 @@ def default_workload(seed: int = 0) -> Workload:
     (and ``checkpoints_honoured`` has a refused checkpoint to judge in every run).
     """
     instances = []
-    for n, data in enumerate(drawn_values("orders", seed, _draw_orders), start=1):
+    for n, data in enumerate(drawn_values("orders", seed, _draw_orders, _orders_fit), start=1):
         steps = order_steps(sku=data["sku"], qty=data["qty"], amount=data["amount"], card=data["card"],
                             email=data["email"], amended_amount=data.get("amended_amount"))
         instances.append(InstanceSpec(f"order-{n}", steps, data, "order", ORDER_VERSION))
@@ -223,7 +223,36 @@ def _draw_plain(fake: Any) -> list[dict[str, Any]]:
 _KEPT_SEEDS = 64
 
 
-def drawn_values(name: str, seed: int, draw: Callable[[Any], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+# What each built-in workload's draw gives, and so what a kept entry must be to build it: the fields
+# of each drawn item and their JSON types, and how many items (orders: one per kind, in order).
+_ORDER_KINDS = ("plain", "declined", "amended", "flaky", "tampered")
+_ORDER_FIELDS = {"customer": str, "email": str, "sku": str, "qty": int, "amount": int, "card": str,
+                 "kind": str}
+_PLAIN_FIELDS = {"customer": str, "sku": str, "qty": int, "amount": int, "card": str}
+
+
+def _items_fit(values: Any, fields: dict[str, type], count: int) -> bool:
+    """Whether ``values`` is ``count`` items, each with exactly these fields of these types (a
+    JSON bool is no int here)."""
+    return (isinstance(values, list) and len(values) == count
+            and all(isinstance(v, dict) and set(v) >= set(fields)
+                    and all(type(v[k]) is t for k, t in fields.items()) for v in values))
+
+
+def _orders_fit(values: Any) -> bool:
+    return (_items_fit(values, _ORDER_FIELDS, len(_ORDER_KINDS))
+            and [v["kind"] for v in values] == list(_ORDER_KINDS)
+            and all(set(v) - set(_ORDER_FIELDS) == ({"amended_amount"} if v["kind"] == "amended" else set())
+                    for v in values)
+            and type(values[2]["amended_amount"]) is int)
+
+
+def _plain_fit(values: Any) -> bool:
+    return _items_fit(values, _PLAIN_FIELDS, 3) and all(set(v) == set(_PLAIN_FIELDS) for v in values)
+
+
+def drawn_values(name: str, seed: int, draw: Callable[[Any], list[dict[str, Any]]],
+                 fits: Callable[[Any], bool] | None = None) -> list[dict[str, Any]]:
     """``draw(fake)`` for a Faker seeded with ``seed``, kept on disk once drawn.
 
     Importing Faker and making its generator cost a command about 130 ms, more than a run; the
@@ -231,7 +260,10 @@ def drawn_values(name: str, seed: int, draw: Callable[[Any], list[dict[str, Any]
     code. So they are kept, as JSON, in the user's cache folder (``$XDG_CACHE_HOME/killpoint`` or
     ``~/.cache/killpoint``; ``KILLPOINT_NO_CACHE=1`` turns it off): one file per workload, named by
     the drawing code and the installed Faker (its location, size and time), holding the last
-    :data:`_KEPT_SEEDS` seeds drawn. A cache that cannot be read or written is only skipped.
+    :data:`_KEPT_SEEDS` seeds drawn. A cache that cannot be read or written is only skipped; a kept
+    entry that is not what ``draw`` gives (``fits``: the workload's own check of its shape, so a
+    file edited or damaged into valid JSON of another shape) is drawn again and the file rewritten,
+    never a workload that fails to build, run after run.
     """
     path = _draw_cache_path(name, draw)
     kept: dict[str, Any] = {}
@@ -243,7 +275,8 @@ def drawn_values(name: str, seed: int, draw: Callable[[Any], list[dict[str, Any]
         except (OSError, ValueError):
             pass
         values = kept.get(str(seed))
-        if isinstance(values, list) and all(isinstance(v, dict) for v in values):
+        if isinstance(values, list) and all(isinstance(v, dict) for v in values) \
+                and (fits is None or fits(values)):
             return values
     from faker import Faker
 
@@ -304,7 +337,7 @@ def plain_workload(seed: int = 0) -> Workload:
     injected downstream error -- the default for a user's own target, which a correct worker
     passes without knowing any of ``orders``' deliberate traps."""
     instances = []
-    for n, data in enumerate(drawn_values("plain", seed, _draw_plain), start=1):
+    for n, data in enumerate(drawn_values("plain", seed, _draw_plain, _plain_fit), start=1):
         steps = (StepSpec("reserve", IDEMPOTENT, "inventory", params={"sku": data["sku"], "qty": data["qty"]}),
                  StepSpec("charge", IDEMPOTENT, "payment",
                           params={"amount": data["amount"], "currency": "EUR", "card": data["card"]}))

@@ -56,6 +56,31 @@ def check_report_path(where: str, flag: str = "--report-dir") -> None:
         raise BadInput(f"{flag} {shown(where)}: cannot write reports there ({why})")
 
 
+def check_file_path(path: str, flag: str) -> None:
+    """Before the first run: refuse a file path (``--junit-xml``) that no file can be written to --
+    a directory, a path under a regular file, a parent folder that cannot be made or written (a
+    file is made there and removed at once) -- so that a typo is exit 2 before any run, not an
+    error after every run has been made that hides their verdict. Missing parent folders are fine:
+    writing the file makes them."""
+    if os.path.isdir(path):
+        raise BadInput(f"{flag} {shown(path)} is a directory: name a file to write")
+    existing = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    why = None
+    if not os.path.isdir(existing):
+        why = "Not a directory"  # a regular file where one of its folders would go
+    else:
+        try:  # what writing will do there (os.access says yes to root on a read-only file system)
+            fd, probe = tempfile.mkstemp(dir=existing, prefix=".killpoint-probe-")
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as exc:
+            why = exc.strerror or str(exc)
+    if why is not None:
+        raise BadInput(f"{flag} {shown(path)}: cannot write it there ({why})")
+
+
 def claim_report_dir(where: str) -> None:
     """Make ``where`` and mark it as killpoint's, so that a later command or session may replace
     its pages (and is not refused as if its index.html were a user's own). Raises OSError."""

@@ -238,6 +238,105 @@ def test_bad_input_is_exit_2_with_one_line_naming_the_value_clipped_to_200_chara
     assert "x" * 201 not in lines[0]  # the value is named, clipped, never echoed whole
 
 
+@pytest.mark.parametrize("argv, value", [
+    (["replay", "A@charge.after_call:kill" + "x" * 5000], "A@charge.after_call:kill" + "x" * 5000),
+    (["matrix", "--steps", "y" * 3000], "y" * 3000),
+    (["replay", "A@charge.after_call:" + "k" * 3000], "A@charge.after_call:" + "k" * 3000),
+    (["replay", "A@charge." + "p" * 3000 + ":kill"], "A@charge." + "p" * 3000 + ":kill"),
+])
+def test_a_long_bad_value_is_named_once_clipped_once_in_a_sensible_line(capsys, argv, value):
+    """Protects the error line of a long value: it names the value as shown() clips it, once,
+    and no clipping is applied to a clipped value again. Before, one_line clipped shown()'s
+    output a second time ("...(203 characters) (3000 characters)") and the schedule's parts were
+    repeated whole and clipped mid-word ("...(208 characters) characters)"), and a line that
+    grew too long lost its tail."""
+    from killpoint.errors import shown
+
+    code, out, err = run_cli(capsys, *argv)
+    (line,) = err.strip().splitlines()
+    assert code == 2 and out == ""
+    assert shown(value) in line, line
+    assert re.findall(r"\((\d+) characters\)", line)[0] == str(len(value))
+    assert not re.search(r"characters\) (\(|characters)", line) and "...(" not in line, line
+    assert len(line) < 800 and not line.endswith("..."), line  # whole: no truncated tail
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["replay", "A@charge.after_call:kill", "--store", ""], "--store ''"),
+    (["replay", "A@charge.after_call:kill", "--store", "  "], "--store ' '"),  # one line: spaces run together
+    (["selftest", "--quick", "--store", ""], "--store ''"),
+    (["scenario", "lease_takeover", "--store", ""], "--store ''"),
+    (["replay", "A@charge.after_call:kill", "--timing", ""], "--timing: ''"),
+    (["matrix", "--timing", " , "], "--timing: ' , '"),
+    (["replay", "A@charge.after_call:kill", "--junit-xml", ""], "--junit-xml ''"),
+    (["selftest", "--quick", "--junit-xml", ""], "--junit-xml ''"),
+    (["selftest", "--mutants", ""], "--mutants ''"),
+    (["selftest", "--mutants", " , "], "--mutants ' , '"),
+])
+def test_an_empty_value_is_refused_naming_the_option_never_a_quiet_default(capsys, argv, named):
+    """Protects: an option given with an empty value (a CI variable that was never set) is exit 2
+    naming it, as an empty --points is. Before, --store '' ran on SQLite (and the reproduce line
+    carried --store ''), --timing '' kept the defaults, --junit-xml '' wrote no file, and selftest
+    --mutants '' ran all 15 mutants."""
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2 and out == "", (code, out[:300])
+    (line,) = err.strip().splitlines()
+    assert line.startswith("killpoint: error: ") and named in line, line
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["matrix", "--forms", "hits"], "--forms 'hits'"),
+    (["matrix", "--depth", "1", "--forms", "workers,hits"], "--forms 'workers,hits'"),
+    (["matrix", "--cross-steps"], "--cross-steps"),
+])
+def test_depth_2_options_without_depth_2_are_refused_not_ignored(capsys, argv, named):
+    """Protects: --forms and --cross-steps shape pairs of crashes; at depth 1 they were ignored
+    without a word (exit 0 on the single-crash matrix), so a user who forgot --depth 2 believed the
+    pairs had been run. Now exit 2 naming the option, before any run."""
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2 and out == ""
+    (line,) = err.strip().splitlines()
+    assert named in line and "--depth 2" in line, line
+
+
+def test_report_never_is_refused_by_the_report_command_and_the_table_default_is_not(
+        capsys, tmp_path, monkeypatch):
+    """Protects: `killpoint report --report never` wrote the report all the same (exit 0, the flag
+    ignored); it is exit 2 naming it, with no run and no report. A project's [tool.killpoint]
+    report = "never", meant for the other commands, does not stop the one that writes reports."""
+    where = tmp_path / "rep"
+    code, out, err = run_cli(capsys, "report", "--schedule", "", "--workload", "single",
+                             "--report", "never", "--report-dir", str(where))
+    assert code == 2 and out == "" and not where.exists()
+    (line,) = err.strip().splitlines()
+    assert "--report 'never'" in line and "killpoint replay" in line, line
+    monkeypatch.chdir(_pyproject(tmp_path, '[tool.killpoint]\nreport = "never"\n'))
+    code, out, err = run_cli(capsys, "report", "--schedule", "", "--workload", "single", "-q",
+                             "--report-dir", str(where), "--json")
+    assert code == 0 and json.loads(out)["report"] == str(where / "index.html")
+    code, out, err = run_cli(capsys, "report", "--schedule", "", "--workload", "single", "-q",
+                             "--report", "on-failure", "--report-dir", str(where), "--json")
+    assert code == 0 and json.loads(out)["report"]  # on-failure: accepted, written all the same
+
+
+@pytest.mark.parametrize("command", [["replay", "A@charge.after_call:kill"], ["matrix"], ["selftest"],
+                                     ["scenario", "lease_takeover"], ["explore"]])
+@pytest.mark.parametrize("seed", ["\u0663", "1_000", " 3", "", "-"])
+def test_a_seed_is_ascii_digits_with_an_optional_minus(capsys, command, seed):
+    """Protects the seed's one text: --seed \u0663 (an Arabic-Indic 3) ran as seed 3, and 1_000 as
+    1000, while the reproduce line said --seed 3; seeds are read as schedule numbers are, ASCII
+    digits (a leading minus allowed: negative seeds are seeds), in every command taking one."""
+    code, out, err = run_cli(capsys, *command, "--seed", seed)
+    assert code == 2 and out == ""
+    (line,) = err.strip().splitlines()
+    assert f"--seed: {seed!r}" in line and "ASCII digits" in line, line
+
+
+def test_a_negative_seed_is_still_a_seed(capsys):
+    code, out, err = run_cli(capsys, "replay", "A@charge.after_call:kill", "--seed", "-3", "--json", "-q")
+    assert code == 0 and json.loads(out)["results"][0]["seed"] == -3
+
+
 def test_a_schedule_may_name_a_replacement_a_run_can_start():
     # With one worker, the first replacement is a fresh identity B: depth 2's workers form uses it.
     from killpoint import chaos
@@ -447,6 +546,66 @@ def test_a_report_that_cannot_be_written_never_hides_the_verdict(capsys, tmp_pat
     assert code == 1 and report["valid"] is False  # the violation, not a bad-input exit
     assert report["report"] is None and "cannot write reports" in report["report_error"]
     assert "the verdict stands" in err
+
+
+def test_a_junit_xml_path_no_file_can_be_written_to_is_refused_before_the_first_run(capsys, tmp_path):
+    """Protects: a --junit-xml typo (a directory, a path under a regular file, a folder that cannot
+    be written) is exit 2 naming it before any run, as --report-dir is; before, every run was made
+    and then the command ended exit 2 with nothing on stdout, its verdict lost. A missing parent
+    folder is made, as pytest makes it."""
+    import os
+
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    (tmp_path / "a-dir").mkdir()
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    os.chmod(locked, 0o500)
+    cases = [(tmp_path / "a-dir", "is a directory"), (a_file / "k.xml", "Not a directory"),
+             (a_file / "deeper" / "k.xml", "Not a directory")]
+    if not os.access(locked, os.W_OK):  # root may write anywhere
+        cases.append((locked / "k.xml", "Permission denied"))
+    try:
+        for command in (["replay", "A@charge.after_call:1*pause", "--target", "mutant:no-cas"],
+                        ["selftest", "--quick", "--mutants", "no-cas"]):
+            for where, why in cases:
+                code, out, err = run_cli(capsys, *command, "--junit-xml", str(where), "--json")
+                assert code == 2 and out == "", (where, code, out[:200])
+                assert len(err.strip().splitlines()) == 1, err  # no progress line: no run made
+                assert "--junit-xml" in err and str(where)[-40:] in err and why in err, err
+    finally:
+        os.chmod(locked, 0o700)
+    assert os.listdir(locked) == []  # the check leaves nothing behind
+    fresh = tmp_path / "made" / "for it" / "k.xml"
+    code, out, err = run_cli(capsys, "replay", "", "--workload", "single", "--junit-xml", str(fresh))
+    assert code == 0 and ET.parse(fresh).getroot().tag == "testsuites"
+
+
+def test_a_junit_xml_that_cannot_be_written_after_the_runs_is_a_warning_and_the_verdict_stands(
+        capsys, tmp_path, monkeypatch):
+    """Protects the verdict: when the JUnit file cannot be written once the runs are done (a disk
+    that filled, a folder removed meanwhile), the command says so in a warning line and still
+    prints its JSON and exits with the verdict's code (1 here), in every command writing one."""
+    import errno
+
+    from killpoint.reports import junit
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(junit, "write", full)
+    path = str(tmp_path / "k.xml")
+    code, out, err = run_cli(capsys, "replay", "A@charge.after_call:1*pause", "--target", "mutant:no-cas",
+                             "--junit-xml", path, "--json", "-q")
+    report = json.loads(out)
+    assert code == 1 and report["valid"] is False
+    assert "No space left on device" in report["junit_error"]
+    assert err.strip() == (f"killpoint: warning: --junit-xml '{path}': cannot write it there "
+                           f"(No space left on device); the verdict stands")
+    code, out, err = run_cli(capsys, "selftest", "--quick", "--mutants", "no-cas", "--junit-xml", path,
+                             "--json", "-q")
+    assert code == 0 and json.loads(out)["valid"] is True
+    assert "killpoint: warning: --junit-xml" in err and "the verdict stands" in err
 
 
 def test_each_command_leaves_only_its_own_runs_in_the_report_dir(capsys, tmp_path):

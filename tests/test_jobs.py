@@ -144,3 +144,75 @@ def test_a_run_prepared_while_a_long_one_went_has_its_whole_bound():
         first, second = session.run_many([slow, quick], jobs=1)
     assert first.duration_s >= 1.5
     assert second.valid is True and not second.history.bound_hit, second.verdict
+
+
+@pytest.mark.parametrize("second", ["to the command", "to its group"])
+def test_a_second_sigterm_to_a_two_job_matrix_ends_it_quietly_and_every_process_with_it(tmp_path, second):
+    """Protects the end of a --jobs matrix told to stop twice (timeout sends SIGTERM to the command
+    and then to its whole group; a supervisor may repeat itself): the second signal landed in the
+    ending of the runners and cut it short, so the command said every process was ended while its
+    runners went on, finished their run and died on a broken pipe, a traceback each on stderr. Now
+    the ending runs to its end (exit 143), a runner whose parent is gone ends quietly, and nothing
+    is left. Each run waits out a 3 s lease, so the second signal, 0.3 s after the first, lands
+    while the runners are being ended, however slow the machine."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    import uuid
+
+    from test_processes import ROOT, children_of, wait_until_gone
+
+    marker = f"kp-{uuid.uuid4().hex}"
+    env = {**os.environ, "KILLPOINT_TEST_MARK": marker, "PYTHONPATH": ROOT, "TMPDIR": str(tmp_path)}
+    cli = subprocess.Popen([sys.executable, "-m", "killpoint.harness.cli", "matrix", "--jobs", "2", "-q",
+                            "--workload", "single", "--steps", "charge", "--points", "after_call,before_commit",
+                            "--actions", "pause", "--real-time", "--timing", "lease-ttl-ms=3000,stuck-bound-ms=6000"],
+                           env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                           start_new_session=True)  # its own group, as under timeout
+    try:
+        deadline = time.monotonic() + 60
+        while sum(1 for c in children_of(cli.pid) if children_of(c)) < 2:  # both runners running
+            assert cli.poll() is None and time.monotonic() < deadline, cli.stderr.read().decode()[-2000:]
+            time.sleep(0.01)
+        cli.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        if second == "to the command":
+            cli.send_signal(signal.SIGTERM)
+        else:
+            os.killpg(cli.pid, signal.SIGTERM)
+        err = cli.communicate(timeout=60)[1].decode(errors="replace")
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+            cli.wait()
+    assert cli.returncode == 143, err[-2000:]
+    assert "Traceback" not in err and "Exception ignored" not in err, err[-3000:]
+    assert "every process it started has been ended" in err
+    assert wait_until_gone(marker) == []
+    assert os.listdir(tmp_path) == []  # the session's folder too
+
+
+@pytest.mark.parametrize("gone", ["before asking", "before the result"])
+def test_a_runner_whose_parent_is_gone_ends_quietly(capfd, gone):
+    """Protects stderr when a runner's parent is gone: an EOF on its channel (nothing more will be
+    asked) or a broken pipe as it sends a result (no one will read it) ended the runner with a
+    traceback multiprocess printed after the command's last line. Now it ends quietly, exit 0."""
+    import multiprocess
+
+    from killpoint.harness.jobs import _runner
+
+    fork = multiprocess.get_context("fork")
+    configs = [RunConfig(schedule=chaos.parse("A@charge.after_call:kill"), workload="single")]
+    with Session() as session:
+        parent, child = fork.Pipe()
+        runner = fork.Process(target=_runner, args=(session, configs, child, os.getpid(), [parent]))
+        runner.start()
+        child.close()
+        if gone == "before the result":
+            parent.send(0)  # a run to make; its result finds the channel closed
+        parent.close()
+        runner.join(30)
+    assert runner.exitcode == 0
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "Error" not in err, err

@@ -96,6 +96,21 @@ def test_selftest_exits_0_with_every_mutant_caught_and_the_reference_valid(capsy
                for m in report["mutants"])
 
 
+def test_selftest_json_has_the_crash_points_of_each_mutant_of_the_reference_and_of_the_whole(capsys):
+    """Protects the README's promise that --stats output is always in the JSON, as "points" of each
+    result and of the whole: selftest --json had no "points" at all (with or without --stats)."""
+    code = main(["selftest", "--quick", "--mutants", "no-cas,no-fence-check", "--json", "-q"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0
+    mutants = [m["points"] for m in report["mutants"]]
+    reference, whole = report["reference"]["points"], report["points"]
+    assert [p["runs"] for p in mutants] == [1, 1] and reference["runs"] == 2 and whole["runs"] == 4
+    assert all(p["fired_total"] >= 1 for p in mutants)  # each mutant's schedule fired
+    assert whole["fired_total"] == sum(p["fired_total"] for p in mutants) + reference["fired_total"]
+    assert whole["reached"]["after_call"] == (sum(p["reached"].get("after_call", 0) for p in mutants)
+                                              + reference["reached"]["after_call"])
+
+
 def test_selftest_fails_when_a_mutant_escapes(monkeypatch, capsys):
     # A mutant whose bug its schedule cannot show must fail the selftest, not pass it quietly.
     import dataclasses

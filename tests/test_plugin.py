@@ -426,6 +426,8 @@ def test_an_unknown_key_in_the_tool_killpoint_table_stops_the_session_naming_it(
     ("--killpoint-store", "mysql://db", "mysql://db"),
     ("--killpoint-points", "after call!", "after call!"),
     ("--killpoint-seed", "seven", "seven"),
+    ("--killpoint-seed", "\u0663", "\u0663"),  # an Arabic-Indic 3 ran as seed 3
+    ("--killpoint-seed", "1_000", "1_000"),
     ("--killpoint-budget", "0", "0"),
     ("--killpoint-shard", "3/2", "3/2"),
 ])

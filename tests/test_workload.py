@@ -56,6 +56,60 @@ def test_a_damaged_kept_file_is_drawn_again_and_replaced(cache_home):
             assert json.load(fh)["5"][0]["kind"] == "plain"
 
 
+def _order(kind="plain", **changes):
+    values = {"customer": "C", "email": "c@example.com", "sku": "SKU-ABCD-123", "qty": 1,
+              "amount": 500, "card": "tok_abcd", "kind": kind}
+    return {**values, **({"amended_amount": 600} if kind == "amended" else {}), **changes}
+
+
+_KINDS = ("plain", "declined", "amended", "flaky", "tampered")
+
+
+@pytest.mark.parametrize("name, kept", [
+    ("orders", []),
+    ("orders", [{"customer": 5}]),  # before: KeyError 'sku', exit 3 every time
+    ("orders", [_order(k) for k in _KINDS[:4]]),  # one order short: IndexError
+    ("orders", [_order(k) for k in _KINDS] + [_order()]),  # one too many
+    ("orders", [_order(k) for k in reversed(_KINDS)]),
+    ("orders", [_order(k, qty="1") for k in _KINDS]),
+    ("orders", [_order(k, amount=True) for k in _KINDS]),
+    ("orders", [_order(k, amended_amount=None) for k in _KINDS]),
+    ("plain", [{"customer": "C", "sku": "S", "qty": 1, "amount": 5, "card": "t"}]),
+    ("plain", [{"customer": "C", "sku": "S", "qty": 1, "amount": 5}] * 3),
+])
+def test_a_kept_entry_of_the_wrong_shape_is_drawn_again_and_the_file_rewritten(cache_home, name, kept):
+    """Protects the cache's promise that a damaged kept file is drawn again: an entry that is
+    valid JSON of another shape (too few or too many items, a field missing, of another type, in
+    another order) failed to build the workload on every command (an infrastructure failure,
+    exit 3, IndexError or KeyError) or built another workload than the seed's."""
+    fresh = _seen(WORKLOADS[name](5))
+    (path,) = glob.glob(str(cache_home / "killpoint" / "faker" / f"{name}-*.json"))
+    with open(path) as fh:
+        drawn = json.load(fh)["5"]
+    with open(path, "w") as fh:
+        json.dump({"5": kept}, fh)
+    assert _seen(WORKLOADS[name](5)) == fresh
+    with open(path) as fh:
+        assert json.load(fh)["5"] == drawn  # the file healed
+
+
+def test_a_command_heals_a_kept_entry_of_the_wrong_shape_instead_of_failing(cache_home):
+    """The tester's case, through the command line: {"11": []} kept for the seed made every
+    `killpoint replay ... --seed 11` exit 3 with IndexError."""
+    argv = [sys.executable, "-m", "killpoint.harness.cli", "replay", "A@charge.after_call:kill",
+            "--seed", "11", "--json", "-q"]
+    env = {**os.environ, "XDG_CACHE_HOME": str(cache_home)}
+    first = subprocess.run(argv, env=env, capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr
+    (path,) = glob.glob(str(cache_home / "killpoint" / "faker" / "orders-*.json"))
+    for damage in ('{"11": []}', '{"11": [{"customer": 5}]}'):
+        with open(path, "w") as fh:
+            fh.write(damage)
+        again = subprocess.run(argv, env=env, capture_output=True, text=True)
+        assert again.returncode == 0 and "infrastructure" not in again.stderr, again.stderr
+        assert json.loads(again.stdout)["valid"] is True
+
+
 def test_a_cache_folder_that_cannot_be_written_is_only_skipped(tmp_path, monkeypatch):
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("a file where the cache folder would go")

@@ -24,20 +24,23 @@ from killpoint.harness.worker import REAL_TIME_TIMING, Timing
 EXIT_VALID, EXIT_VIOLATED, EXIT_BAD_INPUT, EXIT_UNKNOWN = 0, 1, 2, 3
 
 
-def add_common(p: argparse.ArgumentParser, *, target: bool = True) -> None:
+def add_common(p: argparse.ArgumentParser, *, target: bool = True, report: bool = True) -> None:
+    """The options every command that runs a target shares; ``report=False`` leaves ``--report``
+    to the command (``killpoint report``, which always writes one)."""
     if target:
         p.add_argument("--target", default="reference",
                        help="reference, mutant:NAME or pkg.module:function (default: reference)")
     p.add_argument("--store", default="sqlite", help="sqlite (default) or a postgresql:// URL")
     p.add_argument("--workers", type=int, default=2, help="worker processes per run (default: 2)")
-    p.add_argument("--seed", type=int, default=0, help="seed for the workload data and every draw")
+    add_seed(p)
     p.add_argument("--workload", default=None,
                    help="orders, single, plain or pkg.module:function (default: the target's own, else "
                         "orders for reference and mutants, plain for your own target)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.add_argument("--report-dir", default=None, help="where to write HTML reports")
-    p.add_argument("--report", choices=("always", "on-failure", "never"), default="on-failure",
-                   help="when to write HTML reports (default: on-failure)")
+    if report:
+        p.add_argument("--report", choices=("always", "on-failure", "never"), default="on-failure",
+                       help="when to write HTML reports (default: on-failure)")
     add_jobs(p)
     add_real_time(p, "turn the run clock off: leases and bounds wait in real time, with short "
                      "timings (lease 120 ms), instead of production-like ones (lease 30 s) that "
@@ -49,6 +52,24 @@ def add_common(p: argparse.ArgumentParser, *, target: bool = True) -> None:
                         "stuck-bound-ms, poll-ms (default: 30000, 10000, 60000, 1000 on the run clock; "
                         "120, 30, 300, 2 with --real-time)")
     add_output(p)
+
+
+def add_seed(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--seed", type=_seed, default=0, metavar="N",
+                   help="seed for the workload data and every draw (a whole number, negative ones too)")
+
+
+def _seed(text: str) -> int:
+    """A seed in ASCII digits, with an optional leading minus, as a schedule's numbers are: int()
+    also reads '\u0663' (an Arabic-Indic 3), '1_000' and ' 3 ', which the reproduce line would then
+    give back as another text than the one typed."""
+    from killpoint.harness.settings import whole_number
+
+    number = whole_number(text)
+    if number is None:  # argparse says "argument --seed: " first
+        raise argparse.ArgumentTypeError(f"{shown(text)}: give a whole number in ASCII digits "
+                                         f"(a leading minus allowed)")
+    return number
 
 
 def add_real_time(p: argparse.ArgumentParser, help_text: str) -> None:
@@ -102,8 +123,10 @@ def _timing(text: str) -> dict[str, float]:
 
 def one_line(message: str, limit: int = 800) -> str:
     """An error message as one line, no word of it longer than 200 characters and the whole no
-    longer than ``limit``: the last guard against a long value that a message quoted whole."""
-    words = [w if len(w) <= SHOWN_LIMIT else f"{w[:SHOWN_LIMIT]}...({len(w)} characters)"
+    longer than ``limit``: the last guard against a long value that a message quoted whole. A value
+    :func:`~killpoint.errors.shown` clipped already (200 characters and its ``...``) is left as it
+    is, never clipped a second time; a longer word is clipped the way ``shown`` clips."""
+    words = [w if len(w) <= SHOWN_LIMIT + len("...") else f"{w[:SHOWN_LIMIT]}... ({len(w)} characters)"
              for w in message.split()]
     line = " ".join(words)
     return line if len(line) <= limit else line[:limit] + "..."
@@ -200,9 +223,9 @@ def parse_schedule(args: argparse.Namespace, text: str):
 
     points = frozenset(declared_target(args).points) | frozenset(DB_POINTS)
     try:
-        return chaos.parse(text, points=points)
+        return chaos.parse(text, points=points, context=False)  # the message names the schedule
     except chaos.InvalidSchedule as exc:
-        raise BadInput(f"schedule {shown(text)}: {one_line(str(exc), 400)}") from None
+        raise BadInput(f"schedule {shown(text)}: {one_line(str(exc), 600)}") from None
 
 
 def run_config(args: argparse.Namespace, schedule, **overrides: Any) -> RunConfig:
@@ -236,6 +259,9 @@ def validate_store(spec: str, schedule=None) -> None:
     """Refuse a store we cannot use, or one that cannot carry out a fault of ``schedule``."""
     from killpoint.harness.store import InvalidStore, check_faults, check_store
 
+    if not str(spec).strip():  # the store's library call takes "" as sqlite; given on purpose, it is a slip
+        raise BadInput(f"--store {shown(spec)}: name sqlite or a postgresql:// URL, or leave --store "
+                       f"out for sqlite")
     try:
         check_store(spec)
         check_faults(spec, schedule)
@@ -254,6 +280,7 @@ class Summary:
     results: list[RunResult] = field(default_factory=list)
     report: str | None = None
     report_error: str | None = None  # why the reports asked for could not be written
+    junit_error: str | None = None  # why the --junit-xml file could not be written
     # The point statistics of runs whose events were let go (see add), by the result's id.
     _points: dict[int, PointStats] = field(default_factory=dict, repr=False)
 
@@ -314,6 +341,7 @@ class Summary:
             "judged": self.judged()[0],
             "report": self.report,
             **({"report_error": self.report_error} if self.report_error else {}),
+            **({"junit_error": self.junit_error} if self.junit_error else {}),
             "unknown": [{"schedule": str(r.config.schedule), "reasons": list(r.verdict.unknown_reasons)}
                         for r in self.results if r.valid is None],
             "unknown_reasons": list(dict.fromkeys(reason for r in self.results if r.valid is None
@@ -370,16 +398,42 @@ def write_junit(args: argparse.Namespace, summary: Summary, title: str) -> None:
     path = getattr(args, "junit_xml", None)
     if not path:
         return
-    from killpoint.reports import junit, run_report_name
+    from killpoint.reports import run_report_name
 
     reports = None
     if summary.report:
         where = os.path.dirname(summary.report)
         reports = [os.path.join(where, run_report_name(n)) for n in range(1, len(summary.results) + 1)]
+    summary.junit_error = write_junit_file(path, summary.results, suite=title, reproduce=replay_command,
+                                           reports=reports)
+
+
+def write_junit_file(path: str, results: Sequence[RunResult], **kwargs: Any) -> str | None:
+    """Write the JUnit XML after the runs; a file that cannot be written (the path was checked at
+    the start, by :func:`check_junit_xml`, but the disk filled or the folder went meanwhile) is a
+    warning on stderr, never an error that hides the verdict the runs earned: returns why, or None."""
+    from killpoint.reports import junit
+
     try:
-        junit.write(path, summary.results, suite=title, reproduce=replay_command, reports=reports)
+        junit.write(path, results, **kwargs)
     except OSError as exc:
-        raise BadInput(f"--junit-xml {str(path)[:200]!r}: cannot write it there ({exc.strerror or exc})") from None
+        why = f"--junit-xml {shown(path)}: cannot write it there ({exc.strerror or exc})"
+        print(f"killpoint: warning: {why}; the verdict stands", file=sys.stderr)
+        return why
+    return None
+
+
+def check_junit_xml(args: argparse.Namespace) -> None:
+    """Before the first run, as ``--report-dir`` is checked: refuse a ``--junit-xml`` path that no
+    file can be written to (:func:`killpoint.reports.files.check_file_path`), rather than find out
+    after every run has been made."""
+    path = getattr(args, "junit_xml", None)
+    if path is not None and not path.strip():  # before: no file, and no word of it
+        raise BadInput(f"--junit-xml {shown(path)}: name the file to write, or leave --junit-xml out")
+    if path:
+        from killpoint.reports.files import check_file_path
+
+        check_file_path(path, "--junit-xml")
 
 
 def print_stats(summary: Summary) -> None:

@@ -48,16 +48,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "the store's COMMIT); default kill,pause")
     p.add_argument("--depth", type=int, choices=(1, 2), default=1,
                    help="1: every single crash (default); 2: every ordered pair of crashes")
-    p.add_argument("--forms", default=",".join(FORMS),
-                   help="with --depth 2: workers (A then B), hits (A twice, restarted under its "
+    p.add_argument("--forms", default=None,
+                   help="with --depth 2 only: workers (A then B), hits (A twice, restarted under its "
                         "own identity), or both (default)")
     p.add_argument("--cross-steps", action="store_true",
-                   help="with --depth 2: pair faults on different steps too (workers form only)")
+                   help="with --depth 2 only: pair faults on different steps too (workers form only)")
 
 
 def run(args: argparse.Namespace) -> int:
     from killpoint.harness.commands.common import BadInput, redact, shown
 
+    if args.depth != 2:  # they shape pairs of crashes: at depth 1 they were dropped without a word
+        if args.forms is not None:
+            raise BadInput(f"--forms {shown(args.forms)}: forms are pairs of crashes, which only "
+                           f"--depth 2 runs; add --depth 2, or leave --forms out")
+        if args.cross_steps:
+            raise BadInput("--cross-steps: pairs of crashes on different steps are run only with "
+                           "--depth 2; add --depth 2, or leave --cross-steps out")
     points = target_points(args, args.points)
     workload = workload_of(args)
     steps = parse_steps(args.steps, workload.step_names)
@@ -83,10 +90,11 @@ def run(args: argparse.Namespace) -> int:
                            f"to make: a pause is scheduled only where a lease is held "
                            f"({', '.join(generator.LEASE_HELD)})")
     else:
-        forms = tuple(f.strip() for f in args.forms.split(",") if f.strip())
+        text = ",".join(FORMS) if args.forms is None else args.forms
+        forms = tuple(f.strip() for f in text.split(",") if f.strip())
         bad = [f for f in forms if f not in FORMS]
         if bad or not forms:
-            raise BadInput(f"--forms: unknown form {', '.join(map(shown, bad)) or shown(args.forms)}; "
+            raise BadInput(f"--forms: unknown form {', '.join(map(shown, bad)) or shown(text)}; "
                            f"use workers, hits or both")
         plans = generator.matrix(steps, points, depth=2, forms=forms, cross_steps=args.cross_steps,
                                  order=declared_target(args).points)

@@ -43,9 +43,9 @@ def parse_schedule(text: str, args: argparse.Namespace | None = None):
     if args is not None:
         return common.parse_schedule(args, text)
     try:
-        return chaos.parse(text)
+        return chaos.parse(text, context=False)
     except chaos.InvalidSchedule as exc:
-        raise BadInput(f"schedule {shown(text)}: {one_line(str(exc), 400)}") from None
+        raise BadInput(f"schedule {shown(text)}: {one_line(str(exc), 600)}") from None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -18,11 +18,16 @@ DEFAULT_DIR = "killpoint-report"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_common(p)
+    add_common(p, report=False)
     p.add_argument("--schedule", required=True,
                    help="the schedule to run, e.g. 'A@charge.after_call:kill' ('' for no faults)")
-    p.set_defaults(report_dir=DEFAULT_DIR)
-    # This command exists to write a report: --report is accepted for symmetry but always wins.
+    # This command exists to write a report: --report always and on-failure are accepted for
+    # symmetry (it is written whatever the verdict), never is refused. A destination of its own,
+    # so that a project's [tool.killpoint] report = "never", meant for the other commands, does
+    # not stop this one.
+    p.add_argument("--report", dest="report_flag", choices=("always", "on-failure", "never"), default=None,
+                   help="accepted for symmetry: the report is always written (never is refused)")
+    p.set_defaults(report_dir=DEFAULT_DIR, report="always")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -33,10 +38,14 @@ def run(args: argparse.Namespace) -> int:
     from killpoint.harness.commands.common import declared_target
     from killpoint.chaos.points import DB_POINTS
 
+    if args.report_flag == "never":  # before: the report was written all the same
+        raise BadInput("--report 'never': the report command runs a schedule to write its report; "
+                       "use killpoint replay to run it without one")
     try:  # the target's declared points are names too (A@before_ack:kill)
-        schedule = chaos.parse(args.schedule, points=frozenset(declared_target(args).points) | frozenset(DB_POINTS))
+        schedule = chaos.parse(args.schedule, points=frozenset(declared_target(args).points) | frozenset(DB_POINTS),
+                               context=False)
     except chaos.InvalidSchedule as exc:
-        raise BadInput(f"--schedule {shown(args.schedule)}: {one_line(str(exc), 400)}") from None
+        raise BadInput(f"--schedule {shown(args.schedule)}: {one_line(str(exc), 600)}") from None
     if os.path.exists(args.report_dir) and not os.path.isdir(args.report_dir):
         raise BadInput(f"--report-dir {shown(args.report_dir)} is a file: name a directory to write into")
     config = run_config(args, schedule)

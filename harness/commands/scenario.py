@@ -15,7 +15,7 @@ import shlex
 from typing import TYPE_CHECKING, Any
 
 from killpoint.harness.commands.common import (EXIT_UNKNOWN, EXIT_VALID, EXIT_VIOLATED, BadInput, Summary,
-                                               add_output, add_real_time, print_judgement, print_stats, redact,
+                                               add_output, add_real_time, add_seed, print_judgement, print_stats, redact,
                                                validate_store, write_reports)
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default="reference",
                    help="reference, mutant:NAME or pkg.module:function (default: reference)")
     p.add_argument("--store", default="sqlite", help="sqlite (default) or a postgresql:// URL")
-    p.add_argument("--seed", type=int, default=0, help="seed for the workload data and every draw")
+    add_seed(p)
     p.add_argument("--repeat", type=int, default=1, metavar="N",
                    help="run it N times and check that every verdict is the same (default: 1)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from killpoint import chaos
-from killpoint.harness.commands.common import (add_jobs, add_real_time, jobs_of, EXIT_VALID, EXIT_VIOLATED, BadInput, Summary, add_output,
+from killpoint.harness.commands.common import (add_jobs, add_real_time, add_seed, jobs_of, EXIT_VALID, EXIT_VIOLATED, BadInput, Summary, add_output,
                                                print_stats, progress_for, replay_command, run_config, shown,
                                                validate_store)
 
@@ -28,7 +28,7 @@ MAX_FAULTS = 2  # a counterexample a person can follow
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--store", default="sqlite", help="sqlite (default) or a postgresql:// URL")
-    p.add_argument("--seed", type=int, default=0, help="seed for the workload data and every draw")
+    add_seed(p)
     p.add_argument("--mutants", default=None,
                    help="comma-separated mutant names (default: all of them)")
     p.add_argument("--quick", action="store_true",
@@ -68,12 +68,14 @@ class MutantOutcome:
 def _chosen(text: str | None) -> list[Any]:
     from killpoint.harness.mutants import MUTANTS
 
-    if not text:
+    from killpoint.harness.commands.common import _names
+
+    if text is None:
         return list(MUTANTS.values())
-    names = [n.strip() for n in text.split(",") if n.strip()]
+    names = _names(text, "--mutants")  # an empty list is refused, as --points '' is, never all
     bad = [n for n in names if n not in MUTANTS]
-    if bad or not names:
-        raise BadInput(f"--mutants: unknown mutant {', '.join(map(shown, bad)) or shown(text)}; "
+    if bad:
+        raise BadInput(f"--mutants: unknown mutant {', '.join(map(shown, bad))}; "
                        f"known mutants are {', '.join(MUTANTS)}")
     return [MUTANTS[n] for n in names]
 
@@ -121,15 +123,22 @@ def run(args: argparse.Namespace) -> int:
     ok = caught == len(outcomes) and reference.valid is True
     _junit(args, outcomes, reference)
     if args.json:
+        from killpoint.harness.stats import total
+
         out = reference.to_json()
         out.pop("results", None)
+        # The crash points reached and fired, as matrix's JSON has them: each mutant's run, the
+        # reference's runs, and the whole.
+        stats = Summary(results=[o.result for o in outcomes]).point_stats()
         print(json.dumps({
             "valid": ok, "runs": len(outcomes) + len(reference.results),
             "score": {"caught": caught, "mutants": len(outcomes)},
-            "mutants": [o.to_json() for o in outcomes],
+            "mutants": [{**o.to_json(), "points": s.to_json()} for o, s in zip(outcomes, stats)],
             "reference": {"valid": reference.valid, "runs": len(reference.results),
-                          "violations": out["violations"], "unknown": out["unknown"]},
+                          "violations": out["violations"], "unknown": out["unknown"],
+                          "points": out["points"]},
             "violations": out["violations"], "invariants": out["invariants"], "report": None,
+            "points": total(stats + reference.point_stats()).to_json(),
         }, indent=2))
         return EXIT_VALID if ok else EXIT_VIOLATED
     print(table(outcomes))
@@ -154,15 +163,11 @@ def _junit(args: argparse.Namespace, outcomes: list[MutantOutcome], reference: S
     """``--junit-xml``: a case per run; a mutant's passes when its named invariant caught it."""
     if not args.junit_xml:
         return
-    from killpoint.reports import junit
+    from killpoint.harness.commands.common import write_junit_file
 
-    try:
-        junit.write(args.junit_xml, [o.result for o in outcomes] + reference.results,
-                    suite="killpoint selftest", reproduce=replay_command,
-                    expect=[o.caught_by for o in outcomes] + [None] * len(reference.results))
-    except OSError as exc:
-        raise BadInput(f"--junit-xml {shown(args.junit_xml)}: cannot write it there "
-                       f"({exc.strerror or exc})") from None
+    write_junit_file(args.junit_xml, [o.result for o in outcomes] + reference.results,
+                     suite="killpoint selftest", reproduce=replay_command,
+                     expect=[o.caught_by for o in outcomes] + [None] * len(reference.results))
 
 
 def table(outcomes: list[MutantOutcome]) -> str:

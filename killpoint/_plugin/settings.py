@@ -121,16 +121,18 @@ def _settings(config: pytest.Config) -> Settings:
             check_report_path(values["report_dir"], flag=where)
         except BadInput as exc:
             raise pytest.UsageError(str(exc)) from None
-    # A seed is any whole number, as killpoint --seed takes it (negative ones too).
+    # A seed is any whole number, as killpoint --seed takes it (negative ones too), in ASCII digits
+    # as there: int() also read an Arabic-Indic 3 as 3, '1_000' as 1000.
+    from killpoint.harness.settings import whole_number
+
     for name, low in (("seed", None), ("budget", 1), ("jobs", 1)):
         text, where = _raw(config, name, table)
         if text is None:
             continue
-        try:
-            number = int(text)
-        except ValueError:
-            raise pytest.UsageError(f"{where} {text!r}: expected a whole number"
-                                    f"{'' if low is None else f' of at least {low}'}") from None
+        number = whole_number(text)
+        if number is None:
+            raise pytest.UsageError(f"{where} {text!r}: expected a whole number in ASCII digits"
+                                    f"{'' if low is None else f' of at least {low}'}")
         if low is not None and number < low:
             raise pytest.UsageError(f"{where} {text!r}: expected a whole number of at least {low}")
         values[name] = number
