@@ -16,7 +16,7 @@ import sys
 from types import ModuleType
 from typing import NoReturn
 
-from killpoint.errors import InvalidTarget
+from killpoint.errors import InvalidTarget, shown
 from killpoint.harness import signals
 from killpoint.harness.commands.common import (EXIT_BAD_INPUT, EXIT_UNKNOWN, BadInput, one_line,
                                                check_junit_xml, check_report_dir)
@@ -166,9 +166,21 @@ def _broken(args: argparse.Namespace, exc: Exception) -> int:
     import json
 
     cause = f"infrastructure failure: {type(exc).__name__}: {one_line(str(exc), 400)}"
+    junit_error = None
+    path = getattr(args, "junit_xml", None)
+    if path:  # checked at the start: CI reads the command's failure in the file it expects
+        from killpoint.reports import junit
+
+        try:
+            junit.write_broken(path, suite=f"killpoint {getattr(args, 'command', '')}".strip(), cause=cause)
+        except OSError as exc2:
+            junit_error = f"--junit-xml {shown(path)}: cannot write it there ({exc2.strerror or exc2})"
     if getattr(args, "json", False):
         print(json.dumps({"valid": None, "runs": 0, "violations": [], "invariants": {},
-                          "report": None, "unknown_reasons": [cause]}, indent=2))
+                          "report": None, "unknown_reasons": [cause],
+                          **({"junit_error": junit_error} if junit_error else {})}, indent=2))
+    if junit_error:
+        print(f"killpoint: warning: {junit_error}", file=sys.stderr)
     print(f"killpoint: {cause} (run with --debug for the traceback)", file=sys.stderr)
     return EXIT_UNKNOWN
 

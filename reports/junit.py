@@ -111,6 +111,24 @@ def write(path: str, results: Sequence[RunResult], *, suite: str, reproduce: Cal
     return write_text(path, "<?xml version='1.0' encoding='utf-8'?>\n" + text)
 
 
+def write_broken(path: str, *, suite: str, cause: str) -> str:
+    """Write, for a command that the infrastructure ended before any run could be judged (the
+    store unreachable), one ``<error>`` case naming the cause: CI that reads the file finds the
+    command's failure in it, not a missing file, and never a pass."""
+    from killpoint.reports.files import write_text
+
+    counts = {"tests": "1", "failures": "0", "errors": "1", "skipped": "0", "time": "0.000"}
+    root = ET.Element("testsuites", {"name": clean(suite), **counts})
+    ts = ET.SubElement(root, "testsuite", {
+        "name": clean(suite), **counts, "hostname": clean(socket.gethostname()),
+        "timestamp": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")})
+    case = ET.SubElement(ts, "testcase", {"classname": "killpoint", "name": "infrastructure", "time": "0.000"})
+    error = ET.SubElement(case, "error", {"message": clean(_clip(cause)), "type": "infrastructure"})
+    error.text = clean(cause)
+    text = ET.tostring(root, encoding="unicode")
+    return write_text(path, "<?xml version='1.0' encoding='utf-8'?>\n" + text)
+
+
 def _violated(r: RunResult) -> list[str]:
     return list(dict.fromkeys(v.invariant for v in r.verdict.violations))
 
@@ -119,4 +137,4 @@ def _clip(text: str, limit: int = 1000) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
 
-__all__ = ["build", "write", "clean"]
+__all__ = ["build", "write", "write_broken", "clean"]

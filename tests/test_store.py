@@ -495,6 +495,26 @@ def test_a_server_that_does_not_answer_is_the_infrastructures_failure_exit_3_wit
     assert "hunter2" not in out + err and len(err.strip().splitlines()) == 1
 
 
+def test_a_command_the_infrastructure_ends_before_any_run_still_writes_its_junit_file(capsys, tmp_path):
+    """Protects: CI reads the JUnit file; a command ended by a store nobody answers at wrote none,
+    so the job's test report said nothing (or "no tests") of why it failed. It now holds one
+    error case naming the cause, the password hidden."""
+    import xml.etree.ElementTree as ET
+
+    port = _free_port()
+    path = tmp_path / "ci" / "killpoint.xml"
+    code = main(["matrix", "--quiet", "--store", f"postgresql://postgres:hunter2@127.0.0.1:{port}/test",
+                 "--junit-xml", str(path)])
+    capsys.readouterr()
+    assert code == 3
+    text = path.read_text(encoding="utf-8")
+    suites = ET.fromstring(text)
+    assert (suites.get("tests"), suites.get("errors"), suites.get("failures")) == ("1", "1", "0")
+    [error] = suites.iter("error")
+    assert "StoreUnreachable" in error.get("message", "") and f"127.0.0.1:{port}" in error.get("message", "")
+    assert "hunter2" not in text
+
+
 def test_a_server_that_answers_and_refuses_us_is_a_bad_value_exit_2(capsys, pg_dsn):
     """Protects: the split between the user's value and the infrastructure — a reachable server
     that refuses the role or the database is exit 2, one line naming host and port."""
