@@ -661,3 +661,30 @@ def test_a_heartbeat_not_shorter_than_the_lease_is_run_with_a_one_line_warning(c
     for timing in ("lease-ttl-ms=200,heartbeat-ms=50", "heartbeat-ms=29999"):
         code, out, err = run_cli(capsys, *argv, "--timing", timing)
         assert code == 0 and "warning" not in err, (timing, err)
+
+
+def test_a_ctrl_c_while_the_command_line_is_still_imported_ends_in_one_line(monkeypatch, capsys):
+    """Protects: a Ctrl-C in the first fifth of a second (Python still importing the command line)
+    printed a KeyboardInterrupt traceback; the console script now says it in one line, exit 130.
+    The interrupt is made to land in that import, whatever the machine's speed."""
+    import importlib.abc
+
+    from killpoint._main import main as console_script
+
+    class Interrupting(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name == "killpoint.harness.cli":
+                raise KeyboardInterrupt
+            return None
+
+    monkeypatch.delitem(sys.modules, "killpoint.harness.cli")
+    monkeypatch.setattr(sys, "meta_path", [Interrupting(), *sys.meta_path])
+    assert console_script() == 130
+    assert capsys.readouterr().err == "killpoint: interrupted while starting; nothing was run\n"
+
+
+def test_the_console_script_is_the_one_that_ends_a_ctrl_c_at_start_in_one_line():
+    from importlib.metadata import entry_points
+
+    [script] = [e for e in entry_points(group="console_scripts") if e.name == "killpoint"]
+    assert script.value == "killpoint._main:main"
