@@ -38,7 +38,7 @@ from killpoint.harness.settings import Settings, find, load
 from killpoint.harness.store import check_faults, open_store, schema_name
 from killpoint.harness.store.base import Store
 from killpoint.errors import InfrastructureError, InvalidConfig, InvalidTarget, KillpointWarning
-from killpoint.harness.supervise import DISK_ERRORS, Supervisor, WorkerProcess, kill
+from killpoint.harness.supervise import DISK_ERRORS, Supervisor, WorkerProcess, check_owned_faults, kill
 from killpoint.harness.targets import Target, declared
 from killpoint.harness.worker import REAL_TIME_TIMING, Timing
 from killpoint.harness.workload import Workload, cached_workload
@@ -519,6 +519,8 @@ class _Run:
                 raise ValueError(f"restarts {fault!r}: {services!r}: name a fault of the schedule "
                                  f"and any of 'downstream', 'store', 'target'")
         check_faults(config.store, config.schedule)  # InvalidStore, a ValueError
+        if self.declared.owns_state:
+            check_owned_faults(config.schedule)  # InvalidTarget, bad input
         self.target = self.declared
         self.target_run = TargetRun(run_id, self.run_dir, schema_name(f"{run_id}_target"), self.workload,
                                     f"{session.downstream.url}/runs/{run_id}", config.store, config.seed)

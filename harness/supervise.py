@@ -34,14 +34,14 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 from killpoint import chaos, vocab
 from killpoint.chaos.journal import Journal
 from killpoint.chaos import seeds
-from killpoint.chaos.points import Failpoints
+from killpoint.chaos.points import DB_POINTS, Failpoints
 from killpoint.harness import clock as run_clock
 from killpoint.harness import downstream as ds
 from killpoint.harness import hooks, messages
 from killpoint.harness.declaration import Target as Declared, TargetRun
 from killpoint.harness.forking import ForkedWorker as ForkedWorker
 from killpoint.harness.messages import RESUME, FaultTally, Inbox
-from killpoint.errors import BadInput, InfrastructureError, shown
+from killpoint.errors import BadInput, InfrastructureError, InvalidTarget, shown
 from killpoint.harness import signals
 from killpoint.harness.signals import sigint_deferred, unblock_sigint
 from killpoint.harness.store.base import Store
@@ -90,10 +90,14 @@ def reachable_identities(workers: int, faults: int) -> tuple[str, ...]:
     return tuple(dict.fromkeys(worker_identity(n) for n in range(spawn_cap(workers, faults))))
 
 
-def check_schedule(schedule: "chaos.Schedule", *, steps: "Iterable[str]", workers: int) -> None:
+def check_schedule(schedule: "chaos.Schedule", *, steps: "Iterable[str]", workers: int,
+                   owns_state: bool = False) -> None:
     """Refuse a schedule whose fault could never fire: a step the workload does not have, or a
     worker no run with ``workers`` workers ever starts (the first ones, then fresh identities for
-    replacements up to the run's spawn cap)."""
+    replacements up to the run's spawn cap). For a target that ``owns_state``, also a ``terminate``
+    or a db point (:func:`check_owned_faults`)."""
+    if owns_state:
+        check_owned_faults(schedule)
     steps = tuple(steps)
     for fault in schedule.faults:
         if fault.step is not None and fault.step not in steps:
@@ -106,6 +110,22 @@ def check_schedule(schedule: "chaos.Schedule", *, steps: "Iterable[str]", worker
                            f"{shown(str(fault))} is never started: with {workers} workers a run "
                            f"starts {', '.join(reachable[:workers])}, and replacements "
                            f"{reachable[workers]}..{reachable[-1]}")
+
+
+def check_owned_faults(schedule: "chaos.Schedule") -> None:
+    """For a target that keeps its state in a store of its own: refuse ``terminate`` and the db
+    points. Both act on killpoint's store -- the sessions it ends are that store's, the points sit
+    inside its COMMIT -- which such a target's workers do not write through: a terminate there
+    ended a connection the target never used and still counted as fired, so a run that tested
+    nothing could come out valid."""
+    for fault in schedule.faults:
+        what = ("terminates the worker's sessions of killpoint's store"
+                if any(term.action == "terminate" for term in fault.actions.terms) else
+                f"is at {fault.point}, inside killpoint's store's COMMIT" if fault.point in DB_POINTS else None)
+        if what is not None:
+            raise InvalidTarget(f"schedule {shown(str(schedule))}: {shown(str(fault))} {what}, and the target "
+                                f"keeps its state in a store of its own, which killpoint cannot cut: kill or "
+                                f"pause its workers at its own points instead")
 
 
 @dataclass

@@ -188,6 +188,49 @@ def test_a_bad_user_workload_exits_2_naming_it(capsys, user_project, workload, n
     assert workload in err
 
 
+def test_matrix_terminate_on_a_target_of_killpoints_store_runs_its_declared_points_and_the_db_ones(
+        capsys, user_project, pg_dsn):
+    """Protects: --actions terminate scheduled every protocol point for a target declaring a few of
+    them (the matrix then refused its own schedule as naming undeclared points, exit 2)."""
+    code, out, err = run_cli(capsys, "matrix", "--target", "mytarget:worker", "--actions", "terminate",
+                             "--store", pg_dsn, "--json", "--quiet")
+    report = json.loads(out)
+    points = {r["schedule"].split(".", 1)[1].split(":", 1)[0].split("#")[0] for r in report["results"]}
+    assert code == 0 and points == {"before_call", "after_call", "after_commit", "before_db_commit",
+                                    "in_db_commit"}, (code, err, points)
+
+
+OWNED_TARGET = '''
+import killpoint
+
+
+@killpoint.target(points=("before_ack", "after_ack"), owns_state=True, workload="plain")
+def owned(ctx):
+    pass
+'''
+
+
+def test_terminate_and_db_points_on_a_target_that_owns_its_state_are_refused(capsys, user_project, pg_dsn):
+    """Protects: a terminate at an owned-state target's point ended a session of killpoint's own
+    store, which that target's workers never use, and still counted as fired: a buggy queue
+    worker came out valid on a fault that did nothing. Refused, as a db point is, before any run."""
+    (user_project / "ownedtarget.py").write_text(OWNED_TARGET)
+    for argv in (["replay", "A@before_ack:terminate"], ["replay", "A@in_db_commit:kill"],
+                 ["matrix", "--actions", "terminate"]):
+        code, out, err = run_cli(capsys, *argv, "--target", "ownedtarget:owned", "--store", pg_dsn)
+        assert code == 2 and len(err.strip().splitlines()) == 1, (argv, err)
+        assert "store of its own" in err
+    from killpoint import chaos
+    from killpoint.errors import InvalidTarget
+    from killpoint.harness.run import RunConfig, Session
+
+    import ownedtarget
+
+    with Session() as session, pytest.raises(InvalidTarget, match="store of its own"):
+        session.run(RunConfig(schedule=chaos.parse("A@before_ack:terminate", points=frozenset({"before_ack"})),
+                              target=ownedtarget.owned, store=pg_dsn))
+
+
 def test_a_user_workload_by_pkg_module_function_on_the_reference(capsys, user_project):
     code, out, err = run_cli(capsys, "replay", "A@charge.after_call:kill", "--workload", "mytarget:two_charges",
                              "--json")

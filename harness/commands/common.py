@@ -238,7 +238,7 @@ def run_config(args: argparse.Namespace, schedule, **overrides: Any) -> RunConfi
     if schedule is not None:
         from killpoint.harness.supervise import check_schedule
 
-        check_schedule(schedule, steps=steps, workers=args.workers)
+        check_schedule(schedule, steps=steps, workers=args.workers, owns_state=declared.owns_state)
         undeclared = [str(f) for f in schedule.faults
                       if f.point not in declared.points and f.point not in DB_POINTS]
         if undeclared:

@@ -25,8 +25,8 @@ import sys
 
 from killpoint.chaos import generator
 from killpoint.chaos.generator import ACTIONS, FORMS
-from killpoint.chaos.points import DB_POINTS, ORDERED_POINTS
-from killpoint.harness.commands.common import (declared_target, jobs_of, Summary, add_common, finish, parse_points, parse_steps,
+from killpoint.chaos.points import DB_POINTS
+from killpoint.harness.commands.common import (declared_target, jobs_of, Summary, add_common, finish, parse_steps,
                                                progress_for, run_config, target_points, workload_of)
 from killpoint.harness.run import Session
 
@@ -79,11 +79,13 @@ def run(args: argparse.Namespace) -> int:
         if "terminate" in actions and not str(args.store).startswith(("postgresql://", "postgres://")):
             raise BadInput(f"--actions terminate: ending a worker's database sessions needs a "
                            f"postgresql:// store, not --store {redact(args.store)}")
-        # Unless --points narrows it, terminate also runs inside the PostgreSQL store's COMMIT.
-        # (for a target that declares its own points: those, and the store's own)
-        terminate_points = points if args.points is not None else \
-            parse_points(None, default=ORDERED_POINTS) if set(points) <= set(ORDERED_POINTS) \
-            else points + DB_POINTS
+        if "terminate" in actions and declared_target(args).owns_state:
+            raise BadInput(f"--actions terminate: {args.target} keeps its state in a store of its own, "
+                           f"and terminate ends the sessions of killpoint's store, which its workers do "
+                           f"not write through; use kill or pause")
+        # Unless --points narrows it, terminate also runs inside the PostgreSQL store's COMMIT: at
+        # the target's points (the ones it declares, and only those) and the store's own.
+        terminate_points = points if args.points is not None else points + DB_POINTS
         plans = generator.matrix(steps, points, depth=1, actions=actions, terminate_points=terminate_points)
         if not plans:
             raise BadInput(f"--points {shown(','.join(points))} --actions {shown(','.join(actions))}: no run "

@@ -165,7 +165,8 @@ class Killpoint:
 
         workload = self._workload(config.workload_spec or config.workload_name, config.seed)
         try:
-            check_schedule(config.schedule, steps=workload.step_names, workers=config.workers)
+            check_schedule(config.schedule, steps=workload.step_names, workers=config.workers,
+                           owns_state=self._declared(config.target).owns_state)
         except BadInput as exc:
             _fail(f"killpoint: {exc}")
 
