@@ -2,7 +2,7 @@
 
 Exit codes: 0 every verdict valid, 1 an invariant was violated, 2 bad input (one line naming the
 bad value), 3 nothing violated but some verdict unknown (the infrastructure breaking included: the
-JSON object is printed all the same, with the cause), 130 on SIGINT and 143 on SIGTERM, both after
+JSON object is printed all the same, with the cause), 130 on SIGINT, 143 on SIGTERM and 129 on SIGHUP, each after
 ending every process, run folder and schema the command started.
 """
 
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         return 1
     except KeyboardInterrupt as exc:
-        return _interrupted(signal.SIGTERM if isinstance(exc, signals.Terminated) else signal.SIGINT)
+        return _interrupted(exc.signum if isinstance(exc, signals.Terminated) else signal.SIGINT)
     except Exception as exc:  # the infrastructure broke outside a run (e.g. the downstream)
         if debug:
             raise
@@ -155,7 +155,8 @@ def _warnings_as_lines() -> None:
 
 
 def _interrupted(signum: int) -> int:
-    name = "terminated (SIGTERM)" if signum == signal.SIGTERM else "interrupted"
+    said: dict[int, str] = {signal.SIGTERM: "terminated (SIGTERM)", signal.SIGHUP: "hung up (SIGHUP)"}
+    name = said.get(signum, "interrupted")
     print(f"killpoint: {name}; every process it started has been ended", file=sys.stderr)
     return signals.EXIT_CODES[signal.Signals(signum)]
 

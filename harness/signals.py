@@ -18,12 +18,17 @@ import contextlib
 import signal
 from typing import Any, Iterator
 
-SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM})
-EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
+# SIGHUP too: a closed terminal or SSH session must not leave a run's schema or folder behind.
+SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
+EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised as Ctrl-C is so that the same cleanup runs."""
+    """SIGTERM (or SIGHUP: ``signum``), raised as Ctrl-C is so that the same cleanup runs."""
+
+    def __init__(self, signum: int = signal.SIGTERM) -> None:
+        super().__init__()
+        self.signum = signum
 
 
 # Invariant: the signals this process received since install_handlers(), in order (only the
@@ -32,7 +37,7 @@ _received: list[int] = []
 
 
 def _raise_for(signum: int) -> None:
-    raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+    raise KeyboardInterrupt() if signum == signal.SIGINT else Terminated(signum)
 
 
 def _handler(signum: int, frame: Any) -> None:
@@ -41,7 +46,7 @@ def _handler(signum: int, frame: Any) -> None:
 
 
 def install_handlers() -> None:
-    """SIGINT and SIGTERM raise (KeyboardInterrupt, :class:`Terminated`) and are remembered."""
+    """SIGINT, SIGTERM and SIGHUP raise (KeyboardInterrupt, :class:`Terminated`) and are remembered."""
     _received.clear()
     for sig in SIGNALS:
         signal.signal(sig, _handler)

@@ -165,15 +165,20 @@ def test_an_interruption_as_a_run_finishes_its_meanwhile_leaves_no_schema_or_wor
     assert _schemas_of(pg_dsn, os.getpid()) == []
 
 
-def test_sigterm_ends_like_ctrl_c_exit_143_with_no_process_folder_or_schema_left(pg_dsn, tmp_path):
+@pytest.mark.parametrize("sig, code, said", [(signal.SIGTERM, 143, "terminated (SIGTERM)"),
+                                             # a closed terminal or SSH session: SIGHUP left the
+                                             # run's schemas and folder behind (exit 129 by the signal)
+                                             (signal.SIGHUP, 129, "hung up (SIGHUP)")])
+def test_sigterm_ends_like_ctrl_c_exit_143_with_no_process_folder_or_schema_left(pg_dsn, tmp_path, sig, code,
+                                                                                  said):
     marker = f"kp-{uuid.uuid4().hex}"
     cli = _cli("matrix", "--store", pg_dsn, "--json", "--jobs", "1", marker=marker, tmpdir=str(tmp_path))
     _wait(lambda: len(children_of(cli.pid)) >= 2 and _schemas_of(pg_dsn, cli.pid), 60,
           "a worker and a schema", cli)
-    cli.send_signal(signal.SIGTERM)
+    cli.send_signal(sig)
     out, err = cli.communicate(timeout=60)
-    assert cli.returncode == 143, err.decode(errors="replace")[-2000:]
-    assert "terminated" in err.decode()
+    assert cli.returncode == code, err.decode(errors="replace")[-2000:]
+    assert said in err.decode()
     assert wait_until_gone(marker) == []
     assert _schemas_of(pg_dsn, cli.pid) == []
     assert os.listdir(tmp_path) == []  # the session's folder (run files, journals, ledger) is gone
