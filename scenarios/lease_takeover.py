@@ -143,7 +143,7 @@ def run(session: Session, *, target: str | Target = "reference", seed: int = 0, 
     effects = h.applied(instance=INSTANCE, step=STEP)
 
     story.expect([(c.get("worker"), c.get("fence")) for c in claims] == [("A", 1), ("B", 2)],
-                 "A claimed with fence 1, then B with fence 2", who(claims, "worker", "fence"))
+                 "A claimed with fence 1, then B with fence 2, and no other claim", who(claims, "worker", "fence"))
     a1 = [e for e in calls if e.get("meta", {}).get("worker") == "A"]
     story.expect(a1 and a1[0].get("fence") == 1 and a1[0].get("applied"),
                  "A's first call with K and fence 1 was applied (its answer lost)",
@@ -154,7 +154,7 @@ def run(session: Session, *, target: str | Target = "reference", seed: int = 0, 
                  who(calls, "status", "outcome", "fence"))
     story.expect([(c.get("worker"), c.get("fence"), c.get("to_state")) for c in commits]
                  == [("B", 2, states.SUCCEEDED)],
-                 "B's commit with fence 2 was accepted (succeeded)",
+                 "B's commit with fence 2 was accepted (succeeded), and no other commit",
                  who(commits, "worker", "fence", "to_state"))
     late = a1[1:]
     story.expect(late and late[0].get("fence") == 1 and late[0].get("status") == 409
@@ -163,7 +163,7 @@ def run(session: Session, *, target: str | Target = "reference", seed: int = 0, 
                  "A's late call with K and fence 1 was refused by the downstream: 409 stale fence",
                  who(late, "status", "outcome", "fence"))
     story.expect([(c.get("worker"), c.get("fence")) for c in refused] == [("A", 1)],
-                 "A's commit with fence 1 was refused by the store", who(refused, "worker", "fence"))
+                 "A's commit with fence 1 was refused by the store, and no other was", who(refused, "worker", "fence"))
     story.expect(len(effects) == 1 and effects[0].get("key") == key,
                  f"exactly one applied effect for K", f"{len(effects)}: " + who(effects, "key", "fence"))
 

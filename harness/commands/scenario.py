@@ -158,7 +158,7 @@ def _text(args: argparse.Namespace, scenario: Scenario, stories: list[Story], su
         where = f"[run {c.run}] " if several and c.run else ""
         print(f"  {mark} {where}{c.expected}")
         if not c.held:
-            print(f"         expected that, found: {c.found or 'nothing'}")
+            print(f"         found: {c.found or 'nothing'}")
     print_judgement(summary, first.results, reproduce=False)  # a scenario's reproduce line follows
     if args.stats:
         print_stats(summary)
