@@ -6,10 +6,12 @@ write the receipt: the dangerous window, with one step to recover. One worker at
 the last, so every run tells the same story.
 
 1. B replaces A. Once A's lease has expired B claims order-3's charge (fence 2), and at that very
-   moment the store restarts. SQLite has no server process to restart: it lives inside its
-   clients, so a restart cuts every connection to it the only real way, by ending every process
-   that holds one. B is killed in the middle of its recovery, holding a lease, and the harness
-   closes and reopens its own handle, so SQLite recovers from its write-ahead log.
+   moment the store restarts. What a restart does to its clients is cut every connection, and
+   that is what happens, on either store, by ending every process that holds one (SQLite has no
+   server process: it lives inside its clients, and recovers from its write-ahead log when the
+   harness reopens its handle; a PostgreSQL server is shared with others and stays up, its
+   committed rows as a restart would leave them). B is killed in the middle of its recovery,
+   holding a lease, and the harness closes and reopens its own handle.
 2. C replaces B. B's claim survived the restart (it was committed), so C must wait for B's lease
    and then claims with fence 3. At that moment the payment provider restarts: its process is
    killed and a new one, on the same durable ledger, listens on the same port.
