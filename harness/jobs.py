@@ -69,12 +69,15 @@ def _runner(session: "Session", configs: Sequence["RunConfig"], conn: Any, paren
     _die_with_parent(parent_pid)
     for end in inherited:  # the parent's ends of the pipes, ours included: with them closed here, a
         end.close()        # dead parent is an EOF to recv(), never a wait forever
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; it ends us by SIGTERM
+    # The parent decides: SIGINT and SIGHUP (the terminal's, sent to the whole group) are ignored,
+    # and it ends us by SIGTERM. unblock_sigint() ignores all three, so the SIGTERM handler comes
+    # after it: set before, it was undone, a runner in the middle of a run ignored the parent's
+    # SIGTERM and was SIGKILLed 10 s later, its run's schema left behind.
+    unblock_sigint()
 
     def _terminate(signum: int, frame: Any) -> None:
         raise SystemExit(143)  # unwinds the run in progress: its workers and files go first
     signal.signal(signal.SIGTERM, _terminate)
-    unblock_sigint()
     own = Session(session.base_dir, keep=session.keep, real_time=session.real_time,
                   downstream=session.downstream)
     try:

@@ -182,3 +182,42 @@ def test_sigterm_ends_like_ctrl_c_exit_143_with_no_process_folder_or_schema_left
     assert wait_until_gone(marker) == []
     assert _schemas_of(pg_dsn, cli.pid) == []
     assert os.listdir(tmp_path) == []  # the session's folder (run files, journals, ledger) is gone
+
+
+SLEEPER = '''
+import time
+
+
+def work(ctx):
+    time.sleep(60)  # a run that lasts: its runner is in the middle of it when told to stop
+'''
+
+
+def test_sigterm_ends_jobs_runners_in_the_middle_of_their_runs_with_their_schemas_dropped(pg_dsn, tmp_path):
+    """Protects: a --jobs runner ignored its parent's SIGTERM (its handler was undone by the call
+    that set its other signals), so a runner in the middle of a run went on until the parent gave
+    up and SIGKILLed it 10 s later, leaving that run's PostgreSQL schema behind."""
+    code_dir, run_dir = tmp_path / "code", tmp_path / "runs"
+    code_dir.mkdir()
+    run_dir.mkdir()
+    (code_dir / "sleeper.py").write_text(SLEEPER)
+    marker = f"kp-{uuid.uuid4().hex}"
+    env = {**os.environ, "KILLPOINT_TEST_MARK": marker, "PYTHONPATH": f"{ROOT}{os.pathsep}{code_dir}",
+           "TMPDIR": str(run_dir)}
+    cli = subprocess.Popen([sys.executable, "-m", "killpoint.harness.cli", "matrix", "--target", "sleeper:work",
+                            "--store", pg_dsn, "--jobs", "2", "--steps", "charge", "--actions", "kill", "--json"],
+                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    runners: list[int] = []
+
+    def both_runners_in_a_run() -> bool:
+        runners[:] = [p for p in children_of(cli.pid) if _schemas_of(pg_dsn, p)]
+        return len(runners) == 2
+
+    _wait(both_runners_in_a_run, 60, "two runners with a run's schema each", cli)
+    cli.send_signal(signal.SIGTERM)
+    out, err = cli.communicate(timeout=60)
+    assert cli.returncode == 143, err.decode(errors="replace")[-2000:]
+    assert "Traceback" not in err.decode(errors="replace")
+    assert [s for p in runners for s in _schemas_of(pg_dsn, p)] == []
+    assert wait_until_gone(marker) == []
+    assert os.listdir(run_dir) == []
