@@ -607,6 +607,16 @@ def test_a_target_whose_setup_refuses_the_run_fails_the_test_in_one_line(killpoi
         killpoint.run("", target=target, workload="single")
 
 
+def test_a_terminate_on_a_target_that_owns_its_state_fails_the_test_in_one_line(killpoint):
+    # It acts on killpoint's store, which such a target's workers never use: it did nothing and
+    # counted as fired (a buggy worker came out valid). Refused before any run, in one line.
+    import killpoint as kp
+
+    target = kp.target(lambda ctx: None, points=("before_ack",), owns_state=True)
+    with pytest.raises(pytest.fail.Exception, match=r"^killpoint: schedule .*store of its own"):
+        killpoint.run("A@before_ack:terminate", target=target, workload="single")
+
+
 @pytest.mark.parametrize("config, named", [
     ({"workers": 0}, "workers=0"),
     ({"same_identity": 2}, "same_identity=2"),

@@ -160,14 +160,14 @@ class Killpoint:
     def _check_schedule(self, config: "RunConfig") -> None:
         """Refuse, as ``killpoint replay`` does, a schedule that could never fire: a step the
         workload does not have, or a worker no run with these workers ever starts."""
-        from killpoint.errors import BadInput
+        from killpoint.errors import BadInput, InvalidTarget
         from killpoint.harness.supervise import check_schedule
 
         workload = self._workload(config.workload_spec or config.workload_name, config.seed)
         try:
             check_schedule(config.schedule, steps=workload.step_names, workers=config.workers,
                            owns_state=self._declared(config.target).owns_state)
-        except BadInput as exc:
+        except (BadInput, InvalidTarget) as exc:
             _fail(f"killpoint: {exc}")
 
     def _config(self, schedule: Any, target: Any, workload: Any, workers: int, seed: int | None,
