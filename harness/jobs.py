@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import pickle
-import signal
 import traceback
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
@@ -69,15 +68,12 @@ def _runner(session: "Session", configs: Sequence["RunConfig"], conn: Any, paren
     _die_with_parent(parent_pid)
     for end in inherited:  # the parent's ends of the pipes, ours included: with them closed here, a
         end.close()        # dead parent is an EOF to recv(), never a wait forever
-    # The parent decides: SIGINT and SIGHUP (the terminal's, sent to the whole group) are ignored,
-    # and it ends us by SIGTERM. unblock_sigint() ignores all three, so the SIGTERM handler comes
-    # after it: set before, it was undone, a runner in the middle of a run ignored the parent's
-    # SIGTERM and was SIGKILLed 10 s later, its run's schema left behind.
+    # The parent decides when we end: SIGINT, SIGTERM and SIGHUP (a terminal's, sent to the whole
+    # group) are ignored, and a runner told to stop finishes the run in hand, cleans it up, and
+    # ends (the parent waits 10 s before a SIGKILL). An exception raised by a SIGTERM handler in
+    # the middle of a run was tried: landing in the run's own cleanup, it cut it short and left
+    # the run's PostgreSQL schema behind.
     unblock_sigint()
-
-    def _terminate(signum: int, frame: Any) -> None:
-        raise SystemExit(143)  # unwinds the run in progress: its workers and files go first
-    signal.signal(signal.SIGTERM, _terminate)
     own = Session(session.base_dir, keep=session.keep, real_time=session.real_time,
                   downstream=session.downstream)
     try:
@@ -174,8 +170,8 @@ def run_many(session: "Session", configs: Sequence["RunConfig"], jobs: int) -> I
 
 
 def _end(runners: Sequence[tuple[Any, Any]]) -> None:
-    """End every runner: it finishes its run when told there is no other, else by SIGTERM (its run's
-    workers and files go first), else SIGKILL."""
+    """End every runner: told there is no other run, it finishes the one in hand and ends; one still
+    alive after 10.5 s is SIGKILLed."""
     for proc, conn in runners:
         try:
             conn.send(None)
@@ -184,7 +180,7 @@ def _end(runners: Sequence[tuple[Any, Any]]) -> None:
     for proc, conn in runners:
         proc.join(0.5 if proc.is_alive() else 0)
         if proc.is_alive():
-            proc.terminate()  # SIGTERM: it ends its run's workers and files, then exits
+            proc.terminate()  # ignored by a runner (see _runner): it finishes its run in hand
             proc.join(10)
         if proc.is_alive():
             proc.kill()
