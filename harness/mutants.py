@@ -575,32 +575,27 @@ MUTANTS: Mapping[str, Mutant] = MappingProxyType({m.name: m for m in _ZOO})
 
 def downstream_for(target: object) -> dict[str, Any]:
     """The downstream overrides a target name asks for (only ``mutant:NAME`` targets ask)."""
-    if isinstance(target, str) and target.startswith("mutant:"):
-        mutant = MUTANTS.get(target.split(":", 1)[1])
-        if mutant is not None:
-            return dict(mutant.downstream)
-    return {}
+    mutant = _named(target)
+    return dict(mutant.downstream) if mutant is not None else {}
 
 
 def overrides_for(target: object) -> dict[str, Any]:
     """RunConfig fields (other than workers) a ``mutant:NAME`` target needs, e.g. a tighter bound.
     Its timings are not among them: a run of the mutant takes them unless it is given its own
     (:func:`timing_for`, applied by :class:`RunConfig` itself)."""
-    if isinstance(target, str) and target.startswith("mutant:"):
-        mutant = MUTANTS.get(target.split(":", 1)[1])
-        if mutant is not None:
-            extra = mutant.run_overrides()
-            return {k: v for k, v in extra.items() if k == "bound_s"}
-    return {}
+    mutant = _named(target)
+    return {"bound_s": mutant.bound_s} if mutant is not None and mutant.bound_s is not None else {}
 
 
 def timing_for(target: object) -> Timing | None:
     """The timings a ``mutant:NAME`` target runs with unless given others (None: the defaults)."""
-    if isinstance(target, str) and target.startswith("mutant:"):
-        mutant = MUTANTS.get(target.split(":", 1)[1])
-        if mutant is not None and mutant.timing is not None:
-            return Timing(**mutant.timing)
-    return None
+    mutant = _named(target)
+    return Timing(**mutant.timing) if mutant is not None and mutant.timing is not None else None
+
+
+def _named(target: object) -> Mutant | None:
+    """The mutant a ``mutant:NAME`` target names (None: another target, or no such mutant)."""
+    return MUTANTS.get(target.split(":", 1)[1]) if isinstance(target, str) and target.startswith("mutant:") else None
 
 
 __all__ = ["MUTANTS", "BlindCommits", "Delegating", "Mutant", "blind_commit", "downstream_for",

@@ -51,10 +51,7 @@ def build(results: Sequence[RunResult], *, suite: str, reproduce: Callable[[RunR
     total_s = sum(r.duration_s for r in results) if elapsed_s is None else elapsed_s
     counts = {"tests": str(len(results)), "failures": str(failures), "errors": str(errors),
               "skipped": "0", "time": f"{total_s:.3f}"}
-    root = ET.Element("testsuites", {"name": clean(suite), **counts})
-    ts = ET.SubElement(root, "testsuite", {
-        "name": clean(suite), **counts, "hostname": clean(socket.gethostname()),
-        "timestamp": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")})
+    root, ts = _suites(suite, counts)
     for n, (r, report, test, must) in enumerate(zip(results, reports, tests, expected), start=1):
         schedule = str(r.config.schedule) or "no faults"
         case = ET.SubElement(ts, "testcase", {
@@ -101,32 +98,39 @@ def write(path: str, results: Sequence[RunResult], *, suite: str, reproduce: Cal
           reports: Sequence[str | None] | None = None, tests: Sequence[str | None] | None = None,
           elapsed_s: float | None = None, expect: Sequence[str | None] | None = None) -> str:
     """Write the JUnit XML of ``results`` to ``path`` atomically; returns ``path``."""
-    from killpoint.reports.files import write_text
-
     tree = build(results, suite=suite, reproduce=reproduce, reports=reports, tests=tests,
                  elapsed_s=elapsed_s, expect=expect)
     root = tree.getroot()
     assert root is not None  # build() always makes the <testsuites> element
-    text = ET.tostring(root, encoding="unicode")
-    return write_text(path, "<?xml version='1.0' encoding='utf-8'?>\n" + text)
+    return _write(path, root)
 
 
 def write_broken(path: str, *, suite: str, cause: str) -> str:
     """Write, for a command that the infrastructure ended before any run could be judged (the
     store unreachable), one ``<error>`` case naming the cause: CI that reads the file finds the
     command's failure in it, not a missing file, and never a pass."""
-    from killpoint.reports.files import write_text
-
     counts = {"tests": "1", "failures": "0", "errors": "1", "skipped": "0", "time": "0.000"}
+    root, ts = _suites(suite, counts)
+    case = ET.SubElement(ts, "testcase", {"classname": "killpoint", "name": "infrastructure", "time": "0.000"})
+    error = ET.SubElement(case, "error", {"message": clean(_clip(cause)), "type": "infrastructure"})
+    error.text = clean(cause)
+    return _write(path, root)
+
+
+def _suites(suite: str, counts: dict[str, str]) -> tuple[ET.Element, ET.Element]:
+    """The ``<testsuites>`` element and its one ``<testsuite>``, both carrying ``counts``."""
     root = ET.Element("testsuites", {"name": clean(suite), **counts})
     ts = ET.SubElement(root, "testsuite", {
         "name": clean(suite), **counts, "hostname": clean(socket.gethostname()),
         "timestamp": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")})
-    case = ET.SubElement(ts, "testcase", {"classname": "killpoint", "name": "infrastructure", "time": "0.000"})
-    error = ET.SubElement(case, "error", {"message": clean(_clip(cause)), "type": "infrastructure"})
-    error.text = clean(cause)
-    text = ET.tostring(root, encoding="unicode")
-    return write_text(path, "<?xml version='1.0' encoding='utf-8'?>\n" + text)
+    return root, ts
+
+
+def _write(path: str, root: ET.Element) -> str:
+    """Write the document atomically; returns ``path``."""
+    from killpoint.reports.files import write_text
+
+    return write_text(path, "<?xml version='1.0' encoding='utf-8'?>\n" + ET.tostring(root, encoding="unicode"))
 
 
 def _violated(r: RunResult) -> list[str]:
