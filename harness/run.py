@@ -533,6 +533,7 @@ class _Run:
         self.clock: run_clock.RunClock | None = None
         self._result: RunResult | None = None
         self._cleaned = False
+        self.left_behind: list[str] = []  # what cleanup() could not remove (a schema), said in the verdict
         self._preparing: "Generator[None, None, None] | None" = None
         self._prepared = False
 
@@ -745,7 +746,7 @@ class _Run:
             store = self.store
             steps.append(store.close)
             if not self.s.keep:  # an interrupted or broken run leaves no file or schema behind
-                steps.append(store.drop)
+                steps.append(functools.partial(self._drop, store))
         if not self.s.keep:
             steps.append(self.hooks.teardown)
         if self.clock is not None:
@@ -755,6 +756,24 @@ class _Run:
                 step()
             except Exception:
                 pass  # best effort: the cause that matters is the one being reported
+
+    def _drop(self, store: Store) -> None:
+        """Drop the run's tables; where that fails (the PostgreSQL server went away mid-run) the
+        schema stays in the database, so say which, with the statement that drops it, as a warning
+        and in the run's unknown reasons: nothing is left behind without a word."""
+        try:
+            store.drop()
+        except Exception as exc:
+            schema = getattr(store, "schema", None)
+            if not schema:
+                raise
+            line = (f"run {self.run_id} left its PostgreSQL schema {schema} in the database (dropping it failed: "
+                    f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}); drop it by hand: "
+                    f'DROP SCHEMA "{schema}" CASCADE')
+            self.left_behind.append(line)
+            import warnings
+
+            warnings.warn(line, KillpointWarning)
 
     def broken(self, exc: Exception, started: float) -> RunResult:
         """The run's result when its infrastructure broke: unknown, with the cause."""
@@ -770,5 +789,5 @@ class _Run:
         faults = self.config.schedule.faults
         fired = {str(f): fired_counts.get(i, 0) for i, f in enumerate(faults)}
         unfired = tuple(str(f) for i, f in enumerate(faults) if i not in fired_counts)
-        return RunResult(self.config, self.run_id, history, Verdict(None, (), (cause,)), fired,
+        return RunResult(self.config, self.run_id, history, Verdict(None, (), (cause, *self.left_behind)), fired,
                          unfired, len(workers), time.monotonic() - started, self.run_dir)

@@ -183,3 +183,104 @@ def test_sigterm_ends_like_ctrl_c_exit_143_with_no_process_folder_or_schema_left
     assert _schemas_of(pg_dsn, cli.pid) == []
     assert os.listdir(tmp_path) == []  # the session's folder (run files, journals, ledger) is gone
 
+
+
+class _Proxy:
+    """A TCP proxy on loopback in front of the PostgreSQL server: ``cut()`` is the server going away
+    (every connection through it closed, no new one accepted), for real, without touching the
+    server the other tests share."""
+
+    def __init__(self, host: str, port: int) -> None:
+        import socket
+        import threading
+
+        self._target = (host, port)
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._socks: list = []
+        self._lock = threading.Lock()
+        self._cut = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self._target)
+            with self._lock:
+                if self._cut:
+                    client.close()
+                    server.close()
+                    return
+                self._socks += [client, server]
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src, dst) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.close()
+                except OSError:
+                    pass
+
+    def cut(self) -> None:
+        import socket
+
+        with self._lock:
+            self._cut = True
+            self._listener.close()
+            for s in self._socks:
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                s.close()
+
+
+def test_a_schema_the_run_could_not_drop_is_named_with_the_statement_that_drops_it(pg_dsn):
+    """Protects: a PostgreSQL server that went away mid-run left the run's schema in the database
+    without a word (the drop failed in a best-effort cleanup). The run is unknown, and its reasons
+    and a KillpointWarning name the schema and the statement that drops it."""
+    import psycopg
+
+    from killpoint.errors import KillpointWarning
+    from killpoint.harness.store.postgres import connect
+
+    info = psycopg.conninfo.conninfo_to_dict(pg_dsn)
+    proxy = _Proxy(str(info.get("host") or "127.0.0.1"), int(info.get("port") or 5432))
+    from urllib.parse import quote
+
+    password = f":{quote(str(info['password']), safe='')}" if info.get("password") else ""
+    through = (f"postgresql://{quote(str(info.get('user') or 'postgres'), safe='')}{password}@127.0.0.1:{proxy.port}/"
+               f"{quote(str(info.get('dbname') or 'test'), safe='')}")
+    slug = None
+    try:
+        with Session() as session, pytest.warns(KillpointWarning, match="DROP SCHEMA") as caught:
+            result = session.run(RunConfig(workload="single", store=through,
+                                           after_quiescent=lambda store, client: proxy.cut()))
+            slug = result.run_id.replace("-", "_")
+        assert result.valid is None and result.verdict.violations == ()
+        [left] = [r for r in result.verdict.unknown_reasons if "left its PostgreSQL schema" in r]
+        schema = left.split("left its PostgreSQL schema ", 1)[1].split()[0]
+        assert f'DROP SCHEMA "{schema}" CASCADE' in left and result.run_id in left
+        assert any(schema in str(w.message) for w in caught)
+        with connect(pg_dsn) as admin:  # it is there: the message says what is true
+            assert admin.execute("SELECT count(*) FROM pg_namespace WHERE nspname = %s", (schema,)).fetchone()[0] == 1
+    finally:  # the schema left, found by this process's id and the run's, also when the test fails
+        proxy.cut()
+        with connect(pg_dsn, autocommit=True) as admin:
+            for name in _schemas_of(pg_dsn, os.getpid()):
+                if slug and slug in name:
+                    admin.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
