@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pickle
+import signal
 import traceback
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
@@ -68,12 +69,16 @@ def _runner(session: "Session", configs: Sequence["RunConfig"], conn: Any, paren
     _die_with_parent(parent_pid)
     for end in inherited:  # the parent's ends of the pipes, ours included: with them closed here, a
         end.close()        # dead parent is an EOF to recv(), never a wait forever
-    # The parent decides when we end: SIGINT, SIGTERM and SIGHUP (a terminal's, sent to the whole
-    # group) are ignored, and a runner told to stop finishes the run in hand, cleans it up, and
-    # ends (the parent waits 10 s before a SIGKILL). An exception raised by a SIGTERM handler in
-    # the middle of a run was tried: landing in the run's own cleanup, it cut it short and left
-    # the run's PostgreSQL schema behind.
+    # The parent decides when we end: SIGINT and SIGHUP (a terminal's, sent to the whole group)
+    # are ignored. Its SIGTERM (sent once it has told every runner there is no other run) is only
+    # remembered: the run in hand stops at its loop's next turn (signals.check), ends its workers
+    # and drops its tables as an interrupted run does, and the runner ends. A handler that raised
+    # where the signal landed was tried: landing in the run's own cleanup, it cut the drop short
+    # and left the run's PostgreSQL schema behind. Before, the signal was ignored and a run longer
+    # than the parent's 10 s wait was SIGKILLed, its schema left. The SIGKILL remains for a runner
+    # that reaches no check in that time (a target's hook that never returns).
     unblock_sigint()
+    signals.remember_only(signal.SIGTERM)
     own = Session(session.base_dir, keep=session.keep, real_time=session.real_time,
                   downstream=session.downstream)
     try:
@@ -94,10 +99,11 @@ def _runner(session: "Session", configs: Sequence["RunConfig"], conn: Any, paren
             conn.send_bytes(_dumps((index, {f.name: getattr(result, f.name)
                                             for f in dataclasses.fields(result) if f.name != "config"},
                                     None)))
-    except (EOFError, BrokenPipeError, ConnectionResetError):
-        # The parent is gone, or gave up on this result: there is no one to tell. End as after a
-        # SIGTERM, quietly (the parent's own line says why the command ended), never with the
-        # traceback multiprocess prints for an exception that leaves a process.
+    except (EOFError, BrokenPipeError, ConnectionResetError, KeyboardInterrupt):
+        # The parent is gone, gave up on this result, or ended us (SIGTERM, raised at a check as
+        # Terminated): there is no one to tell. End quietly (the parent's own line says why the
+        # command ended), never with the traceback multiprocess prints for an exception that leaves
+        # a process.
         return
     finally:
         own.close()
@@ -170,8 +176,9 @@ def run_many(session: "Session", configs: Sequence["RunConfig"], jobs: int) -> I
 
 
 def _end(runners: Sequence[tuple[Any, Any]]) -> None:
-    """End every runner: told there is no other run, it finishes the one in hand and ends; one still
-    alive after 10.5 s is SIGKILLed."""
+    """End every runner: told there is no other run, an idle one ends; one still busy after 0.5 s
+    is sent SIGTERM, which stops its run in hand at the next check and cleans it up (see
+    :func:`_runner`); one still alive 10 s later is SIGKILLed."""
     for proc, conn in runners:
         try:
             conn.send(None)
@@ -180,7 +187,7 @@ def _end(runners: Sequence[tuple[Any, Any]]) -> None:
     for proc, conn in runners:
         proc.join(0.5 if proc.is_alive() else 0)
         if proc.is_alive():
-            proc.terminate()  # ignored by a runner (see _runner): it finishes its run in hand
+            proc.terminate()  # remembered by a runner (see _runner): its run stops at a safe point
             proc.join(10)
         if proc.is_alive():
             proc.kill()

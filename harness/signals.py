@@ -52,6 +52,20 @@ def install_handlers() -> None:
         signal.signal(sig, _handler)
 
 
+def _remember(signum: int, frame: Any) -> None:
+    _received.append(signum)
+
+
+def remember_only(*sigs: int) -> None:
+    """For a ``--jobs`` runner: ``sigs`` are remembered, never raised where they land, so that a run
+    in hand ends at the next safe point -- :func:`check`, at the top of a run and of every turn of
+    its supervising loop -- and takes the interrupted run's own cleanup whole (an exception raised
+    by the handler could land inside that cleanup and cut its schema's drop short)."""
+    _received.clear()
+    for sig in sigs:
+        signal.signal(sig, _remember)
+
+
 def received() -> int | None:
     """The first signal received since :func:`install_handlers`, if any."""
     return _received[0] if _received else None

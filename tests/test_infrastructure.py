@@ -284,3 +284,59 @@ def test_a_schema_the_run_could_not_drop_is_named_with_the_statement_that_drops_
             for name in _schemas_of(pg_dsn, os.getpid()):
                 if slug and slug in name:
                     admin.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+
+
+
+_LONG_RUNS = """
+import sys, time
+import killpoint
+from killpoint.harness import signals
+from killpoint.harness.run import RunConfig, Session
+
+def work(ctx):
+    time.sleep(600)  # real time: a run as long as its bound, far past the parent's 10 s wait
+
+target = killpoint.target(work)
+signals.install_handlers()  # as the command line does: SIGTERM raises Terminated here
+with Session() as session:
+    configs = [RunConfig(target=target, workload="single", workers=1, store=sys.argv[1], bound_s=300)
+               for _ in range(2)]
+    for _ in session.run_many(configs, jobs=2):
+        pass
+"""
+
+
+def test_sigterm_ends_jobs_runners_whose_runs_are_long_leaving_no_schema(pg_dsn, tmp_path):
+    """Protects: a ``--jobs`` runner ignored SIGTERM and finished its run in hand; a run longer than
+    the parent's 10 s wait was SIGKILLed with its runner and left its PostgreSQL schema. Now the
+    signal stops the run in hand at its loop's next turn and the run cleans up as an interrupted
+    one does. Each run here sleeps in real time far past that wait, so only the signal ends it."""
+    marker = f"kp-{uuid.uuid4().hex}"
+    script = tmp_path / "long_runs.py"
+    script.write_text(_LONG_RUNS)
+    run_dir = tmp_path / "runs"
+    run_dir.mkdir()
+    env = {**os.environ, "KILLPOINT_TEST_MARK": marker, "PYTHONPATH": ROOT, "TMPDIR": str(run_dir)}
+    proc = subprocess.Popen([sys.executable, str(script), pg_dsn], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, cwd=ROOT)
+    # Both runners' runs under way: each has its schema (the runners are the script's children).
+    _wait(lambda: sum(len(_schemas_of(pg_dsn, pid)) for pid in children_of(proc.pid)) >= 2, 60,
+          "both runners' schemas", proc)
+    runners = children_of(proc.pid)
+    proc.send_signal(signal.SIGTERM)
+    try:
+        out, err = proc.communicate(timeout=120)
+        text = err.decode(errors="replace")
+        assert proc.returncode != 0 and "Terminated" in text, text[-2000:]  # the script's own end
+        assert "Process killpoint-runner" not in text, text[-3000:]  # no runner's traceback
+        assert wait_until_gone(marker) == []
+        assert [s for pid in runners for s in _schemas_of(pg_dsn, pid)] == []
+        assert os.listdir(run_dir) == []
+    finally:  # what a failure left, gone: the processes by PID, the schemas by their runner's
+        proc.kill()
+        proc.communicate()
+        from killpoint.harness.store.postgres import connect
+
+        with connect(pg_dsn, autocommit=True) as admin:
+            for name in [s for pid in runners for s in _schemas_of(pg_dsn, pid)]:
+                admin.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
