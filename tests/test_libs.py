@@ -214,7 +214,7 @@ def test_procrastinate_leaves_no_schema_behind_with_any_number_of_jobs(pg_dsn, j
     before = _procrastinate_schemas(pg_dsn)
     code, out = matrix("procrastinate:keyed", "--points", "before_call,after_call", "--steps", "charge",
                        "--actions", "kill", "--jobs", jobs, env={"KILLPOINT_PG_DSN": pg_dsn})
-    assert (code, out["valid"], out["runs"]) == (0, True, 2), out["unknown"]
+    assert (code, out["valid"], out["runs"]) == (0, True, 2), (out["violations"], out["unknown"])
     assert _procrastinate_schemas(pg_dsn) - before == set()
 
 
