@@ -86,8 +86,18 @@ def _harness(e: Event) -> str:
     if e.kind == v.REPLACEMENTS_STOPPED:
         return f"no more replacements: the target raised {d.get('error')} again (in {worker})"
     if e.kind == v.LATE_GRACE_OVER:
-        return (f"{', '.join(d.get('workers') or ())} resumed late and still running {d.get('seconds'):g} s "
-                f"after the target's done() said yes: ended as workers that serve forever")
+        # seconds: the grace, in time the workers could run; wall_s: what it took on the clock
+        # (absent from histories written before the grace left out the wait for a CPU).
+        workers, wall = ", ".join(d.get("workers") or ()), d.get("wall_s")
+        if d.get("capped"):
+            return (f"{workers} resumed late and still running {wall:.1f} s after the target's done() said "
+                    f"yes, most of it waiting for a CPU (the cap on the {d.get('seconds'):g} s grace): "
+                    f"ended as workers that serve forever")
+        waited = ""
+        if wall is not None and round(wall, 1) > d.get("seconds"):
+            waited = f" (in {wall:.1f} s of wall time: time spent waiting for a CPU does not count)"
+        return (f"{workers} resumed late and still running {d.get('seconds'):g} s after the target's done() "
+                f"said yes{waited}: ended as workers that serve forever")
     if e.kind == v.EXIT:
         how = f"killed by {d['signal']}" if d.get("signal") else f"exit code {d.get('code')}"
         return f"worker {worker}{_pid(pid)} ended, {how}"

@@ -58,6 +58,7 @@ EXIT_DISK = 75  # EX_TEMPFAIL: a worker that ended because the disk failed it
 POLL_S = 0.02  # the loop's wait for a message or an exit
 STARVED_S = 0.05  # a wait that overran by more than this: the machine starved the harness
 LATE_GRACE_S = 1.0  # how long a late (resumed) worker of an owned-state target may go on after done()
+LATE_GRACE_CAP_S = 20 * LATE_GRACE_S  # ... at most, in wall time, however long it waited for a CPU
 
 
 def disk_failed(exc: BaseException) -> bool:
@@ -150,6 +151,27 @@ class WorkerProcess:
     @property
     def events(self) -> int:
         return self.inbox.fd
+
+
+def runqueue_waits(pid: int) -> dict[int, int] | None:
+    """How long each thread of process ``pid`` has waited, runnable, for a CPU: nanoseconds by
+    thread id, the second field of Linux's /proc/PID/task/TID/schedstat. None where that cannot be
+    read (the process is gone, or this is not Linux); a thread that ends while it is read is left out.
+
+    This is the time a loaded machine held the process back: a late worker's grace is counted
+    without it (:meth:`Supervisor.owned_done`)."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    waits = {}
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                waits[int(tid)] = int(f.read().split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    return waits
 
 
 def _die_with_parent(parent_pid: int | None = None) -> None:
@@ -302,6 +324,8 @@ class Supervisor:
         self.replaces: dict[str, str] = {}  # identity about to start -> the dead worker id it replaces
         self._next_done_poll = 0.0
         self._done_at: float | None = None  # when done() first said yes with a late worker alive
+        # each late worker's runqueue_waits (by PID) from then, or from its resume if that came later
+        self._late_waits: dict[int, dict[int, int] | None] = {}
         self.schedule = config.schedule
         self.run_id = run_id
         self.run_dir = run_dir
@@ -677,13 +701,34 @@ class Supervisor:
         # A worker resumed after its pause is the stale worker of the lease-takeover exercise:
         # what it does now (its late calls and writes) is what the run is for, so done() does not
         # cut it short. A library's worker loop exits by itself once the work is done; one that
-        # serves forever is ended LATE_GRACE_S after done() first said yes.
+        # serves forever is ended LATE_GRACE_S after done() first said yes -- counted in time it
+        # could run. In wall time, a loaded machine (a CI runner) that left the worker runnable
+        # but off the CPU had it ended before its late call landed: a duplicate came out valid.
+        # So the time its threads waited for a CPU since then is not counted (summed over its
+        # threads: more grace, never less; of several late workers, the one held back longest),
+        # up to LATE_GRACE_CAP_S of wall time, so that a worker starved for good cannot hold the
+        # run (nor can any, past its bound). A worker whose waits cannot be read gets wall time.
         if self._done_at is None:
             self._done_at = now
-        if now - self._done_at < LATE_GRACE_S:
+        for w in late:
+            if w.proc.pid not in self._late_waits:
+                self._late_waits[w.proc.pid] = runqueue_waits(w.proc.pid)
+        wall = now - self._done_at
+        held = max(self._held_back_s(w.proc.pid) for w in late)
+        capped = wall - held < LATE_GRACE_S  # over only because of the cap, if at all
+        if capped and wall < LATE_GRACE_CAP_S:
             return False
-        self.note(vocab.LATE_GRACE_OVER, workers=[w.label for w in late], seconds=LATE_GRACE_S)
+        self.note(vocab.LATE_GRACE_OVER, workers=[w.label for w in late], seconds=LATE_GRACE_S,
+                  wall_s=round(wall, 3), capped=capped)
         return True
+
+    def _held_back_s(self, pid: int) -> float:
+        """How long late worker ``pid``'s threads have waited for a CPU since its grace began
+        (0 where that cannot be read). A thread started since counts from its start."""
+        before, now = self._late_waits.get(pid), runqueue_waits(pid)
+        if before is None or now is None:
+            return 0.0
+        return sum(max(0, ns - before.get(tid, 0)) for tid, ns in now.items()) / 1e9
 
     def _store_done(self) -> bool:
         now, rows = self.store.snapshot()

@@ -92,4 +92,6 @@ TERMINATE_BACKEND = "terminate_backend"
 INFRASTRUCTURE_FAILURE = "infrastructure_failure"  # phase, error: the run ended unknown
 STARVED = "starved"  # ms: the harness's own wait overran by this much (the machine was busy)
 REPLACEMENTS_STOPPED = "replacements_stopped"  # worker, error: the target raised the same exception again
-LATE_GRACE_OVER = "late_grace_over"  # workers, seconds: resumed workers still running that long after done()
+# workers, seconds, wall_s, capped: resumed workers still running that long after done() in time they
+# could run (waits for a CPU not counted), wall_s on the clock; capped: starved until the wall-time cap
+LATE_GRACE_OVER = "late_grace_over"

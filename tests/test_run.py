@@ -481,6 +481,127 @@ def test_a_late_worker_that_serves_forever_is_ended_a_grace_after_done(session):
     assert result.duration_s < 10
 
 
+def _busy_loops(cpu: int, n: int) -> list:
+    """``n`` processes spinning on ``cpu``, each pinned there and spinning before this returns.
+    The caller ends them (:func:`_end`), also when its test fails."""
+    import subprocess
+    import sys
+
+    spin = f"import os, sys\nos.sched_setaffinity(0, {{{cpu}}})\nsys.stdout.write('x'); sys.stdout.flush()\n" \
+           "while True: pass"
+    hogs: list = []
+    try:
+        for _ in range(n):
+            hogs.append(subprocess.Popen([sys.executable, "-c", spin], stdout=subprocess.PIPE))
+            assert hogs[-1].stdout.read(1) == b"x"  # pinned, and spinning from now on
+            hogs[-1].stdout.close()
+    except BaseException:
+        _end(hogs)
+        raise
+    return hogs
+
+
+def _end(hogs: list) -> None:
+    """SIGKILL each busy loop by its PID and reap it."""
+    for hog in hogs:
+        hog.kill()
+    for hog in hogs:
+        hog.wait()
+
+
+def _starved_late_charger(cpu: int, cpu_s: float):
+    """Like ``_late_charger(serve_forever=True)``, but its late step (a worker resumed after the
+    order was charged) runs pinned to ``cpu`` and needs ``cpu_s`` of CPU time before its duplicate
+    call; then the worker unpins, and its loop idles."""
+    import time as _time
+
+    import killpoint
+
+    everywhere = os.sched_getaffinity(0)
+
+    def work(ctx):
+        marker = os.path.join(ctx.run_dir, "charged")
+        while True:
+            if not os.path.exists(marker):
+                with ctx.at("order-1", "charge"):
+                    ctx.point("before_charge")
+                    if os.path.exists(marker):  # resumed after B charged: the late step
+                        os.sched_setaffinity(0, {cpu})
+                        spent = _time.thread_time() + cpu_s
+                        while _time.thread_time() < spent:
+                            pass
+                    ctx.downstream.call("payment", key=f"{ctx.worker_id}:charge", params={"amount": 1},
+                                        meta={"instance": "order-1", "step": "charge"})
+                    os.sched_setaffinity(0, everywhere)
+                    ctx.point("after_charge")
+                open(marker, "w").close()
+            _time.sleep(0.005)
+
+    def done(run):
+        return os.path.exists(os.path.join(run.run_dir, "charged"))
+
+    return killpoint.target(work, points=("before_charge", "after_charge"), owns_state=True, done=done,
+                            final_states=lambda run: {("order-1", "charge"): "succeeded" if done(run) else "running"})
+
+
+def _run_starved(session, cpu_s: float):
+    """A paused at its charge and resumed once B charged, its late step (``cpu_s`` of CPU time)
+    starved on a CPU beside three busy loops: at a quarter of it, 4x ``cpu_s`` of wall time."""
+    cpu = min(os.sched_getaffinity(0))
+    target = _starved_late_charger(cpu, cpu_s)
+    schedule = chaos.parse("A@charge.before_charge:1*pause", points=frozenset(target.points))
+    hogs = _busy_loops(cpu, 3)
+    try:
+        result = session.run(RunConfig(schedule=schedule, target=target, workload="single", bound_s=60))
+    finally:
+        _end(hogs)
+    assert result.fired == {"A@charge.before_charge:1*pause": 1} and not result.history.bound_hit
+    return result
+
+
+pins_cpus = pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or not os.path.exists(f"/proc/{os.getpid()}/task"),
+                               reason="pins processes to a CPU and reads their runqueue wait (Linux)")
+
+
+@pins_cpus
+def test_a_late_worker_starved_of_cpu_gets_its_grace_in_time_it_could_run(session):
+    """Protects: the grace of a late worker that serves forever was wall time, so on a loaded
+    machine (a CI runner) the worker, runnable but not given the CPU, was ended before its late
+    call landed and a duplicate charge came out valid. Here A, resumed, pins itself to a CPU that
+    three busy loops share, so its late step (0.5 s of CPU before the call) takes about 2 s of wall
+    time at a quarter of the CPU, past a 1 s wall-time grace; counted in time it could run, A makes
+    its call and the duplicate is judged. A then unpins (its loop is idle) and is ended by the grace."""
+    from killpoint.harness.narrate import describe
+    from killpoint.harness.supervise import LATE_GRACE_S
+
+    result = _run_starved(session, cpu_s=0.5)
+    assert result.valid is False, (result.verdict.unknown_reasons, result.history.of("harness", "late_grace_over"))
+    assert {v.invariant for v in result.verdict.violations} == {"no_duplicate_effects"}
+    [over] = result.history.of("harness", "late_grace_over")
+    assert over.get("workers") == ["A"] and over.get("seconds") == LATE_GRACE_S
+    assert over.get("wall_s") > LATE_GRACE_S and not over.get("capped")  # A waited for the CPU
+    assert describe(over).startswith("A resumed late and still running 1 s after the target's done() said yes "
+                                     "(in "), describe(over)
+
+
+@pins_cpus
+def test_a_late_worker_starved_past_the_cap_is_ended_and_the_history_says_so(session, monkeypatch):
+    """Protects: a late worker that never gets the CPU cannot hold the run: its grace ends at
+    LATE_GRACE_CAP_S of wall time, however little of it the worker could run. The cap is lowered
+    here to 1.5 s, far below the ~8 s the starved late step takes, so A is ended before its call."""
+    from killpoint.harness import supervise
+    from killpoint.harness.narrate import describe
+
+    monkeypatch.setattr(supervise, "LATE_GRACE_CAP_S", 1.5)
+    result = _run_starved(session, cpu_s=2.0)
+    [over] = result.history.of("harness", "late_grace_over")
+    assert over.get("capped") is True and 1.5 <= over.get("wall_s") < 10, over.data
+    assert describe(over).startswith("A resumed late and still running 1.5 s after the target's done() said yes, "
+                                     "most of it waiting for a CPU (the cap on the 1 s grace)"), describe(over)
+    calls = [e.get("key") for e in result.history.events if e.process == "downstream" and e.kind == "request"]
+    assert calls == ["B:charge"]  # A was ended before its late call
+
+
 def test_a_worker_still_paused_at_the_bound_makes_the_run_unknown_never_valid(session):
     """Protects: a pause whose worker never came back has not tested what the pause is for (the
     stale worker's late writes); every step settled is not enough for a valid verdict then. Here
