@@ -596,8 +596,11 @@ def test_a_late_worker_starved_past_the_cap_is_ended_and_the_history_says_so(ses
     result = _run_starved(session, cpu_s=2.0)
     [over] = result.history.of("harness", "late_grace_over")
     assert over.get("capped") is True and 1.5 <= over.get("wall_s") < 10, over.data
-    assert describe(over).startswith("A resumed late and still running 1.5 s after the target's done() said yes, "
-                                     "most of it waiting for a CPU (the cap on the 1 s grace)"), describe(over)
+    import re
+
+    # The wall time it says is what the loop saw, 1.5 s or a little more on a busy machine.
+    assert re.match(r"A resumed late and still running \d+\.\d s after the target's done\(\) said yes, "
+                    r"most of it waiting for a CPU \(the cap on the 1 s grace\)", describe(over)), describe(over)
     calls = [e.get("key") for e in result.history.events if e.process == "downstream" and e.kind == "request"]
     assert calls == ["B:charge"]  # A was ended before its late call
 
