@@ -77,6 +77,18 @@ def whole_number(text: str) -> int | None:
     return int(text) if re.fullmatch(r"-?[0-9]+", text) else None
 
 
+def decimal_number(text: str) -> float | None:
+    """``text`` as float() reads it when it is written in ASCII without underscores (``None``
+    otherwise): float() also reads other scripts' digits ('\u0660.\u0665', '\uff12') and '1_0'.
+    What float() reads beyond digits (an exponent, 'inf', 'nan') is left to the caller's range."""
+    if not text.isascii() or "_" in text:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
 class InvalidSettings(BadInput):
     """The ``[tool.killpoint]`` table has a key we do not know or a value of the wrong kind."""
 
@@ -171,12 +183,11 @@ def parse_timing(text: str) -> dict[str, float]:
     out: dict[str, Any] = {}
     for part in (p.strip() for p in text.split(",") if p.strip()):
         name, sep, value = part.partition("=")
-        try:
-            out[name.strip()] = float(value) if sep else None
-        except ValueError:
-            raise BadInput(f"--timing {_clip(text)}: {part!r} is not NAME=MILLISECONDS") from None
-        if not sep:
-            raise BadInput(f"--timing {_clip(text)}: {part!r} is not NAME=MILLISECONDS")
+        ms = decimal_number(value) if sep else None
+        if ms is None:  # ASCII only, as every other number: float() also read '\uff12\uff10\uff10'
+            raise BadInput(f"--timing {_clip(text)}: {part!r} is not NAME=MILLISECONDS (a number in "
+                           f"ASCII digits)")
+        out[name.strip()] = ms
     return _timing(out, "--timing")
 
 
@@ -208,5 +219,5 @@ def _clip(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
 
-__all__ = ["MAX_TIMING_MS", "Settings", "InvalidSettings", "find", "load", "parse", "parse_timing", "timing_problem",
-           "whole_number"]
+__all__ = ["MAX_TIMING_MS", "Settings", "InvalidSettings", "decimal_number", "find", "load",
+           "parse", "parse_timing", "timing_problem", "whole_number"]

@@ -375,6 +375,51 @@ def test_a_seed_is_ascii_digits_with_an_optional_minus(capsys, command, seed):
     assert f"--seed: {seed!r}" in line and "ASCII digits" in line, line
 
 
+# Every integer option of every command, with values int() read as another number than the one typed.
+_INTEGER_OPTIONS = [(["matrix"], "--workers"), (["matrix"], "--jobs"), (["matrix"], "--depth"),
+                    (["explore"], "--budget"), (["explore"], "--max-faults"), (["explore"], "--workers"),
+                    (["replay", "A@charge.after_call:kill"], "--repeat"),
+                    (["replay", "A@charge.after_call:kill"], "--workers"),
+                    (["report", "--schedule", ""], "--workers"), (["demo"], "--workers"),
+                    (["scenario", "lease_takeover"], "--repeat"), (["selftest"], "--jobs")]
+
+
+@pytest.mark.parametrize("command, option", _INTEGER_OPTIONS)
+@pytest.mark.parametrize("value", ["\u0662", "\uff12", "+2", "2_0", " 2", "0x10", "2.0"])
+def test_an_integer_option_is_ascii_digits_as_a_seed_is(capsys, command, option, value):
+    """Protects: --workers \u0663 (an Arabic-Indic 3), a fullwidth \uff12, +2, 2_0 (20 workers) or
+    ' 2' ran, read by int() as another text than the reproduce line gives back; every integer
+    option is read as --seed is, in ASCII digits (a leading minus reaches the option's own range
+    check), and anything else is exit 2 naming the option and the value, before any run."""
+    code, out, err = run_cli(capsys, *command, option, value)
+    assert code == 2 and out == ""
+    (line,) = err.strip().splitlines()
+    assert f"argument {option}: " in line and repr(value) in line and "ASCII digits" in line, line
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["replay", "A@charge.after_call:kill", "--same-identity", "\u0660.\u0665"], "--same-identity: '\u0660.\u0665'"),
+    (["replay", "A@charge.after_call:kill", "--same-identity", "0.0_5"], "--same-identity: '0.0_5'"),
+    (["matrix", "--timing", "lease-ttl-ms=\uff12\uff10\uff10"], "'lease-ttl-ms=\uff12\uff10\uff10'"),
+    (["matrix", "--timing", "poll-ms=1_0"], "'poll-ms=1_0'"),
+])
+def test_a_fractional_option_is_ascii_too(capsys, argv, named):
+    """Protects: float() read --same-identity \u0660.\u0665 (Arabic-Indic 0.5) as 0.5 and
+    --timing lease-ttl-ms=\uff12\uff10\uff10 (fullwidth) as 200 ms; both are exit 2 naming them."""
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2 and out == ""
+    (line,) = err.strip().splitlines()
+    assert named in line and "ASCII digits" in line, line
+
+
+def test_integer_options_still_read_plain_digits(capsys):
+    code, out, err = run_cli(capsys, "matrix", "--workload", "single", "--points", "after_call",
+                             "--actions", "kill", "--workers", "03", "--jobs", "1", "--depth", "1", "--json", "-q")
+    assert code == 0 and json.loads(out)["runs"] == 1
+    code, out, err = run_cli(capsys, "matrix", "--workers", "-1")  # the range, as --workers 0
+    assert code == 2 and "--workers -1: use a number from 1 to 26" in err
+
+
 def test_a_negative_seed_is_still_a_seed(capsys):
     code, out, err = run_cli(capsys, "replay", "A@charge.after_call:kill", "--seed", "-3", "--json", "-q")
     assert code == 0 and json.loads(out)["results"][0]["seed"] == -3

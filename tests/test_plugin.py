@@ -430,6 +430,7 @@ def test_an_unknown_key_in_the_tool_killpoint_table_stops_the_session_naming_it(
     ("--killpoint-seed", "1_000", "1_000"),
     ("--killpoint-budget", "0", "0"),
     ("--killpoint-shard", "3/2", "3/2"),
+    ("--killpoint-shard", "\u0661/\u0662", "\u0661/\u0662"),  # Arabic-Indic 1/2: \d matched it
 ])
 def test_a_bad_option_value_stops_the_session_naming_it(pytester, option, value, named):
     # In process: the session ends at configure time, before any test or process starts.

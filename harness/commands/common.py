@@ -10,7 +10,7 @@ import os
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from killpoint.chaos.points import DB_POINTS, DEFAULT_POINTS, ORDERED_POINTS, POINTS
 from killpoint.errors import SHOWN_LIMIT, BadInput, shown
@@ -31,7 +31,8 @@ def add_common(p: argparse.ArgumentParser, *, target: bool = True, report: bool 
         p.add_argument("--target", default="reference",
                        help="reference, mutant:NAME or pkg.module:function (default: reference)")
     p.add_argument("--store", default="sqlite", help="sqlite (default) or a postgresql:// URL")
-    p.add_argument("--workers", type=int, default=2, help="worker processes per run (default: 2)")
+    p.add_argument("--workers", type=whole("--workers"), default=2, metavar="N",
+                   help="worker processes per run (default: 2)")
     add_seed(p)
     p.add_argument("--workload", default=None,
                    help="orders, single, plain or pkg.module:function (default: the target's own, else "
@@ -72,6 +73,36 @@ def _seed(text: str) -> int:
     return number
 
 
+def whole(option: str) -> Callable[[str], int]:
+    """The ``type=`` of an integer option (``--workers``, ``--budget``, ``--depth``, ``--repeat``,
+    ...): read as a seed is (:func:`killpoint.harness.settings.whole_number`), in ASCII digits
+    with an optional leading minus, so that ``--workers \u0663`` (an Arabic-Indic 3), ``\uff12``
+    (a fullwidth 2), ``+3``, ``3_000``, ``' 3'`` and ``0x10`` are refused naming the value rather
+    than read by int() as another number than the reproduce line gives back. The range is the
+    command's to check."""
+    from killpoint.harness.settings import whole_number
+
+    def parse(text: str) -> int:
+        number = whole_number(text)
+        if number is None:  # argparse says "argument --workers: " first
+            raise argparse.ArgumentTypeError(f"{shown(text)}: give a whole number in ASCII digits")
+        return number
+
+    parse.__name__ = option  # what argparse would name in its own messages
+    return parse
+
+
+def fraction(text: str) -> float:
+    """The ``type=`` of a non-integer option (``--same-identity``): a number as float() reads it,
+    but in ASCII (:func:`killpoint.harness.settings.decimal_number`); the range is the command's."""
+    from killpoint.harness.settings import decimal_number
+
+    number = decimal_number(text)
+    if number is None:  # argparse says "argument --same-identity: " first
+        raise argparse.ArgumentTypeError(f"{shown(text)}: give a number in ASCII digits")
+    return number
+
+
 def add_real_time(p: argparse.ArgumentParser, help_text: str) -> None:
     """``--real-time``, and ``--no-real-time`` to win over ``real-time = true`` in ``[tool.killpoint]``."""
     p.add_argument("--real-time", action=argparse.BooleanOptionalAction, default=None,
@@ -86,12 +117,12 @@ def add_jobs(p: argparse.ArgumentParser) -> None:
 
 
 def _jobs(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"--jobs {shown(text)}: give a whole number of at least 1")
+    from killpoint.harness.settings import whole_number
+
+    n = whole_number(text)
+    if n is None or n < 1:
+        raise argparse.ArgumentTypeError(f"--jobs {shown(text)}: give a whole number of at least 1 "
+                                         f"in ASCII digits")
     return n
 
 

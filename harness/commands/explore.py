@@ -28,8 +28,8 @@ import json
 from typing import Any
 
 from killpoint.harness.commands.common import (EXIT_UNKNOWN, EXIT_VALID, EXIT_VIOLATED, BadInput, Summary,
-                                               add_common, jobs_of, progress_for, report_hint, run_config,
-                                               target_points, write_html, write_junit)
+                                               add_common, jobs_of, progress_for, report_hint,
+                                               run_config, target_points, whole, write_html, write_junit)
 from killpoint.harness.explore import DEFAULT_DATABASE, Exploration
 
 HELP = ("search schedules with Hypothesis (several faults per run); shrink a failure to a minimal "
@@ -38,10 +38,10 @@ HELP = ("search schedules with Hypothesis (several faults per run); shrink a fai
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_common(p)
-    p.add_argument("--budget", type=int, default=100, metavar="N",
+    p.add_argument("--budget", type=whole("--budget"), default=100, metavar="N",
                    help="schedules to try before giving up (default: 100); shrinking a "
                         "counterexample takes extra runs")
-    p.add_argument("--max-faults", type=int, default=3, metavar="K",
+    p.add_argument("--max-faults", type=whole("--max-faults"), default=3, metavar="K",
                    help="at most K faults per schedule (default: 3)")
     p.add_argument("--points", default=None,
                    help="comma-separated crash points (default: all but the PostgreSQL store's "

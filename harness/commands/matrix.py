@@ -27,7 +27,7 @@ from killpoint.chaos import generator
 from killpoint.chaos.generator import ACTIONS, FORMS
 from killpoint.chaos.points import DB_POINTS
 from killpoint.harness.commands.common import (declared_target, jobs_of, Summary, add_common, finish, parse_steps,
-                                               progress_for, run_config, target_points, workload_of)
+                                               progress_for, run_config, target_points, whole, workload_of)
 from killpoint.harness.run import Session
 
 HELP = ("run every single-fault schedule (each point x each step, killed or paused past its lease), "
@@ -46,7 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "resume: the stale-worker case), and on a postgresql:// store terminate "
                         "(pg_terminate_backend of the worker's sessions at every point and inside "
                         "the store's COMMIT); default kill,pause")
-    p.add_argument("--depth", type=int, choices=(1, 2), default=1,
+    p.add_argument("--depth", type=whole("--depth"), choices=(1, 2), default=1,
                    help="1: every single crash (default); 2: every ordered pair of crashes")
     p.add_argument("--forms", default=None,
                    help="with --depth 2 only: workers (A then B), hits (A twice, restarted under its "

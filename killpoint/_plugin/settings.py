@@ -156,7 +156,8 @@ def _settings(config: pytest.Config) -> Settings:
         values["points"] = chosen
     shard, where = _raw(config, "shard")
     if shard is not None:
-        m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", shard)
+        # ASCII digits, as every number of the plugin's: \d also matched an Arabic-Indic 1.
+        m = re.fullmatch(r"\s*([0-9]+)\s*/\s*([0-9]+)\s*", shard)
         if not m or not 1 <= int(m[1]) <= int(m[2]):
             raise pytest.UsageError(f"{where} {shard!r}: expected K/N with 1 <= K <= N, as in 1/4")
         values["shard"] = (int(m[1]), int(m[2]))
