@@ -420,6 +420,27 @@ def test_integer_options_still_read_plain_digits(capsys):
     assert code == 2 and "--workers -1: use a number from 1 to 26" in err
 
 
+@pytest.mark.parametrize("argv, named", [
+    (["matrix", "--points", "after_call,"], "--points 'after_call,'"),
+    (["matrix", "--points", "after_call,,in_call"], "--points 'after_call,,in_call'"),
+    (["explore", "--points", ",after_call"], "--points ',after_call'"),
+    (["matrix", "--steps", "charge, ,reserve"], "--steps 'charge, ,reserve'"),
+    (["explore", "--steps", "charge,"], "--steps 'charge,'"),
+    (["matrix", "--actions", "kill,"], "--actions 'kill,'"),
+    (["matrix", "--depth", "2", "--forms", "hits,"], "--forms 'hits,'"),
+    (["selftest", "--mutants", "no-cas,"], "--mutants 'no-cas,'"),
+    (["matrix", "--timing", "lease-ttl-ms=200,"], "--timing: 'lease-ttl-ms=200,'"),
+])
+def test_an_empty_item_in_a_list_is_refused_naming_the_value(capsys, argv, named):
+    """Protects: --points after_call, (a trailing comma, or a,,b) ran as if the stray comma were not
+    there, though a name was likely lost from the list; every comma-separated option refuses an
+    empty item, exit 2 naming the value, as it refuses an empty list."""
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2 and out == ""
+    (line,) = err.strip().splitlines()
+    assert named in line and "stray comma" in line, line
+
+
 def test_a_negative_seed_is_still_a_seed(capsys):
     code, out, err = run_cli(capsys, "replay", "A@charge.after_call:kill", "--seed", "-3", "--json", "-q")
     assert code == 0 and json.loads(out)["results"][0]["seed"] == -3

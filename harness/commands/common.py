@@ -163,12 +163,18 @@ def one_line(message: str, limit: int = 800) -> str:
     return line if len(line) <= limit else line[:limit] + "..."
 
 
-def _names(text: str, option: str) -> tuple[str, ...]:
+def _names(text: str, option: str, left_out: str = "all") -> tuple[str, ...]:
     """The comma-separated names of an option given explicitly: an empty list is bad input, never
-    a quiet "all" (leaving the option out is how to ask for all)."""
-    chosen = tuple(p.strip() for p in text.split(",") if p.strip())
-    if not chosen:
-        raise BadInput(f"{option} {shown(text)}: name at least one, or leave {option} out for all")
+    a quiet "all" (leaving the option out is how to ask for ``left_out``), and so is an empty name
+    among others (a stray comma)."""
+    from killpoint.harness.settings import comma_items
+
+    chosen = comma_items(text)
+    if chosen == ():
+        raise BadInput(f"{option} {shown(text)}: name at least one, or leave {option} out for {left_out}")
+    if chosen is None:  # 'after_call,' or 'a,,b': a slip, never a quiet "and nothing"
+        raise BadInput(f"{option} {shown(text)}: an empty name (a stray comma); give names "
+                       f"separated by single commas")
     return chosen
 
 

@@ -319,10 +319,10 @@ def _actions(actions: "Sequence[str] | str") -> tuple[str, ...]:
     """``actions=`` as ``--actions`` reads it: a comma-separated string or a sequence of names."""
     from killpoint.chaos.generator import ACTIONS
 
-    chosen = tuple(a.strip() for a in (actions.split(",") if isinstance(actions, str) else actions)
-                   if a.strip())
+    items = actions.split(",") if isinstance(actions, str) else list(actions)
+    chosen = tuple(a.strip() for a in items if isinstance(a, str) and a.strip())
     bad = [a for a in chosen if a not in ACTIONS]
-    if bad or not chosen:
+    if bad or not chosen or len(chosen) != len(items):  # an empty item ('kill,') is a slip, as --actions says
         raise ValueError(f"actions={actions!r}: use any of {', '.join(ACTIONS)}")
     return chosen
 

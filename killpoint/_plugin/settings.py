@@ -148,7 +148,12 @@ def _settings(config: pytest.Config) -> Settings:
 
         # Any name: a target may declare points of its own; each marked test or matrix then runs
         # the points its target declares among these (and says so when there are none).
-        chosen = tuple(p.strip() for p in points.split(",") if p.strip())
+        from killpoint.harness.settings import comma_items
+
+        chosen = comma_items(points)
+        if chosen is None:  # 'after_call,' or 'a,,b', as killpoint --points refuses it
+            raise pytest.UsageError(f"{where} {points!r}: an empty name (a stray comma); give names "
+                                    f"separated by single commas")
         bad = [p for p in chosen if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]*", p)]
         if bad or not chosen:
             raise pytest.UsageError(f"{where}: bad crash point name {', '.join(map(repr, bad)) or repr(points)}; "
