@@ -441,6 +441,19 @@ def test_an_empty_item_in_a_list_is_refused_naming_the_value(capsys, argv, named
     assert named in line and "stray comma" in line, line
 
 
+def test_with_json_the_report_hint_goes_to_stderr_and_stdout_stays_json(capsys):
+    """Protects: with --json, a failure without --report-dir said nothing about how to get a report
+    (the hint was printed only in the text output, on stdout); now it is a line on stderr, beside
+    the progress, stdout stays one JSON object, and --quiet silences it there."""
+    for argv in (["replay", "A@charge.after_call:1*pause"],
+                 ["matrix", "--points", "after_call", "--steps", "charge", "--actions", "pause"]):
+        code, out, err = run_cli(capsys, *argv, "--target", "mutant:no-fence-check", "--json")
+        assert code == 1 and json.loads(out)["valid"] is False and json.loads(out)["report"] is None
+        assert "killpoint: no HTML report written: add --report-dir DIR" in err, err
+        code, out, err = run_cli(capsys, *argv, "--target", "mutant:no-fence-check", "--json", "-q")
+        assert code == 1 and json.loads(out)["valid"] is False and err == ""
+
+
 def test_a_negative_seed_is_still_a_seed(capsys):
     code, out, err = run_cli(capsys, "replay", "A@charge.after_call:kill", "--seed", "-3", "--json", "-q")
     assert code == 0 and json.loads(out)["results"][0]["seed"] == -3

@@ -494,6 +494,15 @@ def report_hint(args: argparse.Namespace, summary: Summary) -> str | None:
     return "no HTML report written: add --report-dir DIR to get one for each failing run"
 
 
+def print_json_hint(args: argparse.Namespace, summary: Summary) -> None:
+    """With ``--json``, :func:`report_hint` goes to stderr, as progress and warnings do: standard
+    output carries the JSON object alone. ``--quiet`` silences it there, as it silences the closing
+    line."""
+    hint = None if getattr(args, "quiet", False) else report_hint(args, summary)
+    if hint:
+        print(f"killpoint: {hint}", file=sys.stderr)
+
+
 _OWN_PAGE = re.compile(r"^(index|run-\d{4,})\.html$")
 
 
@@ -590,6 +599,7 @@ def finish(args: argparse.Namespace, summary: Summary, title: str, lines: Sequen
     write_reports(args, summary, title)
     if args.json:
         print(json.dumps(summary.to_json(), indent=2))
+        print_json_hint(args, summary)
         return summary.exit_code()
     for line in lines:
         print(line)

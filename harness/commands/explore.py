@@ -28,7 +28,7 @@ import json
 from typing import Any
 
 from killpoint.harness.commands.common import (EXIT_UNKNOWN, EXIT_VALID, EXIT_VIOLATED, BadInput, Summary,
-                                               add_common, jobs_of, progress_for, report_hint,
+                                               add_common, jobs_of, print_json_hint, progress_for, report_hint,
                                                run_config, target_points, whole, write_html, write_junit)
 from killpoint.harness.explore import DEFAULT_DATABASE, Exploration
 
@@ -115,6 +115,8 @@ def _report(args: argparse.Namespace, search: Exploration) -> int:
             "unknown": [{"schedule": r.schedule, "reasons": list(r.verdict.unknown_reasons)}
                         for r in search.unknown],
         }, indent=2))
+        if shown.results:
+            print_json_hint(args, shown)
         return code
     print(f"explore {args.target}: {search.runs} runs in {elapsed:.1f} s (budget {args.budget}, "
           f"seed {args.seed}); {search.valid_runs} valid, {search.unfired} with a drawn fault that never fired")

@@ -13,7 +13,7 @@ import sys
 
 from killpoint.harness.colour import Colour
 from killpoint.harness.commands.common import (EXIT_UNKNOWN, EXIT_VIOLATED, BadInput, Summary, add_common, fraction,
-                                               one_line, print_stats, progress_for, replay_command,
+                                               one_line, print_json_hint, print_stats, progress_for, replay_command,
                                                report_hint, run_config, shown, whole, write_reports)
 from killpoint.harness.narrate import story
 
@@ -86,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
         out["agree"] = agree
         out["verdicts"] = [{"valid": v, "violated": list(names)} for v, names in verdicts]
         print(json.dumps(out, indent=2))
+        print_json_hint(args, summary)
         return code
     word = {True: "valid", False: "INVALID", None: "unknown"}
     paint = Colour.for_stream(sys.stdout)
