@@ -315,6 +315,11 @@ def test_a_long_bad_value_is_named_once_clipped_once_in_a_sensible_line(capsys, 
     (["selftest", "--quick", "--junit-xml", ""], "--junit-xml ''"),
     (["selftest", "--mutants", ""], "--mutants ''"),
     (["selftest", "--mutants", " , "], "--mutants ' , '"),
+    # before: --workload '' ran the target's own workload, explore --database '' kept Hypothesis's
+    # folders (constants/, examples/) in the working directory itself
+    (["replay", "A@charge.after_call:kill", "--workload", ""], "--workload ''"),
+    (["matrix", "--workload", " "], "--workload ' '"),
+    (["explore", "--database", ""], "--database ''"),
 ])
 def test_an_empty_value_is_refused_naming_the_option_never_a_quiet_default(capsys, argv, named):
     """Protects: an option given with an empty value (a CI variable that was never set) is exit 2

@@ -221,8 +221,12 @@ def workload_name(args: argparse.Namespace) -> str:
     the mutants (their traps are what they are judged on), ``plain`` for a user's own target."""
     from killpoint.harness.workload import default_for
 
-    if getattr(args, "workload", None):
-        return args.workload
+    workload = getattr(args, "workload", None)
+    if workload is not None and not workload.strip():  # before: '' ran the target's default unsaid
+        raise BadInput(f"--workload {shown(workload)}: name orders, single, plain or pkg.module:function, "
+                       f"or leave --workload out for the target's own")
+    if workload:
+        return workload
     target = declared_target(args)
     return default_for(getattr(args, "target", "reference"), target)
 

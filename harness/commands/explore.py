@@ -66,6 +66,11 @@ def run(args: argparse.Namespace) -> int:
         raise BadInput(f"--budget {args.budget}: use a whole number of at least 1")
     if args.max_faults < 1:
         raise BadInput(f"--max-faults {args.max_faults}: use a whole number of at least 1")
+    if not args.database.strip():  # before: '' kept Hypothesis's folders in the working directory
+        from killpoint.errors import shown
+
+        raise BadInput(f"--database {shown(args.database)}: name a folder, or 'none' to keep no examples, "
+                       f"or leave --database out for {DEFAULT_DATABASE}")
     points = target_points(args, args.points)
     steps = _steps(args)
     base = run_config(args, None, **overrides_for(args.target))  # validates target, store, workers
