@@ -642,6 +642,7 @@ import pytest
     "run('A@charge.after_call:kill', target=123)",   # before: AttributeError
     "run('A@charge.after_call:kill', bogus=1)",      # before: TypeError
     "matrix(depth=3)",
+    "matrix(depth=True)",                         # before: ran as depth=1 (True == 1)
     "matrix(actions='nope')",
     "matrix(actions='kill,')",                    # before: ran as actions='kill'
     "matrix(steps=['nope'])",
@@ -660,11 +661,11 @@ def test_bad_arguments_to_the_fixture_fail_the_test_with_one_line_naming_them(py
     line naming the value: no traceback through the plugin, no chained exception, no run."""
     pytester.makepyfile(test_bad=BAD_CALLS)
     result = runpytest(pytester)
-    result.assert_outcomes(failed=13)
+    result.assert_outcomes(failed=14)
     text = result.stdout.str()
     for named in ("unknown step 'nostep'", "worker 'Z' in 'Z@charge.after_call:kill' is never started",
                   "unknown crash point 'nope'", "target 123", "unknown keyword 'bogus'",
-                  "killpoint.matrix(depth=3)", "actions='nope'", "actions='kill,'", "killpoint.matrix(steps=['nope']): unknown step 'nope'",
+                  "killpoint.matrix(depth=3)", "killpoint.matrix(depth=True)", "actions='nope'", "actions='kill,'", "killpoint.matrix(steps=['nope']): unknown step 'nope'",
                   "killpoint.matrix(points=[]): name at least one", "killpoint.matrix(steps=[]): name at least one",
                   "no run to make", "killpoint.explore(budget=0)"):
         assert named in text, named

@@ -105,7 +105,7 @@ class Killpoint:
         if bad:
             _fail(f"killpoint.matrix(steps={asked['steps']!r}): unknown step {', '.join(map(repr, bad))}; "
                   f"the {built.name} workload's steps are {', '.join(known)}")
-        if depth not in (1, 2):
+        if type(depth) is not int or depth not in (1, 2):  # True and 1.0 equal 1: they ran as depth 1
             _fail(f"killpoint.matrix(depth={depth!r}): depth is 1 (single crashes) or 2 (pairs)")
         try:
             chosen = _points(points, self.settings, declared.points)
