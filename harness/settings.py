@@ -77,6 +77,29 @@ def whole_number(text: str) -> int | None:
     return int(text) if re.fullmatch(r"-?[0-9]+", text) else None
 
 
+def comma_items(text: str) -> tuple[str, ...] | None:
+    """The items of a comma-separated list (``--points``, ``--steps``, ``--actions``, ``--timing``,
+    ...), each stripped, or ``None`` when one is empty -- a stray comma (``after_call,``,
+    ``a,,b``), which is a slip, never a quiet "and nothing". A list of no item at all (``''``,
+    ``' , '``) gives ``()``, for the caller to say that leaving the option out is how to ask for all."""
+    items = tuple(p.strip() for p in text.split(","))
+    if not any(items):
+        return ()
+    return None if "" in items else items
+
+
+def decimal_number(text: str) -> float | None:
+    """``text`` as float() reads it when it is written in ASCII without underscores (``None``
+    otherwise): float() also reads other scripts' digits ('\u0660.\u0665', '\uff12') and '1_0'.
+    What float() reads beyond digits (an exponent, 'inf', 'nan') is left to the caller's range."""
+    if not text.isascii() or "_" in text:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
 class InvalidSettings(BadInput):
     """The ``[tool.killpoint]`` table has a key we do not know or a value of the wrong kind."""
 
@@ -165,18 +188,21 @@ def parse(table: Any, *, where: str = "[tool.killpoint]") -> Settings:
 def parse_timing(text: str) -> dict[str, float]:
     """``--timing lease-ttl-ms=200,heartbeat-ms=50`` as the same overrides as the table's. An empty
     one is refused, as an empty ``--points`` is: leaving the option out is how to keep the defaults."""
-    if not text.replace(",", "").strip():
+    parts = comma_items(text)
+    if parts == ():
         raise BadInput(f"--timing {_show(text)}: name at least one NAME=MILLISECONDS "
                        f"({', '.join(TIMING_KEYS)}), or leave --timing out")
+    if parts is None:
+        raise BadInput(f"--timing {_show(text)}: an empty item (a stray comma); give NAME=MILLISECONDS "
+                       f"items separated by single commas")
     out: dict[str, Any] = {}
-    for part in (p.strip() for p in text.split(",") if p.strip()):
+    for part in parts:
         name, sep, value = part.partition("=")
-        try:
-            out[name.strip()] = float(value) if sep else None
-        except ValueError:
-            raise BadInput(f"--timing {_clip(text)}: {part!r} is not NAME=MILLISECONDS") from None
-        if not sep:
-            raise BadInput(f"--timing {_clip(text)}: {part!r} is not NAME=MILLISECONDS")
+        ms = decimal_number(value) if sep else None
+        if ms is None:  # ASCII only, as every other number: float() also read '\uff12\uff10\uff10'
+            raise BadInput(f"--timing {_clip(text)}: {part!r} is not NAME=MILLISECONDS (a number in "
+                           f"ASCII digits)")
+        out[name.strip()] = ms
     return _timing(out, "--timing")
 
 
@@ -208,5 +234,5 @@ def _clip(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
 
-__all__ = ["MAX_TIMING_MS", "Settings", "InvalidSettings", "find", "load", "parse", "parse_timing", "timing_problem",
-           "whole_number"]
+__all__ = ["MAX_TIMING_MS", "Settings", "InvalidSettings", "comma_items", "decimal_number", "find", "load",
+           "parse", "parse_timing", "timing_problem", "whole_number"]

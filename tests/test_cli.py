@@ -315,6 +315,11 @@ def test_a_long_bad_value_is_named_once_clipped_once_in_a_sensible_line(capsys, 
     (["selftest", "--quick", "--junit-xml", ""], "--junit-xml ''"),
     (["selftest", "--mutants", ""], "--mutants ''"),
     (["selftest", "--mutants", " , "], "--mutants ' , '"),
+    # before: --workload '' ran the target's own workload, explore --database '' kept Hypothesis's
+    # folders (constants/, examples/) in the working directory itself
+    (["replay", "A@charge.after_call:kill", "--workload", ""], "--workload ''"),
+    (["matrix", "--workload", " "], "--workload ' '"),
+    (["explore", "--database", ""], "--database ''"),
 ])
 def test_an_empty_value_is_refused_naming_the_option_never_a_quiet_default(capsys, argv, named):
     """Protects: an option given with an empty value (a CI variable that was never set) is exit 2
@@ -373,6 +378,85 @@ def test_a_seed_is_ascii_digits_with_an_optional_minus(capsys, command, seed):
     assert code == 2 and out == ""
     (line,) = err.strip().splitlines()
     assert f"--seed: {seed!r}" in line and "ASCII digits" in line, line
+
+
+# Every integer option of every command, with values int() read as another number than the one typed.
+_INTEGER_OPTIONS = [(["matrix"], "--workers"), (["matrix"], "--jobs"), (["matrix"], "--depth"),
+                    (["explore"], "--budget"), (["explore"], "--max-faults"), (["explore"], "--workers"),
+                    (["replay", "A@charge.after_call:kill"], "--repeat"),
+                    (["replay", "A@charge.after_call:kill"], "--workers"),
+                    (["report", "--schedule", ""], "--workers"), (["demo"], "--workers"),
+                    (["scenario", "lease_takeover"], "--repeat"), (["selftest"], "--jobs")]
+
+
+@pytest.mark.parametrize("command, option", _INTEGER_OPTIONS)
+@pytest.mark.parametrize("value", ["\u0662", "\uff12", "+2", "2_0", " 2", "0x10", "2.0"])
+def test_an_integer_option_is_ascii_digits_as_a_seed_is(capsys, command, option, value):
+    """Protects: --workers \u0663 (an Arabic-Indic 3), a fullwidth \uff12, +2, 2_0 (20 workers) or
+    ' 2' ran, read by int() as another text than the reproduce line gives back; every integer
+    option is read as --seed is, in ASCII digits (a leading minus reaches the option's own range
+    check), and anything else is exit 2 naming the option and the value, before any run."""
+    code, out, err = run_cli(capsys, *command, option, value)
+    assert code == 2 and out == ""
+    (line,) = err.strip().splitlines()
+    assert f"argument {option}: " in line and repr(value) in line and "ASCII digits" in line, line
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["replay", "A@charge.after_call:kill", "--same-identity", "\u0660.\u0665"], "--same-identity: '\u0660.\u0665'"),
+    (["replay", "A@charge.after_call:kill", "--same-identity", "0.0_5"], "--same-identity: '0.0_5'"),
+    (["matrix", "--timing", "lease-ttl-ms=\uff12\uff10\uff10"], "'lease-ttl-ms=\uff12\uff10\uff10'"),
+    (["matrix", "--timing", "poll-ms=1_0"], "'poll-ms=1_0'"),
+])
+def test_a_fractional_option_is_ascii_too(capsys, argv, named):
+    """Protects: float() read --same-identity \u0660.\u0665 (Arabic-Indic 0.5) as 0.5 and
+    --timing lease-ttl-ms=\uff12\uff10\uff10 (fullwidth) as 200 ms; both are exit 2 naming them."""
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2 and out == ""
+    (line,) = err.strip().splitlines()
+    assert named in line and "ASCII digits" in line, line
+
+
+def test_integer_options_still_read_plain_digits(capsys):
+    code, out, err = run_cli(capsys, "matrix", "--workload", "single", "--points", "after_call",
+                             "--actions", "kill", "--workers", "03", "--jobs", "1", "--depth", "1", "--json", "-q")
+    assert code == 0 and json.loads(out)["runs"] == 1
+    code, out, err = run_cli(capsys, "matrix", "--workers", "-1")  # the range, as --workers 0
+    assert code == 2 and "--workers -1: use a number from 1 to 26" in err
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["matrix", "--points", "after_call,"], "--points 'after_call,'"),
+    (["matrix", "--points", "after_call,,in_call"], "--points 'after_call,,in_call'"),
+    (["explore", "--points", ",after_call"], "--points ',after_call'"),
+    (["matrix", "--steps", "charge, ,reserve"], "--steps 'charge, ,reserve'"),
+    (["explore", "--steps", "charge,"], "--steps 'charge,'"),
+    (["matrix", "--actions", "kill,"], "--actions 'kill,'"),
+    (["matrix", "--depth", "2", "--forms", "hits,"], "--forms 'hits,'"),
+    (["selftest", "--mutants", "no-cas,"], "--mutants 'no-cas,'"),
+    (["matrix", "--timing", "lease-ttl-ms=200,"], "--timing: 'lease-ttl-ms=200,'"),
+])
+def test_an_empty_item_in_a_list_is_refused_naming_the_value(capsys, argv, named):
+    """Protects: --points after_call, (a trailing comma, or a,,b) ran as if the stray comma were not
+    there, though a name was likely lost from the list; every comma-separated option refuses an
+    empty item, exit 2 naming the value, as it refuses an empty list."""
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2 and out == ""
+    (line,) = err.strip().splitlines()
+    assert named in line and "stray comma" in line, line
+
+
+def test_with_json_the_report_hint_goes_to_stderr_and_stdout_stays_json(capsys):
+    """Protects: with --json, a failure without --report-dir said nothing about how to get a report
+    (the hint was printed only in the text output, on stdout); now it is a line on stderr, beside
+    the progress, stdout stays one JSON object, and --quiet silences it there."""
+    for argv in (["replay", "A@charge.after_call:1*pause"],
+                 ["matrix", "--points", "after_call", "--steps", "charge", "--actions", "pause"]):
+        code, out, err = run_cli(capsys, *argv, "--target", "mutant:no-fence-check", "--json")
+        assert code == 1 and json.loads(out)["valid"] is False and json.loads(out)["report"] is None
+        assert "killpoint: no HTML report written: add --report-dir DIR" in err, err
+        code, out, err = run_cli(capsys, *argv, "--target", "mutant:no-fence-check", "--json", "-q")
+        assert code == 1 and json.loads(out)["valid"] is False and err == ""
 
 
 def test_a_negative_seed_is_still_a_seed(capsys):

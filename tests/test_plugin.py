@@ -430,6 +430,9 @@ def test_an_unknown_key_in_the_tool_killpoint_table_stops_the_session_naming_it(
     ("--killpoint-seed", "1_000", "1_000"),
     ("--killpoint-budget", "0", "0"),
     ("--killpoint-shard", "3/2", "3/2"),
+    ("--killpoint-shard", "\u0661/\u0662", "\u0661/\u0662"),  # Arabic-Indic 1/2: \d matched it
+    ("--killpoint-points", "after_call,", "after_call,"),  # before: ran as after_call, the comma unsaid
+    ("--killpoint-points", "after_call,,in_call", "after_call,,in_call"),
 ])
 def test_a_bad_option_value_stops_the_session_naming_it(pytester, option, value, named):
     # In process: the session ends at configure time, before any test or process starts.
@@ -639,7 +642,9 @@ import pytest
     "run('A@charge.after_call:kill', target=123)",   # before: AttributeError
     "run('A@charge.after_call:kill', bogus=1)",      # before: TypeError
     "matrix(depth=3)",
+    "matrix(depth=True)",                         # before: ran as depth=1 (True == 1)
     "matrix(actions='nope')",
+    "matrix(actions='kill,')",                    # before: ran as actions='kill'
     "matrix(steps=['nope'])",
     "matrix(points=[])",                          # before: every point ran
     "matrix(steps=[])",                           # before: no run, "target none"
@@ -656,11 +661,11 @@ def test_bad_arguments_to_the_fixture_fail_the_test_with_one_line_naming_them(py
     line naming the value: no traceback through the plugin, no chained exception, no run."""
     pytester.makepyfile(test_bad=BAD_CALLS)
     result = runpytest(pytester)
-    result.assert_outcomes(failed=12)
+    result.assert_outcomes(failed=14)
     text = result.stdout.str()
     for named in ("unknown step 'nostep'", "worker 'Z' in 'Z@charge.after_call:kill' is never started",
                   "unknown crash point 'nope'", "target 123", "unknown keyword 'bogus'",
-                  "killpoint.matrix(depth=3)", "actions='nope'", "killpoint.matrix(steps=['nope']): unknown step 'nope'",
+                  "killpoint.matrix(depth=3)", "killpoint.matrix(depth=True)", "actions='nope'", "actions='kill,'", "killpoint.matrix(steps=['nope']): unknown step 'nope'",
                   "killpoint.matrix(points=[]): name at least one", "killpoint.matrix(steps=[]): name at least one",
                   "no run to make", "killpoint.explore(budget=0)"):
         assert named in text, named
@@ -676,6 +681,8 @@ def test_the_comma_separated_points_string_reads_as_the_command_line_reads_it(ki
 @pytest.mark.parametrize("marker, named", [
     ("steps=['nope']", "unknown step 'nope'"),   # before: 18 items, each unknown
     ("points=['before_claim'], actions=['pause']", "makes no run"),   # before: silently skipped
+    ("actions='kill,'", "actions='kill,'"),   # before: ran as actions='kill', the stray comma unsaid
+    ("actions=['kill', '']", "actions=['kill', '']"),
 ])
 def test_a_marker_that_can_make_no_valid_run_is_a_collection_error_naming_why(pytester, marker, named):
     pytester.makepyfile(test_marked=f'''

@@ -10,7 +10,7 @@ import os
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from killpoint.chaos.points import DB_POINTS, DEFAULT_POINTS, ORDERED_POINTS, POINTS
 from killpoint.errors import SHOWN_LIMIT, BadInput, shown
@@ -31,7 +31,8 @@ def add_common(p: argparse.ArgumentParser, *, target: bool = True, report: bool 
         p.add_argument("--target", default="reference",
                        help="reference, mutant:NAME or pkg.module:function (default: reference)")
     p.add_argument("--store", default="sqlite", help="sqlite (default) or a postgresql:// URL")
-    p.add_argument("--workers", type=int, default=2, help="worker processes per run (default: 2)")
+    p.add_argument("--workers", type=whole("--workers"), default=2, metavar="N",
+                   help="worker processes per run (default: 2)")
     add_seed(p)
     p.add_argument("--workload", default=None,
                    help="orders, single, plain or pkg.module:function (default: the target's own, else "
@@ -72,6 +73,36 @@ def _seed(text: str) -> int:
     return number
 
 
+def whole(option: str) -> Callable[[str], int]:
+    """The ``type=`` of an integer option (``--workers``, ``--budget``, ``--depth``, ``--repeat``,
+    ...): read as a seed is (:func:`killpoint.harness.settings.whole_number`), in ASCII digits
+    with an optional leading minus, so that ``--workers \u0663`` (an Arabic-Indic 3), ``\uff12``
+    (a fullwidth 2), ``+3``, ``3_000``, ``' 3'`` and ``0x10`` are refused naming the value rather
+    than read by int() as another number than the reproduce line gives back. The range is the
+    command's to check."""
+    from killpoint.harness.settings import whole_number
+
+    def parse(text: str) -> int:
+        number = whole_number(text)
+        if number is None:  # argparse says "argument --workers: " first
+            raise argparse.ArgumentTypeError(f"{shown(text)}: give a whole number in ASCII digits")
+        return number
+
+    parse.__name__ = option  # what argparse would name in its own messages
+    return parse
+
+
+def fraction(text: str) -> float:
+    """The ``type=`` of a non-integer option (``--same-identity``): a number as float() reads it,
+    but in ASCII (:func:`killpoint.harness.settings.decimal_number`); the range is the command's."""
+    from killpoint.harness.settings import decimal_number
+
+    number = decimal_number(text)
+    if number is None:  # argparse says "argument --same-identity: " first
+        raise argparse.ArgumentTypeError(f"{shown(text)}: give a number in ASCII digits")
+    return number
+
+
 def add_real_time(p: argparse.ArgumentParser, help_text: str) -> None:
     """``--real-time``, and ``--no-real-time`` to win over ``real-time = true`` in ``[tool.killpoint]``."""
     p.add_argument("--real-time", action=argparse.BooleanOptionalAction, default=None,
@@ -86,12 +117,12 @@ def add_jobs(p: argparse.ArgumentParser) -> None:
 
 
 def _jobs(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"--jobs {shown(text)}: give a whole number of at least 1")
+    from killpoint.harness.settings import whole_number
+
+    n = whole_number(text)
+    if n is None or n < 1:
+        raise argparse.ArgumentTypeError(f"--jobs {shown(text)}: give a whole number of at least 1 "
+                                         f"in ASCII digits")
     return n
 
 
@@ -132,12 +163,18 @@ def one_line(message: str, limit: int = 800) -> str:
     return line if len(line) <= limit else line[:limit] + "..."
 
 
-def _names(text: str, option: str) -> tuple[str, ...]:
+def _names(text: str, option: str, left_out: str = "all") -> tuple[str, ...]:
     """The comma-separated names of an option given explicitly: an empty list is bad input, never
-    a quiet "all" (leaving the option out is how to ask for all)."""
-    chosen = tuple(p.strip() for p in text.split(",") if p.strip())
-    if not chosen:
-        raise BadInput(f"{option} {shown(text)}: name at least one, or leave {option} out for all")
+    a quiet "all" (leaving the option out is how to ask for ``left_out``), and so is an empty name
+    among others (a stray comma)."""
+    from killpoint.harness.settings import comma_items
+
+    chosen = comma_items(text)
+    if chosen == ():
+        raise BadInput(f"{option} {shown(text)}: name at least one, or leave {option} out for {left_out}")
+    if chosen is None:  # 'after_call,' or 'a,,b': a slip, never a quiet "and nothing"
+        raise BadInput(f"{option} {shown(text)}: an empty name (a stray comma); give names "
+                       f"separated by single commas")
     return chosen
 
 
@@ -184,8 +221,12 @@ def workload_name(args: argparse.Namespace) -> str:
     the mutants (their traps are what they are judged on), ``plain`` for a user's own target."""
     from killpoint.harness.workload import default_for
 
-    if getattr(args, "workload", None):
-        return args.workload
+    workload = getattr(args, "workload", None)
+    if workload is not None and not workload.strip():  # before: '' ran the target's default unsaid
+        raise BadInput(f"--workload {shown(workload)}: name orders, single, plain or pkg.module:function, "
+                       f"or leave --workload out for the target's own")
+    if workload:
+        return workload
     target = declared_target(args)
     return default_for(getattr(args, "target", "reference"), target)
 
@@ -457,6 +498,15 @@ def report_hint(args: argparse.Namespace, summary: Summary) -> str | None:
     return "no HTML report written: add --report-dir DIR to get one for each failing run"
 
 
+def print_json_hint(args: argparse.Namespace, summary: Summary) -> None:
+    """With ``--json``, :func:`report_hint` goes to stderr, as progress and warnings do: standard
+    output carries the JSON object alone. ``--quiet`` silences it there, as it silences the closing
+    line."""
+    hint = None if getattr(args, "quiet", False) else report_hint(args, summary)
+    if hint:
+        print(f"killpoint: {hint}", file=sys.stderr)
+
+
 _OWN_PAGE = re.compile(r"^(index|run-\d{4,})\.html$")
 
 
@@ -553,6 +603,7 @@ def finish(args: argparse.Namespace, summary: Summary, title: str, lines: Sequen
     write_reports(args, summary, title)
     if args.json:
         print(json.dumps(summary.to_json(), indent=2))
+        print_json_hint(args, summary)
         return summary.exit_code()
     for line in lines:
         print(line)

@@ -28,8 +28,8 @@ import json
 from typing import Any
 
 from killpoint.harness.commands.common import (EXIT_UNKNOWN, EXIT_VALID, EXIT_VIOLATED, BadInput, Summary,
-                                               add_common, jobs_of, progress_for, report_hint, run_config,
-                                               target_points, write_html, write_junit)
+                                               add_common, jobs_of, print_json_hint, progress_for, report_hint,
+                                               run_config, target_points, whole, write_html, write_junit)
 from killpoint.harness.explore import DEFAULT_DATABASE, Exploration
 
 HELP = ("search schedules with Hypothesis (several faults per run); shrink a failure to a minimal "
@@ -38,10 +38,10 @@ HELP = ("search schedules with Hypothesis (several faults per run); shrink a fai
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_common(p)
-    p.add_argument("--budget", type=int, default=100, metavar="N",
+    p.add_argument("--budget", type=whole("--budget"), default=100, metavar="N",
                    help="schedules to try before giving up (default: 100); shrinking a "
                         "counterexample takes extra runs")
-    p.add_argument("--max-faults", type=int, default=3, metavar="K",
+    p.add_argument("--max-faults", type=whole("--max-faults"), default=3, metavar="K",
                    help="at most K faults per schedule (default: 3)")
     p.add_argument("--points", default=None,
                    help="comma-separated crash points (default: all but the PostgreSQL store's "
@@ -66,6 +66,11 @@ def run(args: argparse.Namespace) -> int:
         raise BadInput(f"--budget {args.budget}: use a whole number of at least 1")
     if args.max_faults < 1:
         raise BadInput(f"--max-faults {args.max_faults}: use a whole number of at least 1")
+    if not args.database.strip():  # before: '' kept Hypothesis's folders in the working directory
+        from killpoint.errors import shown
+
+        raise BadInput(f"--database {shown(args.database)}: name a folder, or 'none' to keep no examples, "
+                       f"or leave --database out for {DEFAULT_DATABASE}")
     points = target_points(args, args.points)
     steps = _steps(args)
     base = run_config(args, None, **overrides_for(args.target))  # validates target, store, workers
@@ -115,6 +120,8 @@ def _report(args: argparse.Namespace, search: Exploration) -> int:
             "unknown": [{"schedule": r.schedule, "reasons": list(r.verdict.unknown_reasons)}
                         for r in search.unknown],
         }, indent=2))
+        if shown.results:
+            print_json_hint(args, shown)
         return code
     print(f"explore {args.target}: {search.runs} runs in {elapsed:.1f} s (budget {args.budget}, "
           f"seed {args.seed}); {search.valid_runs} valid, {search.unfired} with a drawn fault that never fired")

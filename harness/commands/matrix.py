@@ -27,7 +27,7 @@ from killpoint.chaos import generator
 from killpoint.chaos.generator import ACTIONS, FORMS
 from killpoint.chaos.points import DB_POINTS
 from killpoint.harness.commands.common import (declared_target, jobs_of, Summary, add_common, finish, parse_steps,
-                                               progress_for, run_config, target_points, workload_of)
+                                               progress_for, run_config, target_points, whole, workload_of)
 from killpoint.harness.run import Session
 
 HELP = ("run every single-fault schedule (each point x each step, killed or paused past its lease), "
@@ -46,7 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "resume: the stale-worker case), and on a postgresql:// store terminate "
                         "(pg_terminate_backend of the worker's sessions at every point and inside "
                         "the store's COMMIT); default kill,pause")
-    p.add_argument("--depth", type=int, choices=(1, 2), default=1,
+    p.add_argument("--depth", type=whole("--depth"), choices=(1, 2), default=1,
                    help="1: every single crash (default); 2: every ordered pair of crashes")
     p.add_argument("--forms", default=None,
                    help="with --depth 2 only: workers (A then B), hits (A twice, restarted under its "
@@ -56,7 +56,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from killpoint.harness.commands.common import BadInput, redact, shown
+    from killpoint.harness.commands.common import BadInput, _names, redact, shown
 
     if args.depth != 2:  # they shape pairs of crashes: at depth 1 they were dropped without a word
         if args.forms is not None:
@@ -71,9 +71,9 @@ def run(args: argparse.Namespace) -> int:
     if args.steps is None and args.depth == 2:
         steps = generator.repeated_steps(workload)
     if args.depth == 1:
-        actions = tuple(a.strip() for a in args.actions.split(",") if a.strip())
+        actions = _names(args.actions, "--actions", "kill,pause")
         bad = [a for a in actions if a not in ACTIONS]
-        if bad or not actions:
+        if bad:
             raise BadInput(f"--actions: unknown action {', '.join(map(shown, bad)) or shown(args.actions)}; "
                            f"use any of {', '.join(ACTIONS)}")
         if "terminate" in actions and not str(args.store).startswith(("postgresql://", "postgres://")):
@@ -93,9 +93,9 @@ def run(args: argparse.Namespace) -> int:
                            f"({', '.join(generator.LEASE_HELD)})")
     else:
         text = ",".join(FORMS) if args.forms is None else args.forms
-        forms = tuple(f.strip() for f in text.split(",") if f.strip())
+        forms = _names(text, "--forms", "both")
         bad = [f for f in forms if f not in FORMS]
-        if bad or not forms:
+        if bad:
             raise BadInput(f"--forms: unknown form {', '.join(map(shown, bad)) or shown(text)}; "
                            f"use workers, hits or both")
         plans = generator.matrix(steps, points, depth=2, forms=forms, cross_steps=args.cross_steps,

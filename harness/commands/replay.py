@@ -12,9 +12,9 @@ import json
 import sys
 
 from killpoint.harness.colour import Colour
-from killpoint.harness.commands.common import (EXIT_UNKNOWN, EXIT_VIOLATED, BadInput, Summary, add_common, one_line,
-                                               print_stats, progress_for, replay_command, report_hint,
-                                               run_config, shown, write_reports)
+from killpoint.harness.commands.common import (EXIT_UNKNOWN, EXIT_VIOLATED, BadInput, Summary, add_common, fraction,
+                                               one_line, print_json_hint, print_stats, progress_for, replay_command,
+                                               report_hint, run_config, shown, whole, write_reports)
 from killpoint.harness.narrate import story
 
 HELP = "run one schedule again (as printed by matrix, explore or selftest) and give its verdict"
@@ -24,10 +24,10 @@ DEFAULT_SAME_IDENTITY = 0.5
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("schedule", help="the schedule, e.g. 'A@charge.after_call:kill' ('' for no faults)")
     add_common(p)
-    p.add_argument("--same-identity", type=float, default=DEFAULT_SAME_IDENTITY, metavar="P",
+    p.add_argument("--same-identity", type=fraction, default=DEFAULT_SAME_IDENTITY, metavar="P",
                    help="chance that a killed worker comes back under its own identity "
                         f"(default: {DEFAULT_SAME_IDENTITY})")
-    p.add_argument("--repeat", type=int, default=1, metavar="N",
+    p.add_argument("--repeat", type=whole("--repeat"), default=1, metavar="N",
                    help="run it N times and check that every verdict is the same (default: 1)")
     p.add_argument("--narrate", action="store_true",
                    help="tell the story of the run, as the demo does: who claimed what with which "
@@ -86,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
         out["agree"] = agree
         out["verdicts"] = [{"valid": v, "violated": list(names)} for v, names in verdicts]
         print(json.dumps(out, indent=2))
+        print_json_hint(args, summary)
         return code
     word = {True: "valid", False: "INVALID", None: "unknown"}
     paint = Colour.for_stream(sys.stdout)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from killpoint.harness.commands.common import (EXIT_UNKNOWN, EXIT_VALID, EXIT_VIOLATED, BadInput, Summary,
                                                add_output, add_real_time, add_seed, print_judgement, print_stats, redact,
-                                               validate_store, write_reports)
+                                               validate_store, whole, write_reports)
 
 if TYPE_CHECKING:
     from killpoint.scenarios import Scenario
@@ -34,7 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="reference, mutant:NAME or pkg.module:function (default: reference)")
     p.add_argument("--store", default="sqlite", help="sqlite (default) or a postgresql:// URL")
     add_seed(p)
-    p.add_argument("--repeat", type=int, default=1, metavar="N",
+    p.add_argument("--repeat", type=whole("--repeat"), default=1, metavar="N",
                    help="run it N times and check that every verdict is the same (default: 1)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     add_real_time(p, "turn the run clock off: real waits and short timings (see matrix --help)")

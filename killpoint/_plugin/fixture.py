@@ -105,7 +105,7 @@ class Killpoint:
         if bad:
             _fail(f"killpoint.matrix(steps={asked['steps']!r}): unknown step {', '.join(map(repr, bad))}; "
                   f"the {built.name} workload's steps are {', '.join(known)}")
-        if depth not in (1, 2):
+        if type(depth) is not int or depth not in (1, 2):  # True and 1.0 equal 1: they ran as depth 1
             _fail(f"killpoint.matrix(depth={depth!r}): depth is 1 (single crashes) or 2 (pairs)")
         try:
             chosen = _points(points, self.settings, declared.points)
@@ -319,10 +319,10 @@ def _actions(actions: "Sequence[str] | str") -> tuple[str, ...]:
     """``actions=`` as ``--actions`` reads it: a comma-separated string or a sequence of names."""
     from killpoint.chaos.generator import ACTIONS
 
-    chosen = tuple(a.strip() for a in (actions.split(",") if isinstance(actions, str) else actions)
-                   if a.strip())
+    items = actions.split(",") if isinstance(actions, str) else list(actions)
+    chosen = tuple(a.strip() for a in items if isinstance(a, str) and a.strip())
     bad = [a for a in chosen if a not in ACTIONS]
-    if bad or not chosen:
+    if bad or not chosen or len(chosen) != len(items):  # an empty item ('kill,') is a slip, as --actions says
         raise ValueError(f"actions={actions!r}: use any of {', '.join(ACTIONS)}")
     return chosen
 

@@ -52,10 +52,10 @@ def _marker_kwargs(name: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:
                                 f"{', '.join(map(repr, unknown))}; it takes {', '.join(_MARKER_KEYS)}")
     out = {"points": None, "target": "reference", "workers": 2, "steps": None, "action": None,
            "actions": ("kill", "pause"), "workload": None, "seed": None, "check": True, **kwargs}
-    actions = out["actions"]
-    actions = tuple(a.strip() for a in (actions.split(",") if isinstance(actions, str) else actions)
-                    if isinstance(a, str) and a.strip())
-    if not actions or any(a not in ("kill", "pause") for a in actions):
+    items = out["actions"].split(",") if isinstance(out["actions"], str) else list(out["actions"])
+    actions = tuple(a.strip() for a in items if isinstance(a, str) and a.strip())
+    # An empty item ('kill,') is a slip, as killpoint matrix --actions says, never a quiet "and nothing".
+    if not actions or len(actions) != len(items) or any(a not in ("kill", "pause") for a in actions):
         _collection_error(f"{name}: @pytest.mark.killpoint(actions={out['actions']!r}): use kill "
                           f"and/or pause, as killpoint matrix --actions")
     out["actions"] = actions

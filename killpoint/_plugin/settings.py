@@ -148,7 +148,12 @@ def _settings(config: pytest.Config) -> Settings:
 
         # Any name: a target may declare points of its own; each marked test or matrix then runs
         # the points its target declares among these (and says so when there are none).
-        chosen = tuple(p.strip() for p in points.split(",") if p.strip())
+        from killpoint.harness.settings import comma_items
+
+        chosen = comma_items(points)
+        if chosen is None:  # 'after_call,' or 'a,,b', as killpoint --points refuses it
+            raise pytest.UsageError(f"{where} {points!r}: an empty name (a stray comma); give names "
+                                    f"separated by single commas")
         bad = [p for p in chosen if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]*", p)]
         if bad or not chosen:
             raise pytest.UsageError(f"{where}: bad crash point name {', '.join(map(repr, bad)) or repr(points)}; "
@@ -156,7 +161,8 @@ def _settings(config: pytest.Config) -> Settings:
         values["points"] = chosen
     shard, where = _raw(config, "shard")
     if shard is not None:
-        m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", shard)
+        # ASCII digits, as every number of the plugin's: \d also matched an Arabic-Indic 1.
+        m = re.fullmatch(r"\s*([0-9]+)\s*/\s*([0-9]+)\s*", shard)
         if not m or not 1 <= int(m[1]) <= int(m[2]):
             raise pytest.UsageError(f"{where} {shard!r}: expected K/N with 1 <= K <= N, as in 1/4")
         values["shard"] = (int(m[1]), int(m[2]))
