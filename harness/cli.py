@@ -102,8 +102,10 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, or a usage error already printed as one line
         return int(exc.code or 0)
-    if not getattr(args, "_run", None):
-        parser.print_help()
+    if not getattr(args, "_run", None):  # no command: one line on stderr, as any usage error
+        commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+        print(f"killpoint: error: give a command ({', '.join(commands)}); killpoint --help says what "
+              f"each does", file=sys.stderr)
         return EXIT_BAD_INPUT
     debug = bool(getattr(args, "debug", False))
     if debug:

@@ -33,6 +33,15 @@ def test_unknown_point_exits_2_with_one_line_naming_it_and_the_valid_names(capsy
     assert all(p in lines[0] for p in POINTS)
 
 
+def test_no_command_is_one_line_on_stderr_naming_the_commands(capsys):
+    """Protects: ``killpoint`` alone printed the whole help (30 lines) on stdout with exit 2, where
+    every other usage error is one line on stderr and stdout stays empty for a script to read."""
+    code, out, err = run_cli(capsys)
+    assert code == 2 and out == ""
+    [line] = err.strip().splitlines()
+    assert line.startswith("killpoint: error: give a command") and "matrix" in line and "--help" in line
+
+
 @pytest.mark.parametrize("argv, named", [
     (["matrix", "--store", "mysql://x"], "mysql://x"),
     (["matrix", "--target", "mutant:nope"], "nope"),
