@@ -8,6 +8,10 @@ them are run end to end in ``test_cli.py``.
 from __future__ import annotations
 
 import io
+import json
+import os
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -18,6 +22,8 @@ from killpoint.harness.colour import Colour, wanted
 from killpoint.harness.history import History, build
 from killpoint.harness.progress import Progress, seconds
 from killpoint.harness.run import RunConfig, RunResult
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 from killpoint.harness.settings import InvalidSettings, find, load, parse, parse_timing
 from killpoint.harness.stats import PointStats, brief, total
 from killpoint.errors import BadInput
@@ -268,3 +274,29 @@ def test_a_summary_lets_a_valid_runs_events_go_only_when_nothing_will_draw_them(
     assert [p.to_json() for p in summary.point_stats()] == [p.to_json() for p in kept.point_stats()]
     assert summary.point_stats()[0].to_json()["fired"] == {"after_call": {"A": {"kill": 1}}}
     assert kept.results[0].history.events == history.events
+
+
+@pytest.mark.parametrize("argv, own", [
+    (["matrix", "--steps", "charge", "--points", "after_call", "--actions", "kill"], set()),
+    (["replay", "A@charge.after_call:kill", "--workload", "single"], {"reproduce", "agree", "verdicts"}),
+    (["report", "--schedule", "A@charge.after_call:kill", "--workload", "single"], set()),
+    (["scenario", "lease_takeover"], {"story_held", "checks"}),
+    (["explore", "--budget", "2", "--workload", "single"], {"minimal", "budget", "seed"}),
+    (["selftest", "--mutants", "random-request-id"], {"score", "mutants", "reference"}),
+])
+def test_every_command_json_has_the_fields_the_readme_lists(argv, own, tmp_path):
+    """Protects: the README's paragraph on the JSON object (the fields every command has, those the
+    run-by-run commands add, and each command's own), which a user's CI script reads."""
+    everywhere = {"valid", "runs", "violations", "invariants", "points", "report"}
+    by_run = {"unknown", "unknown_reasons", "judged", "results"}
+    if argv[0] == "report":
+        argv = [*argv, "--report-dir", str(tmp_path / "pages")]
+    done = subprocess.run([sys.executable, "-m", "killpoint.harness.cli", *argv, "--json"], capture_output=True,
+                          text=True, timeout=300, cwd=tmp_path, env={**os.environ, "PYTHONPATH": ROOT})
+    assert done.returncode == 0, done.stderr[-2000:]
+    fields = set(json.loads(done.stdout))
+    assert everywhere | own <= fields, (everywhere | own) - fields
+    if argv[0] in ("matrix", "replay", "report", "scenario"):
+        assert by_run <= fields, by_run - fields
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    assert all(f"`{name}`" in readme for name in everywhere | by_run | own)
