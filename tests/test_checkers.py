@@ -738,6 +738,31 @@ def test_receipt_first_does_not_take_a_failed_receipt_for_a_succeeded_commit():
     only(receipt_first(h))
 
 
+def test_receipt_first_takes_a_receipt_under_the_workers_own_key_for_the_same_step():
+    # A correct worker that keys its calls "order-1/charge" (the README's own advice: any key that
+    # stays the same on every retry) and records its receipt before committing: no violation.
+    holds(receipt_first(build([claimed(1, "order-1", "charge", "A", 1, 2),
+                               receipt(2, key="order-1/charge"),
+                               committed(3, "order-1", "charge", "A", 1, 3)], steps=(CHARGE,))))
+    # ... but a receipt of another step does not count, nor one recorded after the commit.
+    only(receipt_first(build([claimed(1, "order-1", "charge", "A", 1, 2),
+                              receipt(2, key="order-1/reserve", step="reserve"),
+                              committed(3, "order-1", "charge", "A", 1, 3),
+                              receipt(4, key="order-1/charge")], steps=(CHARGE,))))
+
+
+def test_receipt_first_takes_the_forward_receipt_of_an_own_key_never_for_the_compensation():
+    reserve = StepConfig("order-1", "reserve", "inventory", "k1", compensation_key="k1-undo")
+    forward = [claimed(1, "order-1", "reserve", "A", 1, 2), receipt(2, key="o1/reserve", step="reserve"),
+               committed(3, "order-1", "reserve", "A", 1, 3),
+               claimed(4, "order-1", "reserve", "A", 2, 4, from_state="succeeded", to_state="compensating")]
+    done = committed(6, "order-1", "reserve", "A", 2, 5, from_state="compensating", to_state="compensated")
+    holds(receipt_first(build([*forward, receipt(5, key="o1/reserve-undo", step="reserve"), done],
+                              steps=(reserve,))))
+    v = only(receipt_first(build([*forward, done], steps=(reserve,))))
+    assert "compensated" in v.detail and "'k1-undo'" in v.detail
+
+
 def test_receipt_first_judges_neither_a_target_without_receipts_nor_a_pure_step():
     unjudged(receipt_first(build([committed(3, "order-1", "charge", "A", 1, 3)], steps=(CHARGE,))))
     unjudged(receipt_first(build([receipt(1, key="k9"),

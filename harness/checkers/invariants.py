@@ -878,6 +878,10 @@ def receipt_first(history: History) -> Result:
     longer explain: recovery finds no receipt to rest on. Judged on commits under a lease (a fence)
     that end a keyed call: ``succeeded`` under the step's key, ``compensated`` under its
     compensation key. A target that records no receipt at all is not judged.
+
+    A worker may key its calls its own way (``order-1/charge`` rather than the step's derived key):
+    a succeeded receipt recorded for the same step under any key counts, for a ``compensated``
+    commit only one recorded after the step's forward success was committed.
     """
     name = "receipt_first"
     events = history.store_events()
@@ -885,10 +889,13 @@ def receipt_first(history: History) -> Result:
         return _result(name, False, [], "the target recorded no receipt")
     violations: list[Violation] = []
     receipts: dict[Any, Event] = {}  # key -> its first succeeded receipt
+    # step -> a succeeded receipt recorded for it, under any key, since its last succeeded commit
+    fresh: dict[StepId, Event] = {}
     checked = False
     for e in events:
         if e.kind == v.RECEIPT_RECORDED and e.get("status") == "succeeded":
             receipts.setdefault(e.get("key"), e)
+            fresh.setdefault(_step_of(e), e)
             continue
         if e.kind != v.COMMITTED or e.get("fence") is None:
             continue
@@ -900,10 +907,11 @@ def receipt_first(history: History) -> Result:
         if cfg is None:
             continue
         key = cfg.key if to_state == SUCCEEDED else cfg.compensation_key
+        own = fresh.pop(sid, None) if to_state == SUCCEEDED else fresh.get(sid)
         if key is None:
             continue
         checked = True
-        if key not in receipts:
+        if key not in receipts and own is None:
             violations.append(Violation(
                 name, sid[0], sid[1],
                 f"{e.get('worker')} committed step {sid[1]} of {sid[0]} {to_state} before any "
