@@ -12,12 +12,14 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Generator, Iterable, Mapping, Sequence
 
+from killpoint import vocab
 from killpoint.chaos.schedule import Schedule
 from killpoint.harness import checkpoint
 from killpoint.harness import downstream as ds
 from killpoint.harness import history as hist
 from killpoint.harness.checkers import checking
 from killpoint.harness.checkers.base import Verdict
+from killpoint.harness.states import PENDING
 from killpoint.harness.store.base import Store
 from killpoint.harness.worker import Timing
 from killpoint.harness.workload import Workload, policy_of
@@ -70,8 +72,11 @@ def gathering(*, workload: Workload, store: Store, client: ds.DownstreamClient,
         assert hooks is not None
         store_events = [e for e in store_events if e.get("kind") != "created"]
         end = max([h["t"] for h in harness_events] or [0])
-        store_events += hooks.history(end)
+        told = hooks.history(end)
+        store_events += told
         final = hooks.final_states()
+        if told and final:
+            hooks.errors.extend(_untold(told, final))
     yield
     ledger = client.ledger()
     yield
@@ -83,6 +88,28 @@ def gathering(*, workload: Workload, store: Store, client: ds.DownstreamClient,
                                     owns_state=owns, schedule=str(schedule), quiescent=quiescent,
                                     bound_hit=bound_hit, stuck_bound_ms=timing.stuck_bound_ms,
                                     stuck_slack_ms=timing.stuck_slack_ms, at=at))
+
+
+def _untold(events: Sequence[Mapping[str, Any]], final: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Where a target's ``history()`` and ``final_states()`` disagree: a step whose final state is
+    not ``pending`` but whose last transition in the history (``claimed``, ``committed``, an
+    operator's or an approval) is missing or leads elsewhere. Such a history left out what moved
+    the step -- a hook that gave only claims once hid a stale commit, and the run came out valid
+    -- so the invariants that judge it cannot be trusted: one line, the run unknown."""
+    last: dict[tuple[Any, Any], Any] = {}
+    for e in sorted(events, key=lambda e: e["t"]):
+        if e.get("kind") in vocab.ACCEPTED_TRANSITIONS and e.get("to_state") is not None:
+            last[(e.get("instance"), e.get("step"))] = e.get("to_state")
+    off = [(r["instance"], r["step"], r["state"], last.get((r["instance"], r["step"])))
+           for r in final if r["state"] != PENDING and last.get((r["instance"], r["step"])) != r["state"]]
+    if not off:
+        return []
+    shown_ = "; ".join(f"{i}/{s} is {state} but its last transition there is "
+                       f"{'to ' + str(to) if to is not None else 'none'}" for i, s, state, to in off[:5])
+    more = f" (and {len(off) - 5} more)" if len(off) > 5 else ""
+    return [f"the target's history() leaves out what moved its steps to their final states: {shown_}{more}; "
+            f"the invariants that judge its events cannot be trusted (give every claimed and committed "
+            f"event, with to_state)"]
 
 
 @dataclass(frozen=True)

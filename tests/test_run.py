@@ -439,8 +439,80 @@ def test_a_history_hook_with_an_unknown_event_kind_makes_the_run_unknown_naming_
                                   {"kind": "commit", "instance": "order-1", "step": "charge", "worker": "A"}])
     result = session.run(RunConfig(target=target, workload="single", workers=1))
     assert result.valid is None
-    [reason] = [r for r in result.verdict.unknown_reasons if "history()" in r]
+    [reason] = [r for r in result.verdict.unknown_reasons if "history() hook gave events of unknown kind" in r]
     assert "unknown kind 'claim' (2x), 'commit' (1x)" in reason and "claimed" in reason
+
+
+def _stale_committer(history_kinds):
+    """A target that owns its state (a table in its own SQLite file) with the stale-write bug: A,
+    paused at its charge past B's takeover, commits with a blind UPDATE that checks no fence. Its
+    history() gives the events of ``history_kinds`` only."""
+    import sqlite3
+
+    import killpoint
+
+    def db(run_dir):
+        c = sqlite3.connect(os.path.join(run_dir, "own.db"), timeout=30, isolation_level=None)
+        c.execute("CREATE TABLE IF NOT EXISTS ev (n INTEGER PRIMARY KEY, kind, worker, fence, to_state, t)")
+        c.execute("CREATE TABLE IF NOT EXISTS step (state, fence)")
+        return c
+
+    def setup(run):
+        c = db(run.run_dir)
+        c.execute("INSERT INTO step VALUES ('pending', 0)")
+        c.execute("INSERT INTO ev (kind, to_state, t) VALUES ('created', 'pending', ?)", (__import__("time").monotonic_ns(),))
+
+    def work(ctx):
+        import time as _time
+
+        c = db(ctx.run_dir)
+        c.execute("BEGIN IMMEDIATE")
+        state, fence = c.execute("SELECT state, fence FROM step").fetchone()
+        if state == "succeeded" and ctx.worker_id != "A":
+            c.execute("COMMIT")
+            return
+        fence += 1
+        c.execute("UPDATE step SET state = 'running', fence = ?", (fence,))
+        c.execute("INSERT INTO ev (kind, worker, fence, to_state, t) VALUES ('claimed', ?, ?, 'running', ?)",
+                  (ctx.worker_id, fence, _time.monotonic_ns()))
+        c.execute("COMMIT")
+        with ctx.at("order-1", "charge"):
+            ctx.point("before_charge")
+            ctx.downstream.call("payment", key="order-1:charge", params={"amount": 1},
+                                meta={"instance": "order-1", "step": "charge"})
+        c.execute("UPDATE step SET state = 'succeeded'")  # the bug: no fence, no owner checked
+        c.execute("INSERT INTO ev (kind, worker, fence, to_state, t) VALUES ('committed', ?, ?, 'succeeded', ?)",
+                  (ctx.worker_id, fence, _time.monotonic_ns()))
+
+    def done(run):
+        return db(run.run_dir).execute("SELECT state FROM step").fetchone()[0] == "succeeded"
+
+    def history(run):
+        rows = db(run.run_dir).execute("SELECT kind, worker, fence, to_state, t FROM ev ORDER BY n").fetchall()
+        return [{"kind": k, "instance": "order-1", "step": "charge", "worker": w, "fence": f, "lease_version": f,
+                 "to_state": to, "t": t} for k, w, f, to, t in rows if k in history_kinds]
+
+    return killpoint.target(work, points=("before_charge",), owns_state=True, setup=setup, done=done,
+                            history=history,
+                            final_states=lambda run: {("order-1", "charge"): db(run.run_dir).execute(
+                                "SELECT state FROM step").fetchone()[0]})
+
+
+def test_a_history_hook_that_leaves_out_the_commits_makes_the_run_unknown_not_valid(session):
+    """Protects: a target's history() that gave only its created and claimed events hid a stale
+    commit it made (stale_writes_rejected had nothing to judge, the other invariants judged the
+    rest) and the run came out valid. A final state the history never reaches now makes the run
+    unknown, naming the step; the same target giving its commits is violated."""
+    schedule = chaos.parse("A@charge.before_charge:1*pause", points=frozenset({"before_charge"}))
+    told = session.run(RunConfig(schedule=schedule, target=_stale_committer({"created", "claimed", "committed"}),
+                                 workload="single"))
+    assert told.valid is False, told.verdict.unknown_reasons
+    assert "stale_writes_rejected" in {v.invariant for v in told.verdict.violations}
+    hidden = session.run(RunConfig(schedule=schedule, target=_stale_committer({"created", "claimed"}),
+                                   workload="single"))
+    assert hidden.valid is None, [v.invariant for v in hidden.verdict.violations]
+    [reason] = [r for r in hidden.verdict.unknown_reasons if "leaves out" in r]
+    assert "order-1/charge is succeeded but its last transition there is to running" in reason
 
 
 def test_a_target_that_waits_outside_the_run_clock_and_hits_the_bound_is_told_why(session):
