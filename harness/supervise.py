@@ -670,8 +670,18 @@ class Supervisor:
         """The target keeps its own state: its done() says when the work is finished."""
         return self.finished != self._store_done
 
+    @property
+    def asks_done(self) -> bool:
+        """The target that owns its state has a ``done()`` hook to ask while its workers run. Without
+        one, its work is done once its workers exit (the hook's default says yes at once, which,
+        asked while they ran, ended them before their work: a false verdict on a loaded machine)."""
+        return self.owns_state and self.target.hook("done") is not None
+
     def _done_polled(self) -> bool:
-        """The target's done(), asked at most every 50 ms (False in between)."""
+        """The target's done(), asked at most every 50 ms (False in between, and always False
+        for a target without the hook: see :attr:`asks_done`)."""
+        if not self.asks_done:
+            return False
         now = time.monotonic()
         if now < self._next_done_poll:
             return False

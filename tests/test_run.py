@@ -443,6 +443,29 @@ def test_a_history_hook_with_an_unknown_event_kind_makes_the_run_unknown_naming_
     assert "unknown kind 'claim' (2x), 'commit' (1x)" in reason and "claimed" in reason
 
 
+def test_a_target_that_owns_its_state_without_a_done_hook_runs_until_its_workers_exit(session):
+    """Protects: without a done() hook the hook's default (yes) was asked while the workers ran, so
+    the harness killed a worker still at its work at the first poll, 50 ms in (on a loaded machine
+    this test's unknown-kind neighbour came out violated, 4 runs in 40: "succeeded without an
+    effect"). Such a target's work is done when its workers exit, as the README says; here the
+    worker takes half a second before its call."""
+    import time as _time
+
+    import killpoint
+
+    def work(ctx):
+        with ctx.at("order-1", "charge"):
+            _time.sleep(0.5)
+            ctx.downstream.call("payment", key="order-1:charge", params={"amount": 1},
+                                meta={"instance": "order-1", "step": "charge"})
+
+    target = killpoint.target(work, owns_state=True, final_states=lambda run: {("order-1", "charge"): "succeeded"})
+    result = session.run(RunConfig(target=target, workload="single", workers=1))
+    assert result.valid is True, ([(v.invariant, v.detail) for v in result.verdict.violations],
+                                  result.verdict.unknown_reasons)
+    assert not result.history.of("harness", "kill")  # A ended by itself, after its call
+
+
 def _stale_committer(history_kinds):
     """A target that owns its state (a table in its own SQLite file) with the stale-write bug: A,
     paused at its charge past B's takeover, commits with a blind UPDATE that checks no fence. Its
