@@ -719,6 +719,39 @@ def test_one(killpoint):
         assert (pytester.path / "reports" / "index.html").exists()
 
 
+def test_a_session_removes_the_pages_an_earlier_session_or_its_xdist_workers_left(pytester):
+    """Before, a session never removed an earlier one's pages: after a ``-n 2`` session every
+    gwN-run-NNNN.html stayed beside the next session's pages (and ``killpoint --report-dir`` on the
+    same folder left them too), reports of runs that no index listed any more."""
+    pytester.makepyfile(test_three='''
+import pytest
+
+
+@pytest.mark.parametrize("point", ["after_call", "in_call", "after_claim"])
+def test_run(killpoint, point):
+    killpoint.run(f"A@charge.{point}:kill", workload="single").assert_valid()
+''')
+    folder = pytester.path / "reports"
+    result = runpytest(pytester, "-n", "2", "--killpoint-report-dir", "reports")
+    result.assert_outcomes(passed=3)
+    first = sorted(p.name for p in folder.glob("*.html") if p.name != "index.html")
+    assert len(first) == 3 and all(re.fullmatch(r"gw[01]-run-\d{4}\.html", p) for p in first), first
+    (folder / "notes.html").write_text("<p>mine</p>")  # not killpoint's: never removed
+    result = runpytest(pytester, "--killpoint-report-dir", "reports", "-k", "after_call")
+    result.assert_outcomes(passed=1, deselected=2)
+    assert sorted(p.name for p in folder.glob("*.html")) == ["index.html", "notes.html", "run-0001.html"]
+    assert "run-0001.html" in (folder / "index.html").read_text()
+    # A command clears a session's pages as it clears its own.
+    (folder / "gw1-run-0004.html").write_text("<p>a page an xdist session wrote</p>")
+    from killpoint.harness.cli import main
+
+    code = main(["replay", "A@charge.after_call:kill", "--workload", "single", "--report-dir",
+                 str(folder), "--report", "always", "-q"])
+    assert code == 0
+    assert sorted(p.name for p in folder.glob("*.html")) == ["index.html", "notes.html", "run-0001.html"]
+    assert (folder / "notes.html").read_text() == "<p>mine</p>"
+
+
 def test_a_negative_seed_is_a_seed_in_the_plugin_as_on_the_command_line(pytester):
     # Before, --killpoint-seed -3 (and seed = -3 in [tool.killpoint]) stopped the session while
     # killpoint --seed -3 ran.
