@@ -752,6 +752,27 @@ def test_run(killpoint, point):
     assert (folder / "notes.html").read_text() == "<p>mine</p>"
 
 
+def test_an_index_that_cannot_be_written_is_a_line_of_the_summary_never_an_internal_error(pytester):
+    """Before, an OSError writing index.html at the session's end escaped pytest_sessionfinish: a
+    traceback instead of the summary, and exit 1 for a session whose every test passed."""
+    pytester.makepyfile(test_one='''
+import os
+
+
+def test_one(killpoint):
+    killpoint.run("A@charge.after_call:kill", workload="single").assert_valid()
+    # what a full disk or a folder gone read-only does to the index at the end: it cannot be written
+    os.mkdir(os.path.join(killpoint.settings.report_dir, "index.html"))
+''')
+    result = runpytest(pytester, "--killpoint-report-dir", "reports")
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str() + result.stderr.str()
+    result.assert_outcomes(passed=1)
+    summary = summary_of(result)
+    assert "1 crash run in 1 test: 1 valid, 0 violated, 0 unknown" in summary
+    assert re.search(r"^HTML report: index .*index\.html not written: ", summary, re.M), summary
+    assert "Traceback" not in result.stdout.str() + result.stderr.str()
+
+
 def test_a_negative_seed_is_a_seed_in_the_plugin_as_on_the_command_line(pytester):
     # Before, --killpoint-seed -3 (and seed = -3 in [tool.killpoint]) stopped the session while
     # killpoint --seed -3 ran.

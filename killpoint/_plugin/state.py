@@ -65,7 +65,12 @@ class _State:
         model = build_index(results, [os.path.basename(r["page"]) for r in lights],
                             title="killpoint: pytest session", reproduce=[r["reproduce"] for r in lights],
                             tests=[r["nodeid"] for r in lights])
-        self.index = write_text(os.path.join(self.settings.report_dir, INDEX), render_index(model))
+        path = os.path.join(self.settings.report_dir, INDEX)
+        try:
+            self.index = write_text(path, render_index(model))
+        except OSError as exc:  # a report never hides the verdicts: the summary says so, in one line
+            self.index_error = (f"HTML report: index {path} not written: {exc.strerror or exc}; "
+                                f"each test's own run pages stand")
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if self.worker_id is not None or not self.records:
