@@ -454,7 +454,24 @@ def test_checkout(killpoint):
 """)
     result = inprocess(pytester, "--killpoint-points", "after_cal")
     assert result.ret != 0
-    result.stdout.fnmatch_lines(["*--killpoint-points after_cal leaves none of the points*"])
+    result.stdout.fnmatch_lines(["*--killpoint-points after_cal leaves none of the points this target "
+                                 "declares (before_claim, after_claim, *)*"])
+
+
+def test_a_points_option_that_leaves_a_marker_none_of_its_own_points_names_them_as_asked_for(pytester):
+    # Before, the message called the marker's own points "the points this target declares": the
+    # reference declares ten, and the two named were the ones the marker asked for.
+    pytester.makepyfile(test_two="""
+import pytest
+
+@pytest.mark.killpoint(points=["after_call", "in_call"])
+def test_checkout(killpoint):
+    pass
+""")
+    result = inprocess(pytester, "--killpoint-points", "before_claim")
+    assert result.ret != 0
+    result.stdout.fnmatch_lines(["*--killpoint-points before_claim leaves none of the points asked for "
+                                 "(after_call, in_call)"])
 
 
 def test_the_store_option_runs_the_suite_on_postgresql(pytester, pg_dsn):
