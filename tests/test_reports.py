@@ -620,3 +620,21 @@ def test_a_pytest_sessions_index_at_1280_px_has_no_sideways_scroll(violated_repo
     assert proc.returncode == 0, proc.stderr[-2000:]
     scroll, client = json.loads(re.search(r'<pre id="out">(.*?)</pre>', proc.stdout, re.S).group(1))
     assert scroll <= client, (scroll, client)
+
+
+def test_a_run_report_with_long_unbroken_names_at_1280_px_has_no_sideways_scroll(tmp_path):
+    """An instance name with no space in it (a user's workload names them) reached the downstream
+    ledger's key column whole: the table, and the page, were 1965 px wide in a 1280-pixel window."""
+    chromium = _chromium()
+    result = make_result(takeover_history(inst="order-" + "x" * 180), valid=False, violations=(
+        Violation("stale_writes_rejected", "order-" + "x" * 180, "charge", "stale"),))
+    write_run_report(result, str(tmp_path / "run.html"))
+    (tmp_path / "probe.html").write_text(INDEX_PROBE.replace("REPORT", "run.html"), encoding="utf-8")
+    proc = subprocess.run(
+        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+         "--allow-file-access-from-files", "--virtual-time-budget=10000", "--window-size=1300,900",
+         f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", (tmp_path / "probe.html").as_uri()],
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    scroll, client = json.loads(re.search(r'<pre id="out">(.*?)</pre>', proc.stdout, re.S).group(1))
+    assert scroll <= client, (scroll, client)
