@@ -481,6 +481,80 @@ def test_the_store_option_runs_the_suite_on_postgresql(pytester, pg_dsn):
     assert "4 crash runs in 4 tests: 4 valid" in summary_of(result)
 
 
+def test_sigterm_mid_run_ends_the_session_as_ctrl_c_does_and_leaves_no_schema(pytester, pg_dsn):
+    """A CI job's timeout (``timeout``, a runner cancelling a job) sends SIGTERM. Before, Python's
+    default ended pytest on the spot, in the middle of a run: its PostgreSQL schema (and the
+    session's run folder) stayed behind. Now it ends as Ctrl-C does: the run cleaned up, exit 2."""
+    import signal
+    import subprocess
+    import time
+
+    import psycopg
+    import psycopg.sql
+
+    started = pytester.path / "started"
+    pytester.makepyfile(test_slow=f'''
+import os
+import time
+
+
+def blocks(ctx):
+    with open({str(started)!r} + ".tmp", "w") as fh:
+        fh.write(f"{{os.getpid()}}\\n{{ctx.run_dir}}")
+    os.replace({str(started)!r} + ".tmp", {str(started)!r})
+    while True:  # busy until the harness ends it: the run is in hand when pytest gets SIGTERM
+        time.sleep(0.05)
+
+
+def test_slow(killpoint):
+    killpoint.run("", target=blocks, workload="single", workers=1)
+''')
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:hypothesispytest",
+                             "-q", "--killpoint-store", pg_dsn, "test_slow.py"], cwd=pytester.path,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    worker = folder = None
+    pattern = f"killpoint%\\_p{proc.pid}\\_%"  # the schemas the pytest process made (schema_name)
+    try:
+        deadline = time.monotonic() + 120
+        while not started.exists():  # no timing assumed: the worker says when the run is in hand
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+            time.sleep(0.05)
+        pid, run_dir = started.read_text().split("\n")
+        worker = int(pid)
+        # the session's own folder (in memory, /dev/shm), else pytest's temporary one, kept as pytest keeps it
+        own = os.path.basename(os.path.dirname(run_dir)).startswith("killpoint-")
+        folder = os.path.dirname(run_dir) if own else None
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == pytest.ExitCode.INTERRUPTED, out
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            left = conn.execute("select nspname from pg_namespace where nspname like %s", (pattern,)).fetchall()
+        assert left == [], out
+        assert _comm(worker) != "kp-worker", "the run's worker outlived the session"
+        assert folder is None or not os.path.exists(folder), f"{folder} left behind"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=60)
+        if worker is not None and _comm(worker) == "kp-worker":  # never a PID reused since
+            os.kill(worker, signal.SIGKILL)
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:  # what a failure here left behind
+            for (name,) in conn.execute("select nspname from pg_namespace where nspname like %s",
+                                        (pattern,)).fetchall():
+                conn.execute(psycopg.sql.SQL("drop schema {} cascade").format(psycopg.sql.Identifier(name)))
+
+
+def _comm(pid: int) -> str | None:
+    """The name of a live process (killpoint's workers name themselves kp-worker), else None."""
+    try:
+        with open(f"/proc/{pid}/comm", encoding="utf-8") as fh:
+            return fh.read().strip()
+    except OSError:
+        return None
+
+
 SHARDED = '''
 import pytest
 
