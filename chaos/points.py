@@ -77,11 +77,16 @@ class Failpoints:
         instance, step = self.where
         n = self.point_hits[(name, step)] = self.point_hits.get((name, step), 0) + 1
         action = None
-        for index, fault in self.faults:
-            if not fault.matches(name, step):
-                continue
-            count = self.hits[index] = self.hits.get(index, 0) + 1
+        # Every matching fault counts this hit before any of them acts: a fault that fires (a kill)
+        # ends the loop, and the faults after it would miss the hit. A@charge.after_call:kill with
+        # A@charge.after_call#2:kill fired the second at the third hit, not the second.
+        matching = [(index, fault) for index, fault in self.faults if fault.matches(name, step)]
+        counts: dict[int, int] = {}
+        for index, fault in matching:
+            counts[index] = self.hits[index] = self.hits.get(index, 0) + 1
             self._tell(hit=index)
+        for index, fault in matching:
+            count = counts[index]
             nth = count - (fault.hit - 1)
             term = fault.actions.term_for(nth) if nth >= 1 else None
             if term is None or term.action == "off":

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 
 from killpoint.errors import BadInput, shown
 from killpoint.harness.redact import redact
 
 REPORT_MARKER = ".killpoint-report"  # in a report directory: its pages are killpoint's to replace
+# The pages killpoint writes into a report directory: the index, a command's run pages, and a pytest
+# session's (named after the xdist worker that wrote them under pytest-xdist: gw0-run-0001.html).
+OWN_PAGE = re.compile(r"^(index|(gw\d+-)?run-\d{4,})\.html$")
 
 
 def write_text(path: str, text: str) -> str:
@@ -87,3 +91,17 @@ def claim_report_dir(where: str) -> None:
     os.makedirs(where, exist_ok=True)
     with open(os.path.join(where, REPORT_MARKER), "w", encoding="utf-8") as fh:
         fh.write("killpoint replaces the index.html and run-NNNN.html pages of this directory\n")
+
+
+def clear_earlier_pages(where: str, keep: "set[str] | frozenset[str]" = frozenset()) -> None:
+    """Remove the pages (:data:`OWN_PAGE`) an earlier command or session left in ``where``, all but
+    the file names in ``keep``; only in a directory killpoint marked as its own. Raises OSError."""
+    names = os.listdir(where) if os.path.isdir(where) else []
+    if REPORT_MARKER not in names:
+        return
+    for name in names:
+        if OWN_PAGE.match(name) and name not in keep:
+            try:
+                os.unlink(os.path.join(where, name))
+            except FileNotFoundError:
+                pass

@@ -454,7 +454,24 @@ def test_checkout(killpoint):
 """)
     result = inprocess(pytester, "--killpoint-points", "after_cal")
     assert result.ret != 0
-    result.stdout.fnmatch_lines(["*--killpoint-points after_cal leaves none of the points*"])
+    result.stdout.fnmatch_lines(["*--killpoint-points after_cal leaves none of the points this target "
+                                 "declares (before_claim, after_claim, *)*"])
+
+
+def test_a_points_option_that_leaves_a_marker_none_of_its_own_points_names_them_as_asked_for(pytester):
+    # Before, the message called the marker's own points "the points this target declares": the
+    # reference declares ten, and the two named were the ones the marker asked for.
+    pytester.makepyfile(test_two="""
+import pytest
+
+@pytest.mark.killpoint(points=["after_call", "in_call"])
+def test_checkout(killpoint):
+    pass
+""")
+    result = inprocess(pytester, "--killpoint-points", "before_claim")
+    assert result.ret != 0
+    result.stdout.fnmatch_lines(["*--killpoint-points before_claim leaves none of the points asked for "
+                                 "(after_call, in_call)"])
 
 
 def test_the_store_option_runs_the_suite_on_postgresql(pytester, pg_dsn):
@@ -462,6 +479,80 @@ def test_the_store_option_runs_the_suite_on_postgresql(pytester, pg_dsn):
     result = runpytest(pytester, "--killpoint-store", pg_dsn, "-k", "checkout")
     result.assert_outcomes(passed=4)  # two points, each killed and paused past the lease
     assert "4 crash runs in 4 tests: 4 valid" in summary_of(result)
+
+
+def test_sigterm_mid_run_ends_the_session_as_ctrl_c_does_and_leaves_no_schema(pytester, pg_dsn):
+    """A CI job's timeout (``timeout``, a runner cancelling a job) sends SIGTERM. Before, Python's
+    default ended pytest on the spot, in the middle of a run: its PostgreSQL schema (and the
+    session's run folder) stayed behind. Now it ends as Ctrl-C does: the run cleaned up, exit 2."""
+    import signal
+    import subprocess
+    import time
+
+    import psycopg
+    import psycopg.sql
+
+    started = pytester.path / "started"
+    pytester.makepyfile(test_slow=f'''
+import os
+import time
+
+
+def blocks(ctx):
+    with open({str(started)!r} + ".tmp", "w") as fh:
+        fh.write(f"{{os.getpid()}}\\n{{ctx.run_dir}}")
+    os.replace({str(started)!r} + ".tmp", {str(started)!r})
+    while True:  # busy until the harness ends it: the run is in hand when pytest gets SIGTERM
+        time.sleep(0.05)
+
+
+def test_slow(killpoint):
+    killpoint.run("", target=blocks, workload="single", workers=1)
+''')
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:hypothesispytest",
+                             "-q", "--killpoint-store", pg_dsn, "test_slow.py"], cwd=pytester.path,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    worker = folder = None
+    pattern = f"killpoint%\\_p{proc.pid}\\_%"  # the schemas the pytest process made (schema_name)
+    try:
+        deadline = time.monotonic() + 120
+        while not started.exists():  # no timing assumed: the worker says when the run is in hand
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+            time.sleep(0.05)
+        pid, run_dir = started.read_text().split("\n")
+        worker = int(pid)
+        # the session's own folder (in memory, /dev/shm), else pytest's temporary one, kept as pytest keeps it
+        own = os.path.basename(os.path.dirname(run_dir)).startswith("killpoint-")
+        folder = os.path.dirname(run_dir) if own else None
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == pytest.ExitCode.INTERRUPTED, out
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            left = conn.execute("select nspname from pg_namespace where nspname like %s", (pattern,)).fetchall()
+        assert left == [], out
+        assert _comm(worker) != "kp-worker", "the run's worker outlived the session"
+        assert folder is None or not os.path.exists(folder), f"{folder} left behind"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=60)
+        if worker is not None and _comm(worker) == "kp-worker":  # never a PID reused since
+            os.kill(worker, signal.SIGKILL)
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:  # what a failure here left behind
+            for (name,) in conn.execute("select nspname from pg_namespace where nspname like %s",
+                                        (pattern,)).fetchall():
+                conn.execute(psycopg.sql.SQL("drop schema {} cascade").format(psycopg.sql.Identifier(name)))
+
+
+def _comm(pid: int) -> str | None:
+    """The name of a live process (killpoint's workers name themselves kp-worker), else None."""
+    try:
+        with open(f"/proc/{pid}/comm", encoding="utf-8") as fh:
+            return fh.read().strip()
+    except OSError:
+        return None
 
 
 SHARDED = '''
@@ -717,6 +808,60 @@ def test_one(killpoint):
         result = runpytest(pytester, "--killpoint-report-dir=reports")
         result.assert_outcomes(passed=1)
         assert (pytester.path / "reports" / "index.html").exists()
+
+
+def test_a_session_removes_the_pages_an_earlier_session_or_its_xdist_workers_left(pytester):
+    """Before, a session never removed an earlier one's pages: after a ``-n 2`` session every
+    gwN-run-NNNN.html stayed beside the next session's pages (and ``killpoint --report-dir`` on the
+    same folder left them too), reports of runs that no index listed any more."""
+    pytester.makepyfile(test_three='''
+import pytest
+
+
+@pytest.mark.parametrize("point", ["after_call", "in_call", "after_claim"])
+def test_run(killpoint, point):
+    killpoint.run(f"A@charge.{point}:kill", workload="single").assert_valid()
+''')
+    folder = pytester.path / "reports"
+    result = runpytest(pytester, "-n", "2", "--killpoint-report-dir", "reports")
+    result.assert_outcomes(passed=3)
+    first = sorted(p.name for p in folder.glob("*.html") if p.name != "index.html")
+    assert len(first) == 3 and all(re.fullmatch(r"gw[01]-run-\d{4}\.html", p) for p in first), first
+    (folder / "notes.html").write_text("<p>mine</p>")  # not killpoint's: never removed
+    result = runpytest(pytester, "--killpoint-report-dir", "reports", "-k", "after_call")
+    result.assert_outcomes(passed=1, deselected=2)
+    assert sorted(p.name for p in folder.glob("*.html")) == ["index.html", "notes.html", "run-0001.html"]
+    assert "run-0001.html" in (folder / "index.html").read_text()
+    # A command clears a session's pages as it clears its own.
+    (folder / "gw1-run-0004.html").write_text("<p>a page an xdist session wrote</p>")
+    from killpoint.harness.cli import main
+
+    code = main(["replay", "A@charge.after_call:kill", "--workload", "single", "--report-dir",
+                 str(folder), "--report", "always", "-q"])
+    assert code == 0
+    assert sorted(p.name for p in folder.glob("*.html")) == ["index.html", "notes.html", "run-0001.html"]
+    assert (folder / "notes.html").read_text() == "<p>mine</p>"
+
+
+def test_an_index_that_cannot_be_written_is_a_line_of_the_summary_never_an_internal_error(pytester):
+    """Before, an OSError writing index.html at the session's end escaped pytest_sessionfinish: a
+    traceback instead of the summary, and exit 1 for a session whose every test passed."""
+    pytester.makepyfile(test_one='''
+import os
+
+
+def test_one(killpoint):
+    killpoint.run("A@charge.after_call:kill", workload="single").assert_valid()
+    # what a full disk or a folder gone read-only does to the index at the end: it cannot be written
+    os.mkdir(os.path.join(killpoint.settings.report_dir, "index.html"))
+''')
+    result = runpytest(pytester, "--killpoint-report-dir", "reports")
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str() + result.stderr.str()
+    result.assert_outcomes(passed=1)
+    summary = summary_of(result)
+    assert "1 crash run in 1 test: 1 valid, 0 violated, 0 unknown" in summary
+    assert re.search(r"^HTML report: index .*index\.html not written: ", summary, re.M), summary
+    assert "Traceback" not in result.stdout.str() + result.stderr.str()
 
 
 def test_a_negative_seed_is_a_seed_in_the_plugin_as_on_the_command_line(pytester):

@@ -179,6 +179,21 @@ def test_a_worker_started_from_a_spare_is_the_one_a_fork_then_would_have_made(se
     assert claims[1].data.get("action") == "kill" and claims[0].data.get("action") is None
 
 
+def test_a_second_fault_at_the_same_point_fires_at_its_own_hit_not_one_later(session):
+    """Two faults of one worker at one point (the matrix's depth-2 pairs ``A@X:kill,A@X#2:kill``):
+    the hit the first fired at is a hit of the second too. Before, a firing fault ended the count,
+    so the second fault missed that hit and fired at the third hit of the point, not the second; on
+    a workload where a worker passes the point twice and no more (two orders of one step), it
+    never fired and the run was unknown."""
+    result = run(session, "A@charge.after_commit:kill,A@charge.after_commit#2:kill", workload="plain",
+                 same_identity=1.0)
+    hits = [e for e in result.history.worker_events("point") if e.data.get("point") == "after_commit"
+            and e.data.get("step") == "charge" and e.process.split(".")[0] == "A"]
+    assert [(e.data.get("action"), e.data.get("fault")) for e in hits[:2]] == [("kill", 0), ("kill", 1)], \
+        [(e.process, e.data) for e in hits]
+    assert result.unfired == () and result.valid is True, result.verdict
+
+
 def test_a_restart_under_the_same_identity_claims_with_a_new_fence(session):
     result = run(session, "A@charge.before_commit:kill", same_identity=1.0)
     assert result.valid is True

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import re
 import os
 import sys
 from collections import Counter
@@ -507,9 +506,6 @@ def print_json_hint(args: argparse.Namespace, summary: Summary) -> None:
         print(f"killpoint: {hint}", file=sys.stderr)
 
 
-_OWN_PAGE = re.compile(r"^(index|run-\d{4,})\.html$")
-
-
 def _report_dir(args: argparse.Namespace) -> str | None:
     where = getattr(args, "report_dir", None)
     return None if where is None or getattr(args, "report", "on-failure") == "never" else where
@@ -536,15 +532,11 @@ def prepare_report_dir(args: argparse.Namespace) -> None:
         return
     args._report_dir_ready = True
     check_report_dir(args)
-    from killpoint.reports.files import REPORT_MARKER, claim_report_dir
+    from killpoint.reports.files import claim_report_dir, clear_earlier_pages
 
     try:
-        names = os.listdir(where) if os.path.isdir(where) else []
-        ours = REPORT_MARKER in names
+        clear_earlier_pages(where)  # a pytest session's pages too (gw0-run-0001.html under xdist)
         claim_report_dir(where)
-        for name in names:
-            if ours and _OWN_PAGE.match(name):
-                os.unlink(os.path.join(where, name))
     except OSError as exc:
         raise BadInput(f"--report-dir {shown(where)}: cannot write reports there "
                        f"({exc.strerror or exc})") from None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import os
 import pickle
@@ -379,10 +380,37 @@ def _killpoint_session(pytestconfig: pytest.Config,
     if problem is not None:
         _fail(f"killpoint: {problem.replace('--store', '--killpoint-store', 1)}")
     base = None if run_files_dir() is not None else str(tmp_path_factory.mktemp("killpoint"))
-    with Session(base) as session:
+    with Session(base) as session, _terminate_as_interrupt():
         if session.downstream.pid == os.getpid():
             raise RuntimeError("killpoint: the downstream must be a child process of pytest")
         yield session
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Generator[None, None, None]:
+    """While this process has a killpoint session: SIGTERM and SIGHUP (a CI job's timeout, ``timeout``,
+    a closed terminal) raise as Ctrl-C does, so that pytest ends the run in hand (its workers, its
+    PostgreSQL schema) and the session (its folder) as it does on Ctrl-C, and exits interrupted.
+    Python's default for both ended pytest on the spot: the run's schema and the session's run folder
+    stayed behind. A handler someone else installed is left alone; the main thread only."""
+    import signal
+    import threading
+
+    from killpoint.harness.signals import Terminated
+
+    def handler(signum: int, frame: Any) -> None:
+        raise Terminated(signum)
+
+    installed: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(sig) == signal.SIG_DFL:
+                installed[sig] = signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        for number, previous in installed.items():
+            signal.signal(number, previous)
 
 
 @pytest.fixture

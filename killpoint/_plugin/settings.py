@@ -184,7 +184,8 @@ def _points(asked: Sequence[str] | None, settings: Settings,
     if settings.points is not None:
         narrowed = tuple(p for p in points if p in settings.points)
         if points and not narrowed:
+            whose = "asked for" if asked else "this target declares"  # a marker's or matrix's own, else all
             raise ValueError(f"--killpoint-points {','.join(settings.points)} leaves none of the points "
-                             f"this target declares ({', '.join(points)})")
+                             f"{whose} ({', '.join(points)})")
         points = narrowed
     return points

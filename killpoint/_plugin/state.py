@@ -39,21 +39,38 @@ class _State:
             self.failed.add(report.nodeid)
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        """Write the HTML index over every run of the session: on the controller only, once."""
+        """Write the HTML index over every run of the session: on the controller only, once.
+
+        A session that wrote pages first removes those an earlier session or command left in the
+        directory (as a command clears them as its first run starts): without it, an earlier
+        session's pages that this one did not overwrite -- every gwN-run-NNNN.html of an xdist
+        session, when the next one ran without xdist or with fewer runs -- stayed beside the new
+        ones, reports of runs no index listed any more."""
         if self.worker_id is not None or self.settings.report_dir is None:
             return
         lights = sorted((r for r in self.records if r.get("light")), key=lambda r: (r["nodeid"], r["page"]))
         if not lights:
             return
         from killpoint.reports.model import build_index
-        from killpoint.reports.files import write_text
+        from killpoint.reports.files import clear_earlier_pages, write_text
         from killpoint.reports.render import render_index
+
+        written = {os.path.basename(r["page"]) for r in self.records if r.get("page")}
+        try:
+            clear_earlier_pages(self.settings.report_dir, keep=written)
+        except OSError:
+            pass  # a page left behind never hides the session's own reports
 
         results = [pickle.loads(base64.b64decode(r["light"])) for r in lights]
         model = build_index(results, [os.path.basename(r["page"]) for r in lights],
                             title="killpoint: pytest session", reproduce=[r["reproduce"] for r in lights],
                             tests=[r["nodeid"] for r in lights])
-        self.index = write_text(os.path.join(self.settings.report_dir, INDEX), render_index(model))
+        path = os.path.join(self.settings.report_dir, INDEX)
+        try:
+            self.index = write_text(path, render_index(model))
+        except OSError as exc:  # a report never hides the verdicts: the summary says so, in one line
+            self.index_error = (f"HTML report: index {path} not written: {exc.strerror or exc}; "
+                                f"each test's own run pages stand")
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if self.worker_id is not None or not self.records:
