@@ -472,7 +472,7 @@ def _leases(history: History, t0: int, run_end: int, ttl: int | None) -> list[Le
             if later.kind == vocab.STUCK_FLAGGED and later.get("lease_version") == c.get("fence"):
                 ends, how = later.time - t0, "freed as stuck"
                 break
-        held, expiry, estimated = ends, None, False
+        held, expiry, estimated, renewed = ends, None, False, False
         for at, resumed in sorted(ceases.get(lane, ())):
             if not start <= at < ends:
                 continue
@@ -481,8 +481,15 @@ def _leases(history: History, t0: int, run_end: int, ttl: int | None) -> list[Le
             held = at
             if how == "released":
                 break  # a stale worker's commit that the store took: drawn as held, never as expired
-            if ttl is not None and at + ttl < ends:
-                expiry, estimated = at + ttl, True
+            # The store recorded each renewal: the lease ran out its time to live after the last one
+            # before the holder stopped (or after the claim). Without renewals in the history (a
+            # target that keeps its own leases may not give them), the bound is the stop itself.
+            renewals = [r.time - t0 for r in store if r.kind == vocab.RENEWED and start <= r.time - t0 <= at
+                        and (r.get("instance"), r.get("step")) == (inst, step)
+                        and r.get("lease_version", r.get("fence")) == c.get("fence")]
+            since = max(renewals) if renewals else at
+            if ttl is not None and since + ttl < ends:
+                expiry, estimated, renewed = since + ttl, not renewals, bool(renewals)
             else:
                 expiry = ends if how in ("taken over", "freed as stuck") else None
             how = "expired" if how != "freed as stuck" else how
@@ -492,9 +499,12 @@ def _leases(history: History, t0: int, run_end: int, ttl: int | None) -> list[Le
         who = f"{lane}" + (f" ({c.get('worker')})" if str(c.get("worker")) != lane.split(".")[0] else "")
         label = f"lease {inst}/{step} fence {fence} held by {who}, {how}"
         if expiry is not None:
-            label += (f" at most {ttl / 1e6:g} ms after its holder stopped renewing it, by "
-                      f"+{expiry / 1e6:.3f} ms" if estimated and ttl is not None
-                      else f" by +{expiry / 1e6:.3f} ms")
+            if renewed and ttl is not None:
+                label += f" {ttl / 1e6:g} ms after its last renewal, by +{expiry / 1e6:.3f} ms"
+            elif estimated and ttl is not None:
+                label += f" at most {ttl / 1e6:g} ms after its holder stopped renewing it, by +{expiry / 1e6:.3f} ms"
+            else:
+                label += f" by +{expiry / 1e6:.3f} ms"
         out.append(Lease(link(c.index), c.index, lane, str(inst), str(step), fence, start,
                          min(held, ends), max(ends, start), how, expiry, estimated, label))
     return out

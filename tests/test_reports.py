@@ -236,6 +236,21 @@ def test_lease_of_a_killed_holder_is_held_until_its_death_then_runs_out_until_th
     assert a.expiry == a.end == 10 * MS and a.estimated and "at most 1 ms" in a.label
 
 
+def test_a_lease_renewed_before_its_holder_froze_runs_out_its_ttl_after_the_last_renewal():
+    """Protects: the expiry was drawn at the freeze plus the time to live (an upper bound, said as
+    "at most"), though the store recorded every renewal: A claims at 4 ms, renews at 6, is frozen at
+    7; with a 10 ms lease it runs out at 16, not 17 (B claims at 30)."""
+    h = build([ev(0, "store", "created", instance="o", step="s", to_state="pending", state_version=1),
+               ev(4, "store", "claimed", instance="o", step="s", worker="A", fence=1, lease_version=1),
+               ev(5, "A", "claim", "ok", op=1, instance="o", step="s", fence=1),
+               ev(6, "store", "renewed", instance="o", step="s", worker="A", fence=1, lease_version=1),
+               ev(7, "harness", "stop", worker="A", signal="SIGSTOP"),
+               ev(30, "store", "claimed", instance="o", step="s", worker="B", fence=2, lease_version=2)])
+    a = next(lease for lease in build_timeline(h, lease_ttl_ms=10.0).leases if lease.fence == 1)
+    assert (a.held_until, a.expiry, a.end, a.estimated) == (7 * MS, 16 * MS, 16 * MS, False)
+    assert "10 ms after its last renewal, by +" in a.label and "at most" not in a.label
+
+
 def test_frozen_holder_resumed_before_its_lease_could_run_out_keeps_holding_it():
     h = build([ev(0, "store", "claimed", instance="o", step="s", worker="A", fence=1),
                ev(0, "A", "claim", "ok", op=1, instance="o", step="s", fence=1),
