@@ -60,6 +60,7 @@ class RunConfig:
     target: "str | Target" = "reference"
     # A built-in name or pkg.module:function; None: the target's own (orders for the reference and
     # the mutants, plain for a user's target unless it declares one).
+    # (A killpoint.Workload built in code is taken too: it becomes workload_spec, this its name.)
     workload: str | None = None
     workers: int = 2
     seed: int = 0
@@ -122,6 +123,17 @@ class RunConfig:
             raise bad("same_identity", "give a probability from 0 to 1")
         if self.timing is not None and not isinstance(self.timing, Timing):
             raise bad("timing", "give a killpoint.Timing (its fields in milliseconds)")
+        if isinstance(self.workload, Workload):
+            # A workload built in code, as the fixture's ``workload=`` takes one: it is the run's
+            # workload_spec, and ``workload`` its name.
+            if self.workload_spec is not None and self.workload_spec is not self.workload:
+                raise bad("workload", "give a workload built in code as workload or as workload_spec, not both")
+            object.__setattr__(self, "workload_spec", self.workload)
+            object.__setattr__(self, "workload", self.workload.name)
+        if self.workload is not None and not isinstance(self.workload, str):
+            raise bad("workload", "give a built-in name, 'pkg.module:function' or a killpoint.Workload")
+        if self.workload_spec is not None and not isinstance(self.workload_spec, Workload):
+            raise bad("workload_spec", "give a killpoint.Workload")
         if self.schedule is None:  # no faults (a template config, its schedules set later)
             object.__setattr__(self, "schedule", Schedule())
         if not isinstance(self.schedule, Schedule):

@@ -90,6 +90,8 @@ def test_bad_input_to_the_library_raises_a_killpoint_error_naming_the_value():
     ({"same_identity": 1.5}, "same_identity=1.5"),
     ({"timing": {"lease_ttl_ms": 200}}, "timing={'lease_ttl_ms': 200}"),
     ({"schedule": "A@charge.after_call:kill"}, "schedule='A@charge.after_call:kill'"),
+    ({"workload": 3}, "workload=3"),
+    ({"workload_spec": "single"}, "workload_spec='single'"),
 ])
 def test_a_run_config_no_run_can_have_is_refused_naming_the_field(fields, named):
     # Before, RunConfig(workers=0) went as far as a run and came back unknown with "infrastructure
@@ -119,6 +121,20 @@ def test_a_session_refuses_a_bad_config_before_starting_any_process():
         result = session.run(killpoint.RunConfig(schedule=killpoint.parse_schedule("A@charge.after_call:kill"),
                                                  workload="single"))
         assert result.valid is True
+
+
+def test_a_run_config_takes_a_workload_built_in_code_as_the_fixture_does():
+    # Before, RunConfig(workload=Workload(...)) got as far as a run and raised a bare
+    # "TypeError: unhashable type: 'dict'" from the workload cache.
+    jobs = killpoint.Workload("jobs", (killpoint.InstanceSpec("job-1", (
+        killpoint.StepSpec("charge", resource="payment", params={"amount": 100}),)),),
+        resources={"payment": {"legacy": False, "fencing": True}})
+    config = killpoint.RunConfig(schedule=killpoint.parse_schedule("A@charge.after_call:kill"), workload=jobs)
+    assert (config.workload, config.workload_spec, config.workload_name) == ("jobs", jobs, "jobs")
+    with killpoint.Session() as session:
+        result = session.run(config)
+    assert result.valid is True
+    assert {e.data["instance"] for e in result.history.events if e.kind == "claimed"} == {"job-1"}
 
 
 def test_unknown_scenario_reads_as_a_sentence_not_a_quoted_key():

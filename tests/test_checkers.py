@@ -272,6 +272,29 @@ def test_version_chain_flags_a_gap():
     assert "expected 2" in v.detail
 
 
+def test_version_chain_flags_a_state_change_the_history_does_not_show():
+    # A target's recover hook put a finished job back in its queue (state pending, version
+    # unchanged, nothing in its audit log); the job was claimed and run again. The versions run +1
+    # each, every transition is legal by itself: only the states between two events give it away.
+    v = only(version_chain(build([
+        created(0), claimed(1, "order-1", "charge", "A", 1, 1),
+        committed(2, "order-1", "charge", "A", 1, 2),
+        claimed(3, "order-1", "charge", "C", 2, 3, from_state="pending"),
+        committed(4, "order-1", "charge", "C", 2, 4)])))
+    assert (v.step, v.events) == ("charge", (2, 3))
+    assert "left it succeeded" in v.detail
+
+
+def test_version_chain_holds_for_a_compensation_and_a_retry():
+    holds(version_chain(build([
+        created(0), claimed(1, "order-1", "charge", "A", 1, 1),
+        committed(2, "order-1", "charge", "A", 1, 2, to_state="retry_scheduled"),
+        claimed(3, "order-1", "charge", "B", 2, 3, from_state="retry_scheduled"),
+        committed(4, "order-1", "charge", "B", 2, 4),
+        claimed(5, "order-1", "charge", "B", 3, 5, from_state="succeeded", to_state="compensating"),
+        committed(6, "order-1", "charge", "B", 3, 6, from_state="compensating", to_state="compensated")])))
+
+
 def test_version_chain_unchecked_with_only_created():
     unjudged(version_chain(build([created(0)])))
 

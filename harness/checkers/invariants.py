@@ -287,10 +287,14 @@ def stale_writes_rejected(history: History) -> Result:
 
 
 def version_chain(history: History) -> Result:
-    """Each step's accepted transitions form one chain, ``state_version`` +1 each.
+    """Each step's accepted transitions form one chain, ``state_version`` +1 each, each claim
+    starting from the state the transition before it left.
 
     Two accepted events with the same version are a fork (two writers both won a compare-and-set);
-    a gap or a step back means a write bypassed the compare-and-set.
+    a gap or a step back means a write bypassed the compare-and-set. A claim whose ``from_state``
+    is not the state the transition before it left (a step committed ``succeeded``, then claimed
+    from ``pending``) means the step was moved by a write the history does not show: a recovery
+    that put a finished step back, say, without bumping its version.
     """
     name = "version_chain"
     violations: list[Violation] = []
@@ -325,6 +329,17 @@ def version_chain(history: History) -> Result:
                         f"step {sid[1]} of {sid[0]}: {e.kind} accepted at state_version {sv} right "
                         f"after version {expected - 1} ({_at(before)}); expected {expected}",
                         _idx([before, e])))
+                elif e.kind == v.CLAIMED:
+                    # A claim picks a step up from the state it is in (the compare-and-set reads
+                    # it); a commit's from_state is only what its writer believed, which a stale
+                    # writer gets wrong, and stale_writes_rejected judges that.
+                    left, src = before.data.get("to_state"), e.data.get("from_state")
+                    if left is not None and src is not None and src != left:
+                        violations.append(Violation(
+                            name, sid[0], sid[1],
+                            f"step {sid[1]} of {sid[0]}: {e.kind} at state_version {sv} moved it "
+                            f"from {src}, but version {expected - 1} ({_at(before)}) left it {left}: "
+                            f"a change of state the history does not show", _idx([before, e])))
             seen[sv] = e
             prev = e
     return _result(name, checked, _in_order(violations))
