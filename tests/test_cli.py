@@ -356,6 +356,20 @@ def test_depth_2_options_without_depth_2_are_refused_not_ignored(capsys, argv, n
     assert named in line and "--depth 2" in line, line
 
 
+def test_report_takes_same_identity_as_the_reproduce_lines_it_is_given(capsys, tmp_path):
+    """Protects: a depth-2 or exploration counterexample's reproduce line carries --same-identity;
+    `killpoint report` refused it ("unrecognized arguments"), so that run's page could not be had.
+    It runs as replay does (the page's own reproduce line says it), and a bad value is one line."""
+    where = tmp_path / "rep"
+    code, out, err = run_cli(capsys, "report", "--schedule", "A@charge.after_call:kill", "--workload", "single",
+                             "--same-identity", "1", "--report-dir", str(where), "--json", "-q")
+    assert code == 0, err
+    page = (where / "run-0001.html").read_text(encoding="utf-8")
+    assert "--same-identity 1" in page
+    code, out, err = run_cli(capsys, "report", "--schedule", "A@charge.after_call:kill", "--same-identity", "2")
+    assert code == 2 and out == "" and "--same-identity 2" in err.strip()
+
+
 def test_report_never_is_refused_by_the_report_command_and_the_table_default_is_not(
         capsys, tmp_path, monkeypatch):
     """Protects: `killpoint report --report never` wrote the report all the same (exit 0, the flag

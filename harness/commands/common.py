@@ -102,6 +102,24 @@ def fraction(text: str) -> float:
     return number
 
 
+DEFAULT_SAME_IDENTITY = 0.5
+
+
+def add_same_identity(p: argparse.ArgumentParser) -> None:
+    """``--same-identity P``, for the commands that run one schedule as a reproduce line gives it
+    (``replay``, ``report``): a depth-2 or exploration counterexample's line carries it."""
+    p.add_argument("--same-identity", type=fraction, default=DEFAULT_SAME_IDENTITY, metavar="P",
+                   help="chance that a killed worker comes back under its own identity "
+                        f"(default: {DEFAULT_SAME_IDENTITY})")
+
+
+def same_identity(args: argparse.Namespace) -> float:
+    """``--same-identity``, checked: a probability from 0 to 1."""
+    if not 0.0 <= args.same_identity <= 1.0:
+        raise BadInput(f"--same-identity {args.same_identity}: use a probability from 0 to 1")
+    return float(args.same_identity)
+
+
 def add_real_time(p: argparse.ArgumentParser, help_text: str) -> None:
     """``--real-time``, and ``--no-real-time`` to win over ``real-time = true`` in ``[tool.killpoint]``."""
     p.add_argument("--real-time", action=argparse.BooleanOptionalAction, default=None,

@@ -12,21 +12,19 @@ import json
 import sys
 
 from killpoint.harness.colour import Colour
-from killpoint.harness.commands.common import (EXIT_UNKNOWN, EXIT_VIOLATED, BadInput, Summary, add_common, fraction,
-                                               one_line, print_json_hint, print_stats, progress_for, replay_command,
-                                               report_hint, run_config, shown, whole, write_reports)
+from killpoint.harness.commands.common import (EXIT_UNKNOWN, EXIT_VIOLATED, BadInput, Summary,
+                                               add_common, add_same_identity, one_line, print_json_hint, print_stats,
+                                               progress_for, replay_command, report_hint, run_config, same_identity,
+                                               shown, whole, write_reports)
 from killpoint.harness.narrate import story
 
 HELP = "run one schedule again (as printed by matrix, explore or selftest) and give its verdict"
-DEFAULT_SAME_IDENTITY = 0.5
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("schedule", help="the schedule, e.g. 'A@charge.after_call:kill' ('' for no faults)")
     add_common(p)
-    p.add_argument("--same-identity", type=fraction, default=DEFAULT_SAME_IDENTITY, metavar="P",
-                   help="chance that a killed worker comes back under its own identity "
-                        f"(default: {DEFAULT_SAME_IDENTITY})")
+    add_same_identity(p)
     p.add_argument("--repeat", type=whole("--repeat"), default=1, metavar="N",
                    help="run it N times and check that every verdict is the same (default: 1)")
     p.add_argument("--narrate", action="store_true",
@@ -53,11 +51,10 @@ def run(args: argparse.Namespace) -> int:
     from killpoint.harness.run import Session
 
     schedule = parse_schedule(args.schedule, args)
-    if not 0.0 <= args.same_identity <= 1.0:
-        raise BadInput(f"--same-identity {args.same_identity}: use a probability from 0 to 1")
+    chance = same_identity(args)
     if args.repeat < 1:
         raise BadInput(f"--repeat {args.repeat}: use a whole number of at least 1")
-    config = run_config(args, schedule, same_identity=args.same_identity,
+    config = run_config(args, schedule, same_identity=chance,
                         **overrides_for(args.target))
     summary = Summary()
     title = f"killpoint replay {schedule or 'no faults'}"

@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 import os
 
-from killpoint.harness.commands.common import (BadInput, Summary, add_common, finish, one_line, progress_for,
-                                               run_config, shown)
+from killpoint.harness.commands.common import (BadInput, Summary, add_common, add_same_identity, finish, one_line,
+                                               progress_for, run_config, same_identity, shown)
 
 HELP = "run one schedule and write its HTML report (verdict, violations, timeline, ledger)"
 DEFAULT_DIR = "killpoint-report"
@@ -19,6 +19,7 @@ DEFAULT_DIR = "killpoint-report"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_common(p, report=False)
+    add_same_identity(p)  # a depth-2 or exploration counterexample's reproduce line carries it
     p.add_argument("--schedule", required=True,
                    help="the schedule to run, e.g. 'A@charge.after_call:kill' ('' for no faults)")
     # This command exists to write a report: --report always and on-failure are accepted for
@@ -48,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
         raise BadInput(f"--schedule {shown(args.schedule)}: {one_line(str(exc), 600)}") from None
     if os.path.exists(args.report_dir) and not os.path.isdir(args.report_dir):
         raise BadInput(f"--report-dir {shown(args.report_dir)} is a file: name a directory to write into")
-    config = run_config(args, schedule)
+    config = run_config(args, schedule, same_identity=same_identity(args))
     args.report = "always"
     summary = Summary()
     title = f"killpoint report {schedule or 'no faults'}"
