@@ -318,6 +318,36 @@ def test_legal_transitions_flags_rerunning_a_succeeded_step():
     assert "succeeded -> running" in v.detail
 
 
+RESERVE = StepConfig("order-1", "reserve", "inventory", "k0")
+
+
+def test_legal_transitions_flags_a_step_claimed_before_the_one_before_it_succeeded():
+    """Protects: steps run in order. A worker that started an instance's next step while the one
+    before was still running (its charge later declined) broke no invariant: the run came out valid."""
+    v = only(legal_transitions(build([
+        claimed(1, "order-1", "reserve", "A", 1, 1),
+        claimed(2, "order-1", "charge", "B", 1, 1),
+        committed(3, "order-1", "reserve", "A", 1, 2)], steps=(RESERVE, CHARGE))))
+    assert (v.step, v.events) == ("charge", (1,)) and "before reserve" in v.detail and "in order" in v.detail
+    # in order it holds, a takeover of the running step included
+    holds(legal_transitions(build([
+        claimed(1, "order-1", "reserve", "A", 1, 1),
+        committed(2, "order-1", "reserve", "A", 1, 2),
+        claimed(3, "order-1", "charge", "B", 1, 1),
+        claimed(4, "order-1", "charge", "C", 2, 2, from_state="running"),
+        committed(5, "order-1", "charge", "C", 2, 3)], steps=(RESERVE, CHARGE))))
+
+
+def test_legal_transitions_judges_no_order_where_the_target_owns_its_state():
+    """A target's own history may give one job's start as a claim of every step of its instance
+    (procrastinate's: one job an order); the order is judged in killpoint's store only."""
+    holds(legal_transitions(build([
+        claimed(1, "order-1", "reserve", None, 1, 1),
+        claimed(1, "order-1", "charge", None, 1, 1),
+        committed(2, "order-1", "reserve", None, 1, 2),
+        committed(2, "order-1", "charge", None, 1, 2)], steps=(RESERVE, CHARGE), owns_state=True)))
+
+
 def test_legal_transitions_ignores_rejected_commits_and_judges_nothing_without_transitions():
     unjudged(legal_transitions(build([store(1, "commit_rejected", "order-1", "charge",
                                             from_state="succeeded", to_state="running")])))

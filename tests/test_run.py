@@ -761,3 +761,36 @@ def test_a_hang_while_the_only_other_worker_sleeps_past_the_bound_is_judged_from
         assert {v.invariant for v in broken.verdict.violations} == {"stuck_detected"}
     else:  # no heartbeat ran, so there was nothing for a monitor to flag
         assert broken.valid is True
+
+
+def test_a_worker_that_runs_an_instance_s_next_step_before_the_one_before_succeeded_is_violated(session):
+    """Protects: steps run in order. A user's worker (the reference worker with its planner made
+    eager: a step leased to another worker is passed over for the next one) started an instance's
+    next step while the one before was running, and every invariant held: the run came out valid.
+    legal_transitions now names the step claimed early."""
+    import killpoint
+    from killpoint.harness import states
+    from killpoint.harness import worker as worker_module
+
+    real_plan = worker_module.plan
+
+    def eager_plan(rows, now, workload):
+        for r in rows:
+            if r["state"] in states.CLAIMABLE and r["state"] != states.RUNNING and worker_module._lease_free(r, now):
+                earlier = [x for x in rows if x["instance"] == r["instance"] and x["idx"] < r["idx"]]
+                if any(x["state"] == states.RUNNING for x in earlier) and \
+                        all(x["state"] in (states.RUNNING, states.SUCCEEDED) for x in earlier):
+                    return worker_module.Task("run", r)  # the bug: the one before is still running
+        return real_plan(rows, now, workload)
+
+    def work(ctx):
+        worker_module.plan = eager_plan  # in this worker process only
+        killpoint.ReferenceWorker(ctx).run()
+
+    # A frozen holding order-1's reserve lease: the other two plan while it is held (the run's time
+    # stands still while they work), so the eager planner takes order-1's charge every time.
+    schedule = chaos.parse("A@reserve.after_claim:1*pause")
+    result = session.run(RunConfig(schedule=schedule, target=killpoint.target(work), workers=3))
+    assert result.valid is False, result.verdict.unknown_reasons
+    early = [v for v in result.verdict.violations if v.invariant == "legal_transitions"]
+    assert early and all("steps run in order" in v.detail for v in early), [v.detail for v in early]

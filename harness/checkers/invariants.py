@@ -350,10 +350,20 @@ def version_chain(history: History) -> Result:
 
 
 def legal_transitions(history: History) -> Result:
-    """Every accepted transition is in the one table the store also enforces."""
+    """Every accepted transition is in the one table the store also enforces; and, in killpoint's
+    store, a step is claimed to run only once every step before it in its instance has succeeded
+    (steps run in order: a worker that starts an instance's next step while the one before is
+    still running sent a trip's confirmation mail before its card was declined, and every other
+    invariant held). A target that owns its state is not judged on the order: its history may give
+    one job's start as a claim of every step of its instance (procrastinate's, one job an order)."""
     name = "legal_transitions"
     violations: list[Violation] = []
     checked = False
+    order: dict[Any, list[Any]] = {}  # instance -> its steps, in the workload's order
+    if not history.owns_state:
+        for cfg in history.steps:
+            order.setdefault(cfg.instance, []).append(cfg.step)
+    succeeded: dict[tuple[Any, Any], Event] = {}  # a step's first success
     for e in history.store_events():
         if not _is_accepted(e):
             continue
@@ -361,12 +371,22 @@ def legal_transitions(history: History) -> Result:
         if src is None or dst is None:
             continue  # cannot be judged
         checked = True
+        inst, step = _step_of(e)
         if not allowed(src, dst):
-            inst, step = _step_of(e)
             violations.append(Violation(
                 name, inst, step,
                 f"step {step} of {inst}: {e.kind} moved it {src} -> {dst}, which the transition "
                 f"table does not allow", (e.index,)))
+        if dst == SUCCEEDED:
+            succeeded.setdefault((inst, step), e)
+        elif e.kind == v.CLAIMED and dst == RUNNING and step in order.get(inst, ()):
+            steps = order[inst]
+            before = [s for s in steps[:steps.index(step)] if (inst, s) not in succeeded]
+            if before:
+                violations.append(Violation(
+                    name, inst, step,
+                    f"step {step} of {inst} was claimed to run before {', '.join(before)} (before it in "
+                    f"the instance) succeeded: steps run in order", (e.index,)))
     return _result(name, checked, violations)
 
 
