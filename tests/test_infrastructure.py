@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 
@@ -191,9 +193,6 @@ class _Proxy:
     server the other tests share."""
 
     def __init__(self, host: str, port: int) -> None:
-        import socket
-        import threading
-
         self._target = (host, port)
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
@@ -203,9 +202,6 @@ class _Proxy:
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
-        import socket
-        import threading
-
         while True:
             try:
                 client, _ = self._listener.accept()
@@ -236,8 +232,6 @@ class _Proxy:
                     pass
 
     def cut(self) -> None:
-        import socket
-
         with self._lock:
             self._cut = True
             self._listener.close()

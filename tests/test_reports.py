@@ -566,6 +566,20 @@ def test_real_report_in_headless_chromium_shows_the_violation_and_runs_no_hostil
     assert "&lt;/script&gt;&lt;script&gt;document.title='PWNED'" in dom
 
 
+def _probed(tmp_path, probe: str, page: str) -> str:
+    """Load ``page`` (in ``tmp_path``) in headless Chromium through ``probe`` (a page that frames it
+    at 1280 px and writes what it measured into ``<pre id="out">``); that text."""
+    chromium = _chromium()
+    (tmp_path / "probe.html").write_text(probe.replace("REPORT", page), encoding="utf-8")
+    proc = subprocess.run(
+        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+         "--allow-file-access-from-files", "--virtual-time-budget=10000", "--window-size=1300,900",
+         f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", (tmp_path / "probe.html").as_uri()],
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return re.search(r'<pre id="out">(.*?)</pre>', proc.stdout, re.S).group(1)
+
+
 PROBE = """<!DOCTYPE html><html><body style="margin:0">
 <iframe id="f" src="REPORT" style="width:1280px;height:800px;border:0"></iframe><pre id="out">pending</pre>
 <script>
@@ -587,17 +601,8 @@ def test_report_at_1280_px_has_no_sideways_scroll_draws_lease_expiry_and_opens_a
         violated_reports, tmp_path):
     """Measured by a real browser: a probe page (not the report: reports run no script) loads the
     report in a 1280-pixel frame and reads its layout."""
-    chromium = _chromium()
     shutil.copy(os.path.join(violated_reports["dir"], run_report_name(1)), tmp_path / "run.html")
-    (tmp_path / "probe.html").write_text(PROBE.replace("REPORT", "run.html"), encoding="utf-8")
-    proc = subprocess.run(
-        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-         "--allow-file-access-from-files", "--virtual-time-budget=10000", "--window-size=1300,900",
-         f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", (tmp_path / "probe.html").as_uri()],
-        capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    found = re.search(r'<pre id="out">(.*?)</pre>', proc.stdout, re.S)
-    m = json.loads(found.group(1).replace("&quot;", '"'))
+    m = json.loads(_probed(tmp_path, PROBE, "run.html").replace("&quot;", '"'))
     assert m["page"][0] <= m["page"][1], m  # no horizontal scroll of the page
     assert m["timeline"][0] <= m["timeline"][1], m  # nor inside the timeline: every lane is in view
     assert m["leases"] >= 2 and m["expiries"] >= 1, m  # A's lease ran out, B took over
@@ -620,36 +625,20 @@ def test_a_pytest_sessions_index_at_1280_px_has_no_sideways_scroll(violated_repo
     (a class, a parametrized id), the runs table was wider than a 1280-pixel window (its cells
     wrapped only at spaces, and a node id, a schedule or a target has none), so the page scrolled
     sideways. Measured by a real browser, as the run report is above."""
-    chromium = _chromium()
     result = violated_reports["result"]
     tests = ["tests/integration/payments/test_checkout_recovery.py::TestCheckoutRecovery::"
              f"test_every_crash_point_is_recovered_without_a_second_charge[charge.{point}-pause]"
              for point in ("after_call", "before_commit")]
     write_reports([result, result], str(tmp_path), title="killpoint: pytest session", tests=tests)
-    (tmp_path / "probe.html").write_text(INDEX_PROBE.replace("REPORT", "index.html"), encoding="utf-8")
-    proc = subprocess.run(
-        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-         "--allow-file-access-from-files", "--virtual-time-budget=10000", "--window-size=1300,900",
-         f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", (tmp_path / "probe.html").as_uri()],
-        capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    scroll, client = json.loads(re.search(r'<pre id="out">(.*?)</pre>', proc.stdout, re.S).group(1))
+    scroll, client = json.loads(_probed(tmp_path, INDEX_PROBE, "index.html"))
     assert scroll <= client, (scroll, client)
 
 
 def test_a_run_report_with_long_unbroken_names_at_1280_px_has_no_sideways_scroll(tmp_path):
     """An instance name with no space in it (a user's workload names them) reached the downstream
     ledger's key column whole: the table, and the page, were 1965 px wide in a 1280-pixel window."""
-    chromium = _chromium()
     result = make_result(takeover_history(inst="order-" + "x" * 180), valid=False, violations=(
         Violation("stale_writes_rejected", "order-" + "x" * 180, "charge", "stale"),))
     write_run_report(result, str(tmp_path / "run.html"))
-    (tmp_path / "probe.html").write_text(INDEX_PROBE.replace("REPORT", "run.html"), encoding="utf-8")
-    proc = subprocess.run(
-        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-         "--allow-file-access-from-files", "--virtual-time-budget=10000", "--window-size=1300,900",
-         f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", (tmp_path / "probe.html").as_uri()],
-        capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    scroll, client = json.loads(re.search(r'<pre id="out">(.*?)</pre>', proc.stdout, re.S).group(1))
+    scroll, client = json.loads(_probed(tmp_path, INDEX_PROBE, "run.html"))
     assert scroll <= client, (scroll, client)

@@ -392,9 +392,24 @@ def test_workers_that_serve_forever_are_ended_once_the_targets_done_says_so(sess
     assert result.duration_s < 10
 
 
-def _late_charger(serve_forever: bool):
+def _slow_charge(resumed: bool):
+    """A slow step: a worker resumed before its charge makes it 0.2 s after its resume."""
+    import contextlib
+    import time as _time
+
+    @contextlib.contextmanager
+    def around():
+        _time.sleep(0.2)
+        yield
+
+    return around()
+
+
+def _late_charger(serve_forever: bool, around_charge=_slow_charge):
     """An owned-state target whose worker charges under a key of its own (the naive bug) and then
-    marks the order done; ``serve_forever``: its loop never returns, like a library's worker."""
+    marks the order done; ``serve_forever``: its loop never returns, like a library's worker.
+    ``around_charge(resumed)`` is entered around the charge call, ``resumed`` saying whether the
+    order was charged meanwhile (the worker is the late one)."""
     import time as _time
 
     import killpoint
@@ -405,9 +420,9 @@ def _late_charger(serve_forever: bool):
             if not os.path.exists(marker):
                 with ctx.at("order-1", "charge"):
                     ctx.point("before_charge")
-                    _time.sleep(0.2)  # a slow step: a worker resumed here acts 0.2 s after its resume
-                    ctx.downstream.call("payment", key=f"{ctx.worker_id}:charge", params={"amount": 1},
-                                        meta={"instance": "order-1", "step": "charge"})
+                    with around_charge(os.path.exists(marker)):
+                        ctx.downstream.call("payment", key=f"{ctx.worker_id}:charge", params={"amount": 1},
+                                            meta={"instance": "order-1", "step": "charge"})
                     ctx.point("after_charge")
                 open(marker, "w").close()
             if not serve_forever:
@@ -620,38 +635,25 @@ def _end(hogs: list) -> None:
 
 
 def _starved_late_charger(cpu: int, cpu_s: float):
-    """Like ``_late_charger(serve_forever=True)``, but its late step (a worker resumed after the
-    order was charged) runs pinned to ``cpu`` and needs ``cpu_s`` of CPU time before its duplicate
-    call; then the worker unpins, and its loop idles."""
+    """``_late_charger(serve_forever=True)`` whose late step (a worker resumed after the order was
+    charged) runs pinned to ``cpu`` and needs ``cpu_s`` of CPU time before its duplicate call; then
+    the worker unpins, and its loop idles."""
+    import contextlib
     import time as _time
-
-    import killpoint
 
     everywhere = os.sched_getaffinity(0)
 
-    def work(ctx):
-        marker = os.path.join(ctx.run_dir, "charged")
-        while True:
-            if not os.path.exists(marker):
-                with ctx.at("order-1", "charge"):
-                    ctx.point("before_charge")
-                    if os.path.exists(marker):  # resumed after B charged: the late step
-                        os.sched_setaffinity(0, {cpu})
-                        spent = _time.thread_time() + cpu_s
-                        while _time.thread_time() < spent:
-                            pass
-                    ctx.downstream.call("payment", key=f"{ctx.worker_id}:charge", params={"amount": 1},
-                                        meta={"instance": "order-1", "step": "charge"})
-                    os.sched_setaffinity(0, everywhere)
-                    ctx.point("after_charge")
-                open(marker, "w").close()
-            _time.sleep(0.005)
+    @contextlib.contextmanager
+    def starved(resumed: bool):
+        if resumed:
+            os.sched_setaffinity(0, {cpu})
+            spent = _time.thread_time() + cpu_s
+            while _time.thread_time() < spent:
+                pass
+        yield
+        os.sched_setaffinity(0, everywhere)
 
-    def done(run):
-        return os.path.exists(os.path.join(run.run_dir, "charged"))
-
-    return killpoint.target(work, points=("before_charge", "after_charge"), owns_state=True, done=done,
-                            final_states=lambda run: {("order-1", "charge"): "succeeded" if done(run) else "running"})
+    return _late_charger(serve_forever=True, around_charge=starved)
 
 
 def _run_starved(session, cpu_s: float):
