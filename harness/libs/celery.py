@@ -147,9 +147,13 @@ class AckedRequest(Request):  # type: ignore[misc]
         super().acknowledge()
         hub = _worker.get("hub")
         if first and hub is not None:
-            kwargs = self.kwargs
+            kwargs, task_id = self.kwargs, self.id
             # the hub runs a batch of call_soon callbacks in no order: the point goes in the next batch
-            hub.call_soon(lambda: hub.call_soon(lambda: _point_for(kwargs, "acked")))
+            def beside_the_ack() -> None:
+                _on_ack(task_id)
+                hub.call_soon(lambda: _point_for(kwargs, "acked"))
+
+            hub.call_soon(beside_the_ack)
 
 
 def _point_for(kwargs: Any, name: str) -> None:
@@ -161,7 +165,17 @@ def _point_for(kwargs: Any, name: str) -> None:
 
 
 def _on_received(sender: Any = None, request: Any = None, **_: Any) -> None:
+    state = _worker["ctx"].run.state
+    if state["kind"] == "amqp":  # RabbitMQ does not say what its consumers hold: we keep count
+        brokers.redis_client(state["backend"]).sadd(f"{state['prefix']}in-hand", request.id)
     _point_for(request.kwargs, "received")
+
+
+def _on_ack(task_id: str) -> None:
+    """Beside the ack itself (the same batch of the hub's callbacks, no crash point between)."""
+    state = _worker["ctx"].run.state
+    if state["kind"] == "amqp":
+        brokers.redis_client(state["backend"]).srem(f"{state['prefix']}in-hand", task_id)
 
 
 def _on_prerun(sender: Any = None, kwargs: Any = None, **_: Any) -> None:
@@ -225,7 +239,8 @@ def _metas(state: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def _done(state: dict[str, Any]) -> bool:
-    """Every task succeeded and nothing is left to deliver: none queued, none unacknowledged."""
+    """Every task succeeded and nothing is left to deliver: none queued, none unacknowledged (on
+    RabbitMQ, none received and not yet acknowledged: the workers keep that set in Redis)."""
     metas = _metas(state)
     if len(metas) < len(state["tasks"]) or any(m.get("status") != "SUCCESS" for m in metas.values()):
         return False
@@ -236,7 +251,8 @@ def _done(state: dict[str, Any]) -> bool:
         pipe.llen(f"{prefix}{state['queue']}")
         pipe.hlen(f"{prefix}unacked")
         return not any(pipe.execute())
-    return brokers.amqp_queue_depth(state["broker"], state["queue"]) == 0
+    in_hand = brokers.redis_client(state["backend"]).scard(f"{state['prefix']}in-hand")
+    return not in_hand and brokers.amqp_queue_depth(state["broker"], state["queue"]) == 0
 
 
 # -- in the harness -------------------------------------------------------------------------------
