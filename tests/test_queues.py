@@ -13,7 +13,6 @@ so does a broker that is not running here (``KILLPOINT_REQUIRE_BROKERS=1`` makes
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -143,7 +142,7 @@ def test_an_unreachable_rabbitmq_is_one_line_naming_the_variable_exit_2(redis_cl
     assert len(lines) == 1 and "KILLPOINT_AMQP_URL" in lines[0] and "guest:guest" not in lines[0], lines
 
 
-@pytest.mark.parametrize("target", ["celery:keyed"])
+@pytest.mark.parametrize("target", ["celery:keyed", "dramatiq:keyed"])
 def test_an_interrupted_run_leaves_nothing_in_the_broker(redis_client, target):
     """Ctrl-C while a worker is frozen (the pause waits out a redelivery): the run's keys are gone
     once the command exited 130."""
@@ -174,3 +173,24 @@ def test_loading_the_targets_module_imports_no_queue_library():
             "if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "[]", done.stderr[-2000:]
+
+
+# -- Dramatiq ---------------------------------------------------------------------------------------
+
+
+def test_dramatiq_naive_matrix_exits_1_on_the_duplicate_a_requeued_message_applies(redis_client):
+    need("dramatiq")
+    code, out = matrix("dramatiq:naive")
+    assert_naive_caught(code, out)
+    # requeued once the worker's heartbeat stopped: killed after the effect and before the ack, or frozen
+    assert {v["schedule"] for v in out["violations"]} == {
+        f"A@{step}.{point}" for step in ("reserve", "charge")
+        for point in ("after_call:kill", "stored:kill", "before_call:1*pause", "after_call:1*pause")}
+    assert_nothing_left(redis_client, out)
+
+
+def test_dramatiq_keyed_matrix_is_valid_with_every_declared_point_fired(redis_client):
+    need("dramatiq")
+    code, out = matrix("dramatiq:keyed")
+    assert_keyed_valid_everywhere("dramatiq:keyed", code, out)
+    assert_nothing_left(redis_client, out)

@@ -22,7 +22,8 @@ from typing import Any
 LIBRARIES = {"dbos": ("killpoint.harness.libs.dbos", "dbos"),
              "langgraph": ("killpoint.harness.libs.langgraph", "langgraph"),
              "procrastinate": ("killpoint.harness.libs.procrastinate", "procrastinate"),
-             "celery": ("killpoint.harness.libs.celery", "celery")}
+             "celery": ("killpoint.harness.libs.celery", "celery"),
+             "dramatiq": ("killpoint.harness.libs.dramatiq", "dramatiq")}
 
 
 def is_library_target(name: str) -> bool:
