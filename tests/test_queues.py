@@ -142,7 +142,7 @@ def test_an_unreachable_rabbitmq_is_one_line_naming_the_variable_exit_2(redis_cl
     assert len(lines) == 1 and "KILLPOINT_AMQP_URL" in lines[0] and "guest:guest" not in lines[0], lines
 
 
-@pytest.mark.parametrize("target", ["celery:keyed", "dramatiq:keyed"])
+@pytest.mark.parametrize("target", ["celery:keyed", "dramatiq:keyed", "arq:keyed"])
 def test_an_interrupted_run_leaves_nothing_in_the_broker(redis_client, target):
     """Ctrl-C while a worker is frozen (the pause waits out a redelivery): the run's keys are gone
     once the command exited 130."""
@@ -181,7 +181,8 @@ def test_loading_the_targets_module_imports_no_queue_library():
 def test_dramatiq_naive_matrix_exits_1_on_the_duplicate_a_requeued_message_applies(redis_client):
     need("dramatiq")
     code, out = matrix("dramatiq:naive")
-    assert_naive_caught(code, out)
+    # a frozen worker resumed finishes its message and enqueues the pipeline's next one again
+    assert_naive_caught(code, out, same_step=False)
     # requeued once the worker's heartbeat stopped: killed after the effect and before the ack, or frozen
     assert {v["schedule"] for v in out["violations"]} == {
         f"A@{step}.{point}" for step in ("reserve", "charge")
@@ -193,4 +194,25 @@ def test_dramatiq_keyed_matrix_is_valid_with_every_declared_point_fired(redis_cl
     need("dramatiq")
     code, out = matrix("dramatiq:keyed")
     assert_keyed_valid_everywhere("dramatiq:keyed", code, out)
+    assert_nothing_left(redis_client, out)
+
+
+# -- arq --------------------------------------------------------------------------------------------
+
+
+def test_arq_naive_matrix_exits_1_on_the_duplicate_a_job_taken_again_applies(redis_client):
+    need("arq")
+    code, out = matrix("arq:naive")
+    assert_naive_caught(code, out, same_step=False)
+    # taken again once its in-progress key expired: killed after the effect and before arq recorded
+    # the result, or frozen
+    assert {f"A@{step}.{point}" for step in ("reserve", "charge")
+            for point in ("after_call:kill", "ended:kill", "after_call:1*pause")} <= {v["schedule"] for v in out["violations"]}
+    assert_nothing_left(redis_client, out)
+
+
+def test_arq_keyed_matrix_is_valid_with_every_declared_point_fired(redis_client):
+    need("arq")
+    code, out = matrix("arq:keyed")
+    assert_keyed_valid_everywhere("arq:keyed", code, out)
     assert_nothing_left(redis_client, out)

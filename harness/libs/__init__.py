@@ -23,7 +23,8 @@ LIBRARIES = {"dbos": ("killpoint.harness.libs.dbos", "dbos"),
              "langgraph": ("killpoint.harness.libs.langgraph", "langgraph"),
              "procrastinate": ("killpoint.harness.libs.procrastinate", "procrastinate"),
              "celery": ("killpoint.harness.libs.celery", "celery"),
-             "dramatiq": ("killpoint.harness.libs.dramatiq", "dramatiq")}
+             "dramatiq": ("killpoint.harness.libs.dramatiq", "dramatiq"),
+             "arq": ("killpoint.harness.libs.arq", "arq")}
 
 
 def is_library_target(name: str) -> bool:
