@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 import uuid
 from typing import Any
@@ -170,7 +171,20 @@ def setup(run: killpoint.TargetRun, *, keyed: bool) -> None:
         finally:
             await pool.aclose()
 
-    asyncio.run(enqueue())
+    # In a thread of its own: asyncio.run in the harness's main thread would take its Ctrl-C.
+    failed: list[BaseException] = []
+    thread = threading.Thread(target=lambda: _run_catching(enqueue, failed), name="killpoint-arq-enqueue")
+    thread.start()
+    thread.join()
+    if failed:
+        raise failed[0]
+
+
+def _run_catching(coro: Any, failed: list[BaseException]) -> None:
+    try:
+        asyncio.run(coro())
+    except BaseException as exc:  # noqa: BLE001 - raised again in the harness's thread
+        failed.append(exc)
 
 
 def done(run: killpoint.TargetRun) -> bool:

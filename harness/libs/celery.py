@@ -199,7 +199,7 @@ class Sweep(bootsteps.StartStopStep):  # type: ignore[misc]
     @staticmethod
     def tick(c: Any) -> None:
         qos = getattr(c.task_consumer.channel, "qos", None)
-        if hasattr(qos, "restore_visible"):
+        if qos is not None and hasattr(qos, "restore_visible"):
             qos.restore_visible(num=100, interval=1)
         if _done(_worker["ctx"].run.state):
             raise _Finished()
