@@ -153,7 +153,7 @@ def test_an_interrupted_run_leaves_nothing_in_the_broker(redis_client, target):
     try:
         seen: set = set()
         while proc.poll() is None and not seen:  # the run's first keys: it is under way
-            seen = set(redis_client.scan_iter(match="kp:*killpoint_run*", count=1000)) - before
+            seen = set(redis_client.scan_iter(match=f"kp:*killpoint_run*_p{proc.pid}_*", count=1000)) - before
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=120)
     finally:
