@@ -142,7 +142,7 @@ def test_an_unreachable_rabbitmq_is_one_line_naming_the_variable_exit_2(redis_cl
     assert len(lines) == 1 and "KILLPOINT_AMQP_URL" in lines[0] and "guest:guest" not in lines[0], lines
 
 
-@pytest.mark.parametrize("target", ["celery:keyed", "dramatiq:keyed", "arq:keyed"])
+@pytest.mark.parametrize("target", ["celery:keyed", "dramatiq:keyed", "arq:keyed", "rq:keyed"])
 def test_an_interrupted_run_leaves_nothing_in_the_broker(redis_client, target):
     """Ctrl-C while a worker is frozen (the pause waits out a redelivery): the run's keys are gone
     once the command exited 130."""
@@ -215,4 +215,26 @@ def test_arq_keyed_matrix_is_valid_with_every_declared_point_fired(redis_client)
     need("arq")
     code, out = matrix("arq:keyed")
     assert_keyed_valid_everywhere("arq:keyed", code, out)
+    assert_nothing_left(redis_client, out)
+
+
+# -- RQ ---------------------------------------------------------------------------------------------
+
+
+def test_rq_naive_matrix_exits_1_on_the_duplicate_an_abandoned_job_retried_applies(redis_client):
+    need("rq")
+    code, out = matrix("rq:naive")
+    assert_naive_caught(code, out)
+    # abandoned once its execution's heartbeat expired, and retried (Retry(max=3)): killed after the
+    # effect and before RQ recorded the success, or frozen
+    assert {f"A@{step}.{point}" for step in ("reserve", "charge")
+            for point in ("after_call:kill", "before_call:1*pause", "after_call:1*pause")} <= {v["schedule"] for v in out["violations"]}
+    assert_nothing_left(redis_client, out)
+    assert not [m for m in redis_client.smembers("rq:workers") if b"killpoint_run" in m]
+
+
+def test_rq_keyed_matrix_is_valid_with_every_declared_point_fired(redis_client):
+    need("rq")
+    code, out = matrix("rq:keyed")
+    assert_keyed_valid_everywhere("rq:keyed", code, out)
     assert_nothing_left(redis_client, out)

@@ -24,7 +24,8 @@ LIBRARIES = {"dbos": ("killpoint.harness.libs.dbos", "dbos"),
              "procrastinate": ("killpoint.harness.libs.procrastinate", "procrastinate"),
              "celery": ("killpoint.harness.libs.celery", "celery"),
              "dramatiq": ("killpoint.harness.libs.dramatiq", "dramatiq"),
-             "arq": ("killpoint.harness.libs.arq", "arq")}
+             "arq": ("killpoint.harness.libs.arq", "arq"),
+             "rq": ("killpoint.harness.libs.rq", "rq")}
 
 
 def is_library_target(name: str) -> bool:
