@@ -14,6 +14,7 @@ so does a broker that is not running here (``KILLPOINT_REQUIRE_BROKERS=1`` makes
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -147,13 +148,13 @@ def test_an_interrupted_run_leaves_nothing_in_the_broker(redis_client, target):
     """Ctrl-C while a worker is frozen (the pause waits out a redelivery): the run's keys are gone
     once the command exited 130."""
     need(target.split(":")[0])
-    before = set(redis_client.scan_iter(match="kp:*", count=1000))
+    before = set(redis_client.scan_iter(match="*killpoint_run*", count=1000))
     proc = subprocess.Popen([*KILLPOINT, "replay", "A@reserve.before_call:1*pause", "--target", target, "-q"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         seen: set = set()
         while proc.poll() is None and not seen:  # the run's first keys: it is under way
-            seen = set(redis_client.scan_iter(match=f"kp:*killpoint_run*_p{proc.pid}_*", count=1000)) - before
+            seen = set(redis_client.scan_iter(match=f"*killpoint_run*_p{proc.pid}_*", count=1000)) - before
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=120)
     finally:
@@ -162,7 +163,7 @@ def test_an_interrupted_run_leaves_nothing_in_the_broker(redis_client, target):
             proc.wait()
     assert seen, "the run made no key before it ended"
     assert proc.returncode == 130
-    spaces = {k.decode().split(":")[1] for k in seen}
+    spaces = {re.search(r"killpoint_run\w+", k.decode()).group(0) for k in seen}
     left = [k for ns in spaces for k in redis_client.scan_iter(match=f"*{ns}*", count=1000)]
     assert left == []
 

@@ -202,7 +202,7 @@ def final_states(run: killpoint.TargetRun) -> dict[tuple[str, str], str]:
 
 def teardown(run: killpoint.TargetRun) -> None:
     if "space" in run.state:
-        brokers.purge(run.state["space"])
+        brokers.purge(run.state["space"], redis=run.state["backend"])
 
 
 def _declare(variant: str) -> killpoint.Target:

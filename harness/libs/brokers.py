@@ -193,14 +193,14 @@ def forget(namespace: str) -> None:
         _pending.pop(namespace, None)
 
 
-def purge(namespace: str, global_sets: Iterable[str] = ()) -> None:
-    """Purge a remembered namespace now, then forget it."""
+def purge(namespace: str, global_sets: Iterable[str] = (), *, redis: str | None = None) -> None:
+    """Purge ``namespace`` now (on ``redis``, and where :func:`remember` said), then forget it."""
     with _lock:
         what = _pending.get(namespace)
-    if what is None:
+    if what is None and redis is None:
         return
-    redis, amqp, queues, exchanges = what
-    purge_redis(redis, namespace, global_sets)
+    redis_url_, amqp, queues, exchanges = what if what is not None else (redis, None, (), ())
+    purge_redis(redis or redis_url_, namespace, global_sets)
     if amqp is not None:
         purge_amqp(amqp, queues, exchanges)
     forget(namespace)

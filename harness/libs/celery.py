@@ -295,7 +295,7 @@ def final_states(run: killpoint.TargetRun) -> dict[tuple[str, str], str]:
 
 def teardown(run: killpoint.TargetRun) -> None:
     if "namespace" in run.state:
-        brokers.purge(run.state["namespace"])
+        brokers.purge(run.state["namespace"], redis=run.state["backend"])
 
 
 # -- the targets ----------------------------------------------------------------------------------

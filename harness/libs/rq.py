@@ -159,7 +159,7 @@ def final_states(run: killpoint.TargetRun) -> dict[tuple[str, str], str]:
 
 def teardown(run: killpoint.TargetRun) -> None:
     if "space" in run.state:
-        brokers.purge(run.state["space"], GLOBAL_SETS)
+        brokers.purge(run.state["space"], GLOBAL_SETS, redis=run.state["backend"])
 
 
 def _declare(variant: str) -> killpoint.Target:
