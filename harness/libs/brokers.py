@@ -199,8 +199,8 @@ def purge(namespace: str, global_sets: Iterable[str] = (), *, redis: str | None 
         what = _pending.get(namespace)
     if what is None and redis is None:
         return
-    redis_url_, amqp, queues, exchanges = what if what is not None else (redis, None, (), ())
-    purge_redis(redis or redis_url_, namespace, global_sets)
+    remembered, amqp, queues, exchanges = what if what is not None else ("", None, (), ())
+    purge_redis(redis or remembered, namespace, global_sets)
     if amqp is not None:
         purge_amqp(amqp, queues, exchanges)
     forget(namespace)

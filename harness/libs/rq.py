@@ -93,7 +93,7 @@ class Worker(SimpleWorker):  # type: ignore[misc]
 def _point_for(job: Any, name: str) -> None:
     ctx = _worker.get("ctx")
     where = None if ctx is None else ctx.run.state["tasks"].get(job.id)
-    if where is not None:
+    if ctx is not None and where is not None:
         with ctx.at(*where):
             ctx.point(name)
 
