@@ -52,6 +52,10 @@ HarnessKind = Literal["spawn", "kill", "stop", "cont", "exit", "bound_hit", "dow
                       "infrastructure_failure", "starved", "replacements_stopped", "late_grace_over"]
 
 
+FORWARD = "forward"
+COMPENSATION = "compensation"
+
+
 class RawEvent(Protocol):
     """An event as the history stores it (:class:`killpoint.harness.history.Event`)."""
 
@@ -95,6 +99,13 @@ class StoreEvent(_Typed):
     attempt: int | None = None
     actor: str | None = None  # operator events
     evidence: Any = None  # operator events
+    key: str | None = None  # receipt_recorded: the key and the status recorded under it
+    status: str | int | None = None  # (a commit's detail may carry the HTTP status that caused it)
+    reason: Any = None  # commit_rejected: what its writer said
+    expected_state_version: int | None = None  # commit_rejected
+    current_owner: str | None = None  # commit_rejected
+    stuck_owner: str | None = None  # stuck_flagged: the worker whose lease was freed
+    idle_ms: float | None = None  # stuck_flagged: how long its step had made no progress
     seq: int | None = None
 
     process: typing.ClassVar[str] = v.STORE
@@ -139,6 +150,11 @@ class Request(_Typed):
     process: typing.ClassVar[str] = v.DOWNSTREAM
     type: typing.ClassVar[str] = v.EVENT
 
+    @property
+    def direction(self) -> str:
+        """forward or compensation, as the worker said; forward when it did not say."""
+        return self.meta.direction or FORWARD
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class _OfWorker(_Typed):
@@ -162,7 +178,9 @@ class WorkerOp(_OfWorker):
     attempt: int | None = None
     direction: str | None = None
     to_state: str | None = None
+    expected_state_version: int | None = None  # commit
     status: Any = None  # an HTTP code for a call, a receipt's status for a receipt
+    replay: bool | None = None  # call: the downstream answered from its record of the key
     error: str | None = None
     indeterminate: bool = False
 
@@ -195,8 +213,18 @@ class WorkerEvent(_OfWorker):
     pid: int | None = None
     action: str | None = None  # recover: what it decided
     outcome: str | None = None  # checkpoint, replay
-    reason: str | None = None  # checkpoint
+    reason: Any = None  # checkpoint
     error: str | None = None  # raised, store_unavailable, library_error, lease_lost
+    # recover: the evidence
+    receipt: str | None = None
+    source: str | None = None
+    retry_safe: bool | None = None
+    attempts: int | None = None
+    max_attempts: int | None = None
+    outcome_unknown: bool | None = None  # store_unavailable: COMMIT was sent, its answer lost
+    exception: str | None = None  # raised: the exception's type, where, and its traceback
+    where: str | None = None
+    traceback: str | None = None
 
     type: typing.ClassVar[str] = v.EVENT
 
@@ -209,6 +237,20 @@ class TargetEvent(_OfWorker):
     kind: str
     type: str
 
+    # What the target wrote is not checked; where it names a step as killpoint's events do, a
+    # narration follows it with that step.
+    @property
+    def instance(self) -> Any:
+        return self.extra.get("instance")
+
+    @property
+    def step(self) -> Any:
+        return self.extra.get("step")
+
+    @property
+    def fence(self) -> Any:
+        return self.extra.get("fence")
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class HarnessAction(_Typed):
@@ -218,17 +260,80 @@ class HarnessAction(_Typed):
     kind: HarnessKind
     worker: str | None = None
     pid: int | None = None
-    signal: str | None = None
+    signal: str | int | None = None  # the harness writes its name (SIGKILL); a number is taken too
     reason: str | None = None
     code: int | None = None  # exit
     error: str | None = None  # replacements_stopped, infrastructure_failure
+    instance: str | None = None  # stop, terminate_backend: the step the worker was at
+    step: str | None = None
 
     process: typing.ClassVar[str] = v.HARNESS
     type: typing.ClassVar[str] = v.EVENT
 
 
-# A harness kind whose detail deserves fields of its own maps to a subclass of HarnessAction here.
-HARNESS_CLASSES: dict[str, type[HarnessAction]] = {}
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Spawn(HarnessAction):
+    identity: str | None = None  # the identity the store sees (a replacement may reuse the dead one's)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BoundHit(HarnessAction):
+    seconds: float | None = None  # the bound hit (reason says why when it was not time)
+    clock: str | None = None  # "run": the run clock's bound, else the wall clock's
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DownstreamRestart(HarnessAction):
+    fault: str | None = None
+    pid_before: int | None = None
+    address: Any = None  # the same address it served before
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TargetRestart(HarnessAction):
+    fault: str | None = None
+    ok: bool | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoreRestart(HarnessAction):
+    fault: str | None = None
+    killed: tuple[str, ...] | list[str] = ()  # the workers killed with their connections
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TerminateBackend(HarnessAction):
+    point: str | None = None
+    fault: Any = None
+    backend_pids: Any = ()  # the worker's PostgreSQL sessions ended
+    states: Any = None  # pid -> the state each was in
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Starved(HarnessAction):
+    ms: float | None = None  # how far the harness's own wait overran
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LateGraceOver(HarnessAction):
+    workers: tuple[str, ...] | list[str] = ()
+    seconds: float | None = None
+    wall_s: float | None = None
+    capped: bool | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InfrastructureFailure(HarnessAction):
+    phase: str | None = None
+
+
+# A harness kind whose detail deserves fields of its own maps to its subclass of HarnessAction.
+HARNESS_CLASSES: dict[str, type[HarnessAction]] = {
+    v.SPAWN: Spawn, v.BOUND_HIT: BoundHit, v.DOWNSTREAM_RESTART: DownstreamRestart,
+    v.TARGET_RESTART: TargetRestart, v.STORE_RESTART: StoreRestart,
+    v.TERMINATE_BACKEND: TerminateBackend, v.STARVED: Starved, v.LATE_GRACE_OVER: LateGraceOver,
+    v.INFRASTRUCTURE_FAILURE: InfrastructureFailure,
+}
 
 TypedEvent = Union[StoreEvent, Request, WorkerOp, PointHit, WorkerEvent, TargetEvent, HarnessAction]
 
@@ -250,6 +355,8 @@ def _accepts(annotation: Any) -> tuple[type, ...] | None:
         return tuple(t for p in parts if p is not None for t in p)
     if origin is Literal:
         return (str,)
+    if origin in (list, tuple, dict):
+        return (origin,)
     if annotation is type(None):
         return (_NONE,)
     if annotation is float:

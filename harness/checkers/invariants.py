@@ -11,19 +11,22 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 from killpoint import vocab as v
 from killpoint.harness.checkers.base import Result, Violation
-from killpoint.harness.history import ACCEPTED_TRANSITIONS, Event, History
+from killpoint.harness.events import (COMPENSATION, FORWARD, HarnessAction, PointHit, Request, Spawn, Starved,
+                                      StoreEvent, TypedEvent, WorkerOp)
+from killpoint.harness.history import ACCEPTED_TRANSITIONS, History
 from killpoint.harness.states import (COMPENSATED, COMPENSATING, MANUAL, PENDING, RETRY_SCHEDULED, RUNNING,
                             SETTLED, SUCCEEDED, UNKNOWN, WAITING_APPROVAL, allowed)
 
 DEFAULT_MAX_ATTEMPTS = 3
-FORWARD = "forward"
-COMPENSATION = "compensation"
 
 StepId = tuple[Any, Any]
+# The failpoint actions that stall a worker (chaos.actions spells them so).
+HANG = "hang"
+SLEEP = "sleep"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -40,26 +43,15 @@ def _result(name: str, checked: bool, violations: list[Violation], detail: str =
     return Result(name, True, True, (), detail)
 
 
-def _is_accepted(e: Event) -> bool:
-    """Accepted transitions are the store events that changed a step (commit_rejected did not)."""
-    return e.process == v.STORE and e.kind in ACCEPTED_TRANSITIONS
+def _step_of(e: StoreEvent | WorkerOp | PointHit) -> StepId:
+    return (e.instance, e.step)
 
 
-def _step_of(e: Event) -> StepId:
-    data = e.data
-    return (data.get("instance"), data.get("step"))
+def _effect_step(e: Request) -> StepId:
+    return (e.meta.instance, e.meta.step)
 
 
-def _effect_step(e: Event) -> StepId:
-    meta = e.meta
-    return (meta.get("instance"), meta.get("step"))
-
-
-def _direction(e: Event) -> str:
-    return e.meta.get("direction") or FORWARD
-
-
-def _last_store(history: History) -> dict[StepId, Event]:
+def _last_store(history: History) -> dict[StepId, StoreEvent]:
     """Each step's last store event."""
     return {sid: evs[-1] for sid, evs in history.store_by_step().items()}
 
@@ -74,11 +66,11 @@ def _final_states(history: History) -> dict[StepId, str]:
     return {(row["instance"], row["step"]): row["state"] for row in history.final}
 
 
-def _idx(events: Iterable[Event | None]) -> tuple[int, ...]:
+def _idx(events: Iterable[TypedEvent | None]) -> tuple[int, ...]:
     return tuple(sorted({e.index for e in events if e is not None}))
 
 
-def _at(e: Event) -> str:
+def _at(e: TypedEvent) -> str:
     return f"event {e.index}"
 
 
@@ -86,21 +78,20 @@ def _at(e: Event) -> str:
 # 1. no_duplicate_effects
 
 
-def _logical_key(history: History, e: Event) -> Any:
+def _logical_key(history: History, e: Request) -> Any:
     """The idempotency key a keyed request should have carried: the step's own, when known.
 
     The key a worker sent is the worker's claim about which intent it means; a worker that mints a
     new key per retry would make every duplicate look like a new intent. So an effect whose step is
     configured is grouped under that step's stable key, and only otherwise under the key it sent.
     """
-    meta = e.meta
-    inst, step = meta.get("instance"), meta.get("step")
+    inst, step = e.meta.instance, e.meta.step
     cfg = history.step_config(inst, step) if inst is not None and step is not None else None
     if cfg is not None:
-        expected = cfg.compensation_key if (meta.get("direction") or FORWARD) == COMPENSATION else cfg.key
+        expected = cfg.compensation_key if e.direction == COMPENSATION else cfg.key
         if expected is not None:
             return expected
-    return e.data.get("key")
+    return e.key
 
 
 def no_duplicate_effects(history: History) -> Result:
@@ -111,21 +102,19 @@ def no_duplicate_effects(history: History) -> Result:
     cannot tell a retry from a new request.
     """
     name = "no_duplicate_effects"
-    effects = history.applied()
-    groups: dict[tuple[Any, ...], list[Event]] = defaultdict(list)
+    effects = history.effects()
+    groups: dict[tuple[Any, ...], list[Request]] = defaultdict(list)
     for e in effects:
-        if e.data.get("key") is not None:
+        if e.key is not None:
             groups[("key", _logical_key(history, e))].append(e)
         else:
-            meta = e.meta
-            groups[("legacy", meta.get("instance"), meta.get("step"), e.data.get("resource"),
-                    meta.get("direction") or FORWARD)].append(e)
+            groups[("legacy", e.meta.instance, e.meta.step, e.resource, e.direction)].append(e)
     violations = []
     for group, evs in groups.items():
         if len(evs) < 2:
             continue
         inst, step = _effect_step(evs[0])
-        sent = list(dict.fromkeys(x.data.get("key") for x in evs))
+        sent = list(dict.fromkeys(x.key for x in evs))
         what = (f"legacy resource {group[3]!r} ({group[4]})" if group[0] == "legacy"
                 else f"key {group[1]!r}" if sent == [group[1]]
                 else f"intent {group[1]!r} (sent under keys {', '.join(map(repr, sent))})")
@@ -155,11 +144,10 @@ def effects_accounted(history: History) -> Result:
     """
     name = "effects_accounted"
     final = _final_states(history)
-    effects = history.applied()
-    by_step: dict[tuple[Any, Any, str], list[Event]] = defaultdict(list)
+    effects = history.effects()
+    by_step: dict[tuple[Any, Any, str], list[Request]] = defaultdict(list)
     for e in effects:
-        meta = e.meta
-        by_step[(meta.get("instance"), meta.get("step"), meta.get("direction") or FORWARD)].append(e)
+        by_step[(e.meta.instance, e.meta.step, e.direction)].append(e)
     last_store = _last_store(history)
 
     violations: list[Violation] = []
@@ -227,18 +215,17 @@ def stale_writes_rejected(history: History) -> Result:
     takeover = False
     for sid, events in history.store_by_step().items():
         fence: Any = None  # the step's current lease version, and the event that set it
-        fence_src: Event | None = None
+        fence_src: StoreEvent | None = None
         owner: Any = None
-        claim_of: dict[tuple[Any, Any], Event] = {}  # (worker, fence) -> its claimed event
+        claim_of: dict[tuple[Any, Any], StoreEvent] = {}  # (worker, fence) -> its claimed event
         claims = 0
         fenced = False  # a commit of this step was compared with its lease
         for e in events:
-            data = e.data
             if e.kind == v.COMMIT_REJECTED:
                 takeover = True
-            if e.kind == v.COMMITTED and fence_src is not None and data.get("fence") is not None:
+            if e.kind == v.COMMITTED and fence_src is not None and e.fence is not None:
                 fenced = True
-                held, worker = data.get("fence"), data.get("worker")
+                held, worker = e.fence, e.worker
                 stale_fence = held != fence
                 stale_owner = worker is not None and owner is not None and worker != owner
                 if stale_fence or stale_owner:
@@ -252,33 +239,33 @@ def stale_writes_rejected(history: History) -> Result:
                         f"a stale write", _idx(proof)))
             if e.kind == v.CLAIMED:
                 claims += 1
-                owner = data.get("worker")
-                claim_of[(owner, data.get("lease_version"))] = e
-            lease = data.get("lease_version")
+                owner = e.worker
+                claim_of[(owner, e.lease_version)] = e
+            lease = e.lease_version
             if lease is not None and (fence_src is None or lease != fence):
                 fence, fence_src = lease, e
         if claims > 1 and fenced:
             takeover = True
     violations = _in_order(violations)
 
-    highest: dict[tuple[Any, Any], Event] = {}
-    for e in history.requests():
-        if e.data.get("outcome") == v.STALE_FENCE:
+    highest: dict[tuple[Any, Any], tuple[int, Request]] = {}  # scope -> its highest fence, and where
+    for r in history.typed(Request):
+        if r.outcome == v.STALE_FENCE:
             takeover = True
-        f = e.data.get("fence")
-        if f is None or e.data.get("key") is None:
+        f = r.fence
+        if f is None or r.key is None:
             continue  # a legacy resource takes no key and enforces no fence: manual review covers it
-        scope = (e.data.get("resource"), e.data.get("scope"))
+        scope = (r.resource, r.scope)
         top = highest.get(scope)
-        if e.data.get("applied") is True and top is not None and f < top.data.get("fence"):
-            inst, step = _effect_step(e)
+        if r.applied and top is not None and f < top[0]:
+            inst, step = _effect_step(r)
             violations.append(Violation(
                 name, inst, step,
-                f"{e.data.get('resource')} applied a request with fence {f} after it had seen fence "
-                f"{top.data.get('fence')} ({_at(top)}) in scope {e.data.get('scope')!r}: a stale write",
-                _idx([top, e])))
-        if top is None or f > top.data.get("fence"):
-            highest[scope] = e
+                f"{r.resource} applied a request with fence {f} after it had seen fence "
+                f"{top[0]} ({_at(top[1])}) in scope {r.scope!r}: a stale write",
+                _idx([top[1], r])))
+        if top is None or f > top[0]:
+            highest[scope] = (f, r)
     return _result(name, takeover, violations)
 
 
@@ -300,12 +287,12 @@ def version_chain(history: History) -> Result:
     violations: list[Violation] = []
     checked = False
     for sid, events in history.store_by_step().items():
-        prev: Event | None = None
-        seen: dict[Any, Event] = {}
+        prev: StoreEvent | None = None
+        seen: dict[int, StoreEvent] = {}
         for e in events:
             if e.kind != v.CREATED and e.kind not in ACCEPTED_TRANSITIONS:
                 continue
-            sv = e.data.get("state_version")
+            sv = e.state_version
             if sv is None:
                 continue
             if e.kind == v.CREATED:
@@ -314,9 +301,9 @@ def version_chain(history: History) -> Result:
                     seen[sv] = e
                 continue
             before = prev
-            if before is not None:
+            if before is not None and before.state_version is not None:
                 checked = True
-                expected = before.data["state_version"] + 1
+                expected = before.state_version + 1
                 if sv in seen:
                     twin = seen[sv]
                     violations.append(Violation(
@@ -333,7 +320,7 @@ def version_chain(history: History) -> Result:
                     # A claim picks a step up from the state it is in (the compare-and-set reads
                     # it); a commit's from_state is only what its writer believed, which a stale
                     # writer gets wrong, and stale_writes_rejected judges that.
-                    left, src = before.data.get("to_state"), e.data.get("from_state")
+                    left, src = before.to_state, e.from_state
                     if left is not None and src is not None and src != left:
                         violations.append(Violation(
                             name, sid[0], sid[1],
@@ -363,11 +350,11 @@ def legal_transitions(history: History) -> Result:
     if not history.owns_state:
         for cfg in history.steps:
             order.setdefault(cfg.instance, []).append(cfg.step)
-    succeeded: dict[tuple[Any, Any], Event] = {}  # a step's first success
-    for e in history.store_events():
-        if not _is_accepted(e):
+    succeeded: dict[StepId, StoreEvent] = {}  # a step's first success
+    for e in history.typed(StoreEvent):
+        if not e.accepted:
             continue
-        src, dst = e.data.get("from_state"), e.data.get("to_state")
+        src, dst = e.from_state, e.to_state
         if src is None or dst is None:
             continue  # cannot be judged
         checked = True
@@ -404,16 +391,16 @@ def manual_stable(history: History) -> Result:
     violations: list[Violation] = []
     checked = False
     for sid, events in history.store_by_step().items():
-        entered: Event | None = None  # the event that put the step in manual review, while it is
+        entered: StoreEvent | None = None  # the event that put the step in manual review, while it is
         for e in events:
-            if e.kind not in ACCEPTED_TRANSITIONS:
+            if not e.accepted:
                 continue
-            src, dst = e.data.get("from_state"), e.data.get("to_state")
+            src, dst = e.from_state, e.to_state
             if entered is not None or src == MANUAL:
                 operator = e.kind == v.OPERATOR_RESOLVED
-                if not operator or not e.data.get("actor") or not e.data.get("evidence"):
+                if not operator or not e.actor or not e.evidence:
                     why = ("without actor and evidence" if operator
-                           else f"through {e.kind} by {e.data.get('worker') or 'an unnamed writer'}, "
+                           else f"through {e.kind} by {e.worker or 'an unnamed writer'}, "
                                 f"not an operator event")
                     violations.append(Violation(
                         name, sid[0], sid[1],
@@ -444,26 +431,26 @@ def intent_conflict(history: History) -> Result:
     """
     name = "intent_conflict"
     violations: list[Violation] = []
-    first: dict[Any, Event] = {}
-    hashes: dict[Any, set[Any]] = defaultdict(set)
-    for e in history.requests():
-        key, h = e.data.get("key"), e.data.get("intent_hash")
+    first: dict[str, Request] = {}
+    hashes: dict[str, set[str]] = defaultdict(set)
+    for e in history.typed(Request):
+        key, h = e.key, e.intent_hash
         if key is None or h is None:
             continue
         hashes[key].add(h)
         owner = first.get(key)
         if owner is None:
-            if e.data.get("outcome") in _FINISHED:
+            if e.outcome in _FINISHED:
                 first[key] = e
             continue
-        if h == owner.get("intent_hash"):
+        if h == owner.intent_hash:
             continue
-        outcome, status = e.data.get("outcome"), e.data.get("status")
+        outcome, status = e.outcome, e.status
         inst, step = _effect_step(e)
         if outcome in _SUCCESSES:
             violations.append(Violation(
                 name, inst, step,
-                f"key {key!r} reused with another intent ({h} vs {owner.get('intent_hash')}, "
+                f"key {key!r} reused with another intent ({h} vs {owner.intent_hash}, "
                 f"{_at(owner)}) got {outcome} (status {status}) instead of 422: reused key with "
                 f"another intent got a replayed success", _idx([owner, e])))
         elif outcome == v.CONFLICT and status is not None and status != 422:
@@ -484,10 +471,10 @@ def retry_budget(history: History) -> Result:
     name = "retry_budget"
     violations: list[Violation] = []
     checked = False
-    for e in history.of_workers("call"):
-        if e.type != v.INVOKE:
+    for e in history.typed(WorkerOp):
+        if e.kind != v.CALL or e.type != v.INVOKE:
             continue
-        attempt = e.data.get("attempt")
+        attempt = e.attempt
         if attempt is None:
             continue
         if attempt > 1:
@@ -498,7 +485,7 @@ def retry_budget(history: History) -> Result:
         if attempt > limit:
             violations.append(Violation(
                 name, inst, step,
-                f"worker {e.process} called {e.data.get('resource')} for step {step} of {inst} at "
+                f"worker {e.process} called {e.resource} for step {step} of {inst} at "
                 f"attempt {attempt}, beyond the maximum of {limit}", (e.index,)))
     return _result(name, checked, violations)
 
@@ -587,36 +574,34 @@ def stuck_detected(history: History) -> Result:
         return _result(name, False, [])
     end = history.events[-1].time
     window = int(round((history.stuck_bound_ms + history.stuck_slack_ms) * 1_000_000))
-    flags: dict[StepId, list[Event]] = defaultdict(list)
-    claims: dict[StepId, list[Event]] = defaultdict(list)
-    deaths: dict[Any, list[Event]] = defaultdict(list)
-    owners: dict[StepId, list[Event]] = defaultdict(list)  # events that set or clear the lease
+    flags: dict[StepId, list[StoreEvent]] = defaultdict(list)
+    claims: dict[StepId, list[StoreEvent]] = defaultdict(list)
+    deaths: dict[Any, list[HarnessAction]] = defaultdict(list)
+    owners: dict[StepId, list[StoreEvent]] = defaultdict(list)  # events that set or clear the lease
     identity: dict[Any, Any] = {}  # worker incarnation (A.2) -> the identity the store saw (A)
-    for e in history.of(v.HARNESS):
-        if e.kind in (v.KILL, v.EXIT):
-            deaths[e.data.get("worker")].append(e)
-        elif e.kind == v.SPAWN and e.data.get("identity") is not None:
-            identity[e.data.get("worker")] = e.data.get("identity")
-    for e in history.store_events():
+    for h in history.typed(HarnessAction):
+        if h.kind in (v.KILL, v.EXIT):
+            deaths[h.worker].append(h)
+        elif isinstance(h, Spawn) and h.identity is not None:
+            identity[h.worker] = h.identity
+    for e in history.typed(StoreEvent):
         if e.kind == v.STUCK_FLAGGED:
             flags[_step_of(e)].append(e)
         elif e.kind == v.CLAIMED:
             claims[_step_of(e)].append(e)
-        if e.kind in (v.CREATED, v.CLAIMED, v.STUCK_FLAGGED) or (
-                e.kind == v.COMMITTED and e.data.get("fence") is not None):
+        if e.kind in (v.CREATED, v.CLAIMED, v.STUCK_FLAGGED) or (e.kind == v.COMMITTED and e.fence is not None):
             owners[_step_of(e)].append(e)
 
     # Each list is in history order, so in time order: a bisection finds the events around a hang
     # without rescanning them (a worker may die many times in a long history).
-    def times(index: Mapping[Any, list[Event]]) -> dict[Any, list[int]]:
+    def times(index: Mapping[Any, Sequence[TypedEvent]]) -> dict[Any, list[int]]:
         return {k: [x.time for x in evs] for k, evs in index.items()}
     flag_times, death_times, owner_times = times(flags), times(deaths), times(owners)
     claim_times = times(claims)
-    starved = [(e.time, int(round(float(e.data.get("ms") or 0) * 1_000_000)))
-               for e in history.of(v.HARNESS) if e.kind == v.STARVED]
+    starved = [(e.time, int(round(float(e.ms or 0) * 1_000_000))) for e in history.typed(Starved)]
     starved_times = [t for t, _ in starved]
 
-    def deadline_of(hang: Event, start: int | None = None) -> int:
+    def deadline_of(hang: PointHit, start: int | None = None) -> int:
         """The hang's deadline (``start``: when the window ends, by default ``window`` after the
         hang), moved by every starvation of the harness before it."""
         deadline = hang.time + window if start is None else start
@@ -626,13 +611,13 @@ def stuck_detected(history: History) -> Result:
             deadline += ns
         return deadline
 
-    def held_no_lease(hang: Event, sid: StepId) -> bool:
+    def held_no_lease(hang: PointHit, sid: StepId) -> bool:
         n = bisect_right(owner_times.get(sid, ()), hang.time)  # the owner events up to the hang
         if n == 0:
             return False  # the store says nothing: judge the hang
         last = owners[sid][n - 1]
         who = identity.get(hang.process, str(hang.process).split(".")[0])
-        return not (last.kind == v.CLAIMED and last.data.get("worker") == who)
+        return not (last.kind == v.CLAIMED and last.worker == who)
 
     def first_from(index: dict[Any, list[int]], key: Any, t: int) -> int | None:
         """The time of the first event of ``index[key]`` at or after ``t``."""
@@ -642,17 +627,17 @@ def stuck_detected(history: History) -> Result:
     violations: list[Violation] = []
     checked = False
     free: dict[Any, list[tuple[int, int]]] | None = None  # made only for a hang flagged late
-    for e in history.of_workers("point"):
-        if e.data.get("action") != "hang":
+    for hit in history.typed(PointHit):
+        if hit.action != HANG:
             continue
-        sid = _step_of(e)
-        if None in sid or held_no_lease(e, sid):
+        sid = _step_of(hit)
+        if None in sid or held_no_lease(hit, sid):
             continue
-        deadline = deadline_of(e)
+        deadline = deadline_of(hit)
         # A flag ends the hang's hold on its step; so does a later claim of the step (the hung
         # worker's heartbeat was not running -- it hung before its first beat -- and its lease
         # ran out): either way the step is free again, which is what the bound is about.
-        ends = [t for t in (first_from(flag_times, sid, e.time), first_from(claim_times, sid, e.time + 1))
+        ends = [t for t in (first_from(flag_times, sid, hit.time), first_from(claim_times, sid, hit.time + 1))
                 if t is not None]
         flagged = min(ends) if ends else None
         if flagged is not None and flagged <= deadline:
@@ -663,31 +648,31 @@ def stuck_detected(history: History) -> Result:
         if free is None:
             free = _free_intervals(history)
         if free:
-            window_end = _after_free_time(e.time, window, [iv for w, ivs in free.items()
-                                                           if w != e.process for iv in ivs])
+            window_end = _after_free_time(hit.time, window, [iv for w, ivs in free.items()
+                                                           if w != hit.process for iv in ivs])
             if window_end is None:  # the other workers were free for less than the window in all
                 checked = checked or flagged is not None  # ended within it: judged, and held
                 continue  # else nobody was free long enough to flag it: nothing to judge
-            deadline = deadline_of(e, window_end)
+            deadline = deadline_of(hit, window_end)
             if flagged is not None and flagged <= deadline:
                 checked = True
                 continue
-        died = first_from(death_times, e.process, e.time)
+        died = first_from(death_times, hit.process, hit.time)
         if died is not None and died <= deadline:
             continue  # the worker died unflagged before the deadline: its heartbeat died with it
         if end <= deadline:
             continue  # the history ends before the deadline
         checked = True
         late = flags.get(sid, [])[bisect_right(flag_times.get(sid, ()), deadline):]
-        ms = (deadline - e.time) / 1_000_000
+        ms = (deadline - hit.time) / 1_000_000
         if late:
-            after = (late[0].time - e.time) / 1_000_000
-            detail = (f"worker {e.process} hung at {e.data.get('point')} on step {sid[1]} of {sid[0]} "
+            after = (late[0].time - hit.time) / 1_000_000
+            detail = (f"worker {hit.process} hung at {hit.point} on step {sid[1]} of {sid[0]} "
                       f"and was flagged only after {after:g} ms (bound {ms:g} ms)")
         else:
-            detail = (f"worker {e.process} hung at {e.data.get('point')} on step {sid[1]} of {sid[0]} "
+            detail = (f"worker {hit.process} hung at {hit.point} on step {sid[1]} of {sid[0]} "
                       f"and was never flagged within {ms:g} ms")
-        violations.append(Violation(name, sid[0], sid[1], detail, _idx([e, *late[:1]])))
+        violations.append(Violation(name, sid[0], sid[1], detail, _idx([hit, *late[:1]])))
     return _result(name, checked, violations)
 
 
@@ -703,26 +688,26 @@ def _free_intervals(history: History) -> dict[Any, list[tuple[int, int]]]:
     born: dict[Any, int] = {}
     dead: dict[Any, int] = {}
     stalls: dict[Any, list[list[int]]] = defaultdict(list)  # [start, end] spans, end open = FOREVER
-    for e in history.events:
-        if e.process == v.HARNESS:
-            w = e.data.get("worker")
-            if e.kind == v.SPAWN:
-                born.setdefault(w, e.time)
-            elif e.kind in (v.KILL, v.EXIT):
-                dead.setdefault(w, e.time)
-            elif e.kind == v.STOP:
-                stalls[w].append([e.time, _FOREVER])
-            elif e.kind == v.CONT and stalls.get(w) and stalls[w][-1][1] == _FOREVER:
-                stalls[w][-1][1] = e.time
-        elif e.kind == "point" and e.data.get("action") == "hang":
-            stalls[e.process].append([e.time, _FOREVER])
-        elif e.kind == "point" and e.data.get("action") == "sleep":
+    for t in history.typed_events:
+        if isinstance(t, HarnessAction):
+            w = t.worker
+            if t.kind == v.SPAWN:
+                born.setdefault(w, t.time)
+            elif t.kind in (v.KILL, v.EXIT):
+                dead.setdefault(w, t.time)
+            elif t.kind == v.STOP:
+                stalls[w].append([t.time, _FOREVER])
+            elif t.kind == v.CONT and stalls.get(w) and stalls[w][-1][1] == _FOREVER:
+                stalls[w][-1][1] = t.time
+        elif isinstance(t, PointHit) and t.action == HANG:
+            stalls[t.process].append([t.time, _FOREVER])
+        elif isinstance(t, PointHit) and t.action == SLEEP:
             # as long as the schedule's sleep, on the run clock (the history's time); unknown: to
             # the end (not free, so never a deadline that lands on a worker that was asleep)
             if sleeps is None:
                 sleeps = _sleep_lengths(history)
-            ms = sleeps.get(e.data.get("fault", -1))
-            stalls[e.process].append([e.time, _FOREVER if ms is None else e.time + int(ms * 1_000_000)])
+            ms = sleeps.get(-1 if t.fault is None else t.fault)
+            stalls[t.process].append([t.time, _FOREVER if ms is None else t.time + int(ms * 1_000_000)])
     out: dict[Any, list[tuple[int, int]]] = {}
     for w, start in born.items():
         end = dead.get(w, _FOREVER)
@@ -743,14 +728,14 @@ def _sleep_lengths(history: History) -> dict[int, int | None]:
     from killpoint import chaos
     from killpoint.chaos.points import POINTS
 
-    names = frozenset(str(e.data.get("point")) for e in history.of_workers("point")) | POINTS
+    names = frozenset(e.point for e in history.typed(PointHit)) | POINTS
     try:
         faults = chaos.parse(history.schedule, points=names).faults
     except chaos.InvalidSchedule:
         return {}
     out: dict[int, int | None] = {}
     for i, fault in enumerate(faults):
-        lengths = {t.arg for t in fault.actions.terms if t.action == "sleep"}
+        lengths = {t.arg for t in fault.actions.terms if t.action == SLEEP}
         out[i] = lengths.pop() if len(lengths) == 1 else None
     return out
 
@@ -792,23 +777,24 @@ def checkpoints_honoured(history: History) -> Result:
     if not refused:
         return _result(name, False, [], "no checkpoint had to be refused")
     # One pass over the store and the ledger (not one per refused instance): instance -> step -> proof.
-    proofs: dict[Any, dict[Any, list[Event]]] = {instance: defaultdict(list) for instance in refused}
-    for e in history.store_events():
-        if e.kind == v.COMMITTED and e.data.get("to_state") == SUCCEEDED and e.data.get("instance") in proofs:
-            proofs[e.data.get("instance")][e.data.get("step")].append(e)
-    for e in history.applied():
-        instance, step = _effect_step(e)
+    proofs: dict[Any, dict[Any, list[StoreEvent | Request]]] = {
+        instance: defaultdict(list) for instance in refused}
+    for e in history.typed(StoreEvent):
+        if e.kind == v.COMMITTED and e.to_state == SUCCEEDED and e.instance in proofs:
+            proofs[e.instance][e.step].append(e)
+    for r in history.effects():
+        instance, step = _effect_step(r)
         if instance in proofs:
-            proofs[instance][step].append(e)
+            proofs[instance][step].append(r)
     violations: list[Violation] = []
     for instance, verdict in refused.items():
         for step, proof in proofs[instance].items():
             proof.sort(key=lambda e: e.index)
-            commits = [e for e in proof if e.process == v.STORE]
-            effects = [e for e in proof if e.process == v.DOWNSTREAM]
+            commits = [e for e in proof if isinstance(e, StoreEvent)]
+            effects = [e for e in proof if isinstance(e, Request)]
             what = []
             if commits:
-                workers = ", ".join(sorted({str(e.data.get("worker")) for e in commits}))
+                workers = ", ".join(sorted({str(e.worker) for e in commits}))
                 what.append(f"committed to succeeded by {workers}")
             if effects:
                 what.append(f"{len(effects)} downstream effect(s) applied")
@@ -824,7 +810,7 @@ def checkpoints_honoured(history: History) -> Result:
 
 # Store events after which a step's lease is free: the holder's accepted commit (one with a fence),
 # the monitor freeing a stuck lease, the holder's release.
-_FREES_LEASE = frozenset({"stuck_flagged", "released"})
+_FREES_LEASE = frozenset({v.STUCK_FLAGGED, v.RELEASED})
 
 
 def lease_fenced(history: History) -> Result:
@@ -838,16 +824,16 @@ def lease_fenced(history: History) -> Result:
     """
     name = "lease_fenced"
     violations: list[Violation] = []
-    holder: dict[StepId, tuple[Any, Any, Event]] = {}  # step -> (owner, fence, the claim)
+    holder: dict[StepId, tuple[Any, Any, StoreEvent]] = {}  # step -> (owner, fence, the claim)
     checked = False
-    for e in history.store_events():
+    for e in history.typed(StoreEvent):
         sid = _step_of(e)
         if e.kind == v.CLAIMED:
-            holder[sid] = (e.get("worker"), e.get("lease_version"), e)
+            holder[sid] = (e.worker, e.lease_version, e)
             continue
         if e.kind in (v.RENEWED, v.RELEASED):
             checked = True
-            worker, fence = e.get("worker"), e.get("fence")
+            worker, fence = e.worker, e.fence
             owner, current, claim = holder.get(sid, (None, None, None))
             if owner is None:
                 why = "nobody held the lease then"
@@ -862,7 +848,7 @@ def lease_fenced(history: History) -> Result:
                     f"{worker} {verb} the lease of step {sid[1]} of {sid[0]} with fence {fence}, "
                     f"but {why}: only the current holder with its current fence may", _idx([claim, e])))
                 continue
-        if e.kind in _FREES_LEASE or (e.kind == v.COMMITTED and e.get("fence") is not None):
+        if e.kind in _FREES_LEASE or (e.kind == v.COMMITTED and e.fence is not None):
             holder.pop(sid, None)
     return _result(name, checked, violations)
 
@@ -879,26 +865,26 @@ def fence_rises(history: History) -> Result:
     """
     name = "fence_rises"
     violations: list[Violation] = []
-    top: dict[StepId, Event] = {}
+    top: dict[StepId, tuple[int, StoreEvent]] = {}  # step -> its highest fence, and its claim
     checked = False
-    for e in history.store_events():
-        if e.kind != v.CLAIMED or e.get("lease_version") is None:
+    for e in history.typed(StoreEvent):
+        fence = e.lease_version
+        if e.kind != v.CLAIMED or fence is None:
             continue
         sid = _step_of(e)
-        before = top.get(sid)
-        if before is None:
-            top[sid] = e
+        if sid not in top:
+            top[sid] = (fence, e)
             continue
         checked = True
-        fence, highest = e.get("lease_version"), before.get("lease_version")
+        highest, before = top[sid]
         if fence <= highest:
             violations.append(Violation(
                 name, sid[0], sid[1],
-                f"{e.get('worker')} claimed step {sid[1]} of {sid[0]} with fence {fence}, not above "
-                f"fence {highest} of the claim by {before.get('worker')} ({_at(before)}): two "
+                f"{e.worker} claimed step {sid[1]} of {sid[0]} with fence {fence}, not above "
+                f"fence {highest} of the claim by {before.worker} ({_at(before)}): two "
                 f"holders share one fencing token", _idx([before, e])))
         else:
-            top[sid] = e
+            top[sid] = (fence, e)
     return _result(name, checked, violations)
 
 
@@ -919,22 +905,22 @@ def receipt_first(history: History) -> Result:
     commit only one recorded after the step's forward success was committed.
     """
     name = "receipt_first"
-    events = history.store_events()
+    events = history.typed(StoreEvent)
     if not any(e.kind == v.RECEIPT_RECORDED for e in events):
         return _result(name, False, [], "the target recorded no receipt")
     violations: list[Violation] = []
-    receipts: dict[Any, Event] = {}  # key -> its first succeeded receipt
+    receipts: dict[Any, StoreEvent] = {}  # key -> its first succeeded receipt
     # step -> a succeeded receipt recorded for it, under any key, since its last succeeded commit
-    fresh: dict[StepId, Event] = {}
+    fresh: dict[StepId, StoreEvent] = {}
     checked = False
     for e in events:
-        if e.kind == v.RECEIPT_RECORDED and e.get("status") == "succeeded":
-            receipts.setdefault(e.get("key"), e)
+        if e.kind == v.RECEIPT_RECORDED and e.status == SUCCEEDED:
+            receipts.setdefault(e.key, e)
             fresh.setdefault(_step_of(e), e)
             continue
-        if e.kind != v.COMMITTED or e.get("fence") is None:
+        if e.kind != v.COMMITTED or e.fence is None:
             continue
-        to_state = e.get("to_state")
+        to_state = e.to_state
         if to_state not in (SUCCEEDED, COMPENSATED):
             continue
         sid = _step_of(e)
@@ -949,7 +935,7 @@ def receipt_first(history: History) -> Result:
         if key not in receipts and own is None:
             violations.append(Violation(
                 name, sid[0], sid[1],
-                f"{e.get('worker')} committed step {sid[1]} of {sid[0]} {to_state} before any "
+                f"{e.worker} committed step {sid[1]} of {sid[0]} {to_state} before any "
                 f"succeeded receipt for key {key!r} was recorded", (e.index,)))
     return _result(name, checked, violations)
 
