@@ -227,6 +227,9 @@ class WorkerEvent(_OfWorker):
     exception: str | None = None  # raised: the exception's type, where, and its traceback
     where: str | None = None
     traceback: str | None = None
+    history: str | None = None  # replay: the recorded history, the workflow it was replayed against
+    workflow: str | None = None
+    detail: str | None = None  # replay: what went wrong
 
     type: typing.ClassVar[str] = v.EVENT
 
