@@ -182,7 +182,7 @@ class History:
         for start in range(0, len(events), _PARSE_PIECE):
             for e in events[start:start + _PARSE_PIECE]:
                 try:
-                    e.typed
+                    _ = e.typed
                 except InvalidEvent:
                     pass  # gathered into invalid
             yield
@@ -411,7 +411,7 @@ def merging(journals: Mapping[str, list[dict[str, Any]]], store_events: Iterable
                 open_ops.pop(e.get("op"), None)
         if worker in dead:
             end = death.get(worker, max((e["t"] for e in entries), default=0) + 1)
-            for op, e in open_ops.items():
+            for e in open_ops.values():
                 data = {k: x for k, x in e.items() if k not in ("t", "kind", "type")}
                 data["indeterminate"] = True
                 raw.append((end, worker, e["kind"], v.INFO, data))

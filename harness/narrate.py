@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 from killpoint import vocab as v
 from killpoint.errors import InvalidEvent
 from killpoint.harness.events import (BoundHit, DownstreamRestart, HarnessAction, LateGraceOver, PointHit, Request,
-                                      Spawn, StoreEvent, StoreRestart, TargetEvent, TerminateBackend, WorkerEvent,
+                                      Spawn, StoreEvent, StoreRestart, TerminateBackend, WorkerEvent,
                                       WorkerOp)
 from killpoint.harness.history import Event, History
 

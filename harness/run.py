@@ -466,7 +466,9 @@ def _warn_before_runs(configs: "Sequence[RunConfig]") -> None:
     import warnings
 
     for line in dict.fromkeys(line for config in configs for line in config.warnings()):
-        warnings.warn(line, KillpointWarning)
+        # stacklevel 1: always this line, so the default filter shows each warning once however many
+        # entry points a batch of runs goes through
+        warnings.warn(line, KillpointWarning, stacklevel=1)
 
 
 class Meanwhile:
@@ -785,7 +787,7 @@ class _Run:
             self.left_behind.append(line)
             import warnings
 
-            warnings.warn(line, KillpointWarning)
+            warnings.warn(line, KillpointWarning, stacklevel=1)  # about the run, not its caller
 
     def broken(self, exc: Exception, started: float) -> RunResult:
         """The run's result when its infrastructure broke: unknown, with the cause."""

@@ -7,8 +7,9 @@ in this model may come from a run (instance ids, worker ids, payloads, exception
 treated as hostile by whoever shows it.
 
 Times are nanoseconds of the run's time since its first event: CLOCK_MONOTONIC plus the run clock's
-offset (on the virtual clock, waits the harness skipped are in them at their full length). Every item and row names the event it
-comes from by its link id, ``e<index>``, which is the anchor of that event's row in the event table.
+offset (on the virtual clock, waits the harness skipped are in them at their full length). Every item
+and row names the event it comes from by its link id, ``e<index>``, which is the anchor of that
+event's row in the event table.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from killpoint import vocab
 from killpoint.harness.checkers.base import rank

@@ -165,7 +165,7 @@ def run(session: Session, *, target: str | Target = "reference", seed: int = 0, 
     story.expect([(c.get("worker"), c.get("fence")) for c in refused] == [("A", 1)],
                  "A's commit with fence 1 was refused by the store, and no other was", who(refused, "worker", "fence"))
     story.expect(len(effects) == 1 and effects[0].get("key") == key,
-                 f"exactly one applied effect for K", f"{len(effects)}: " + who(effects, "key", "fence"))
+                 "exactly one applied effect for K", f"{len(effects)}: " + who(effects, "key", "fence"))
 
     story.say()
     story.say(f"The downstream ledger for K = {key}:")

@@ -92,7 +92,7 @@ def test_a_kind_a_target_journals_for_itself_is_kept_not_refused():
 def test_a_bad_event_is_an_invalid_event_naming_its_kind_and_field(process, kind, type, data, field, words):
     bad = one(process, kind, type, **data)
     with pytest.raises(InvalidEvent) as caught:
-        bad.typed
+        _ = bad.typed
     assert caught.value.field == field and caught.value.kind == kind and caught.value.index == 0
     assert f"event 0 ({process}, kind '{kind}')" in str(caught.value) and words in str(caught.value)
     assert isinstance(caught.value, KillpointError) and isinstance(caught.value, ValueError)

@@ -20,7 +20,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
-import pytest
+from hang import HANG_S
 
 ROOT = Path(__file__).resolve().parent.parent
 NAMES = ("chaos", "harness", "reports", "scenarios")

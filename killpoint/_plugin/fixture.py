@@ -220,7 +220,7 @@ class Killpoint:
         from killpoint.errors import InvalidTarget
 
         try:
-            for config, result in zip(configs, session.run_many(configs, jobs=jobs)):
+            for result in session.run_many(configs, jobs=jobs):
                 self._guard()
                 results.append(result)
                 runs.append(self._keep(result))
@@ -263,7 +263,8 @@ class Killpoint:
 
             from killpoint.errors import KillpointWarning
 
-            warnings.warn(f"killpoint: report {path} not written: {exc.strerror or exc}", KillpointWarning)
+            warnings.warn(f"killpoint: report {path} not written: {exc.strerror or exc}", KillpointWarning,
+                          stacklevel=1)  # about the report, not the test that asked for it
             return None
 
     def _record(self, run: _Run, result: "RunResult | None", *, target: str, seed: int,
