@@ -39,7 +39,7 @@ from killpoint.harness.store import check_faults, open_store, schema_name
 from killpoint.harness.store.base import Store
 from killpoint.errors import InfrastructureError, InvalidConfig, InvalidTarget, KillpointWarning
 from killpoint.harness.supervise import DISK_ERRORS, Supervisor, WorkerProcess, check_owned_faults, kill
-from killpoint.harness.targets import Target, declared
+from killpoint.harness.targets import WorkerFn, declared
 from killpoint.harness.worker import REAL_TIME_TIMING, Timing
 from killpoint.harness.workload import Workload, cached_workload
 
@@ -57,7 +57,7 @@ def _owns_state(target: Any) -> bool:
 @dataclass(frozen=True)
 class RunConfig:
     schedule: Schedule = field(default_factory=Schedule)
-    target: "str | Target" = "reference"
+    target: "str | WorkerFn" = "reference"
     # A built-in name or pkg.module:function; None: the target's own (orders for the reference and
     # the mutants, plain for a user's target unless it declares one).
     # (A killpoint.Workload built in code is taken too: it becomes workload_spec, this its name.)
