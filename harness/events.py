@@ -26,6 +26,8 @@ of :class:`HarnessAction` registered in :data:`HARNESS_CLASSES`. Fields a family
 stay in ``extra``, so nothing written is lost.
 
 This module imports only the vocabulary and the errors: the history imports it, not the reverse.
+It is one module, over 500 lines, on purpose: the families and the one function that makes them
+are read together (a field added to a family is parsed by its annotation, nothing else).
 """
 
 from __future__ import annotations

@@ -425,7 +425,9 @@ def build_timeline(history: History, *, shown: Iterable[int] | None = None,
 
 
 def _leases(history: History, t0: int, run_end: int, ttl: int | None) -> list[Lease]:
-    """Every lease the store granted, with when its holder stopped renewing it and how it ended.
+    """Every lease the store granted, with when its holder stopped renewing it and how it ended
+    (one pass over the claims; over 80 lines because each lease's end, holder and expiry are read
+    from the events around its claim, in one place).
 
     The holder is the incarnation whose ``claim`` came back ``ok`` with that fence (the store only
     knows the worker id). It stops renewing when it exits or is killed, is frozen (SIGSTOP, unless

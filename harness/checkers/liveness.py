@@ -69,6 +69,9 @@ def terminates(history: History) -> Result:
 def stuck_detected(history: History) -> Result:
     """A worker hanging with its heartbeat alive is flagged within stuck_bound + slack.
 
+    (Over 80 lines: the indexes its questions share -- flags, claims, deaths, lease owners,
+    starvation -- are built once here, and each question is a nested function reading them.)
+
     The bound counts time the machine gave the run: where the harness recorded that it was
     starved itself (a ``starved`` event: its own wait overran, as on a loaded CI runner), the
     workers' monitors were held back too, and the deadline moves by that much.
