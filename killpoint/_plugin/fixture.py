@@ -338,9 +338,11 @@ def _points_fired(result: "RunResult") -> dict[str, Any]:
 
 def _assert_children_only(result: "RunResult") -> None:
     """A run's workers are processes the harness forked, never pytest (or this xdist worker)."""
+    from killpoint.harness.events import HarnessAction
+
     me = os.getpid()
-    for e in result.history.events:
-        if e.process == "harness" and e.get("pid") == me:
+    for e in result.history.typed(HarnessAction):
+        if e.pid == me:
             raise RuntimeError(f"killpoint: run {result.run_id} reports {e.kind} of a worker with the "
                                f"PID of the pytest process ({me}); crashes must only hit child processes")
 
