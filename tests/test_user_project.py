@@ -32,7 +32,6 @@ import chaos
 import harness
 import reports
 import scenarios
-from hang import HANG_S
 
 
 def test_the_projects_own_packages_are_its_own():
