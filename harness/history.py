@@ -11,7 +11,9 @@ is one clock for every process on a Linux machine):
   nothing fired), ``recover`` (type ``event``: evidence and the action decided), ``heartbeat_lost``,
   ``checkpoint`` (type ``event``: instance, outcome, reason, fingerprint; written when a worker
   did not read an instance's checkpoint as is: migrated or refused), ``raised`` (type ``event``:
-  error, exception, where, traceback -- the target raised an exception nobody injected).
+  error, exception, where, traceback -- the target raised an exception nobody injected),
+  ``sometimes`` (type ``event``: name, reached, instance, step -- ``killpoint.sometimes(name,
+  condition)`` evaluated; see :mod:`killpoint.harness.exercise`).
   ``call`` invoke data: instance, step, resource, key, intent_hash, fence, attempt, direction.
 * **store events** (``process`` = ``"store"``, type ``event``): the append-only event table.
   ``kind`` is one of ``created``, ``claimed``, ``committed``, ``commit_rejected``,

@@ -19,6 +19,7 @@ from killpoint.harness import downstream as ds
 from killpoint.harness import history as hist
 from killpoint.harness.checkers import checking
 from killpoint.harness.checkers.base import Verdict
+from killpoint.harness.exercise import Exercise, exercised
 from killpoint.harness.states import PENDING
 from killpoint.harness.store.base import Store
 from killpoint.harness.worker import Timing
@@ -117,23 +118,29 @@ class Judgement:
     verdict: Verdict
     fired: dict[str, int]  # fault text -> times an action fired
     unfired: tuple[str, ...]
+    exercise: Exercise | None = None  # what the faults provoked (harness.exercise)
 
 
 def judge(history: hist.History, schedule: Schedule, fired: Mapping[int, int],
-          findings: Sequence[str] = ()) -> Judgement:
-    """Every invariant on ``history``; a scheduled fault that never fired, or a ``finding`` (the
-    target raised, a hook failed), makes it unknown at best."""
-    return hist.drained(judging(history, schedule, fired, findings))
+          findings: Sequence[str] = (), sometimes: Sequence[str] = ()) -> Judgement:
+    """Every invariant on ``history``; a scheduled fault that never fired, a pause or hang that
+    provoked no takeover (:mod:`harness.exercise`), or a ``finding`` (the target raised, a hook
+    failed), makes it unknown at best. ``sometimes``: the expectations the target declared."""
+    return hist.drained(judging(history, schedule, fired, findings, sometimes))
 
 
 def judging(history: hist.History, schedule: Schedule, fired: Mapping[int, int],
-            findings: Sequence[str] = ()) -> Generator[None, None, Judgement]:
+            findings: Sequence[str] = (), sometimes: Sequence[str] = ()) -> Generator[None, None, Judgement]:
     """:func:`judge` an invariant at a time: it yields between them and returns the judgement."""
     verdict = yield from checking(history, schedule=str(schedule))
     unfired = tuple(str(f) for i, f in enumerate(schedule.faults) if i not in fired)
-    extra = tuple(findings) + tuple(f"scheduled fault {u} never fired" for u in unfired)
+    exercise = exercised(history, schedule.faults, sometimes)
+    yield
+    # A pause or hang nobody took over tested nothing a run without it would have: never evidence
+    # for valid, as a fault that never fired is not.
+    extra = tuple(findings) + tuple(f"scheduled fault {u} never fired" for u in unfired) + exercise.reasons()
     if extra:
         valid = False if verdict.valid is False else None
         verdict = Verdict(valid, verdict.results, verdict.unknown_reasons + extra)
     counts = {str(f): fired.get(i, 0) for i, f in enumerate(schedule.faults)}
-    return Judgement(verdict, counts, unfired)
+    return Judgement(verdict, counts, unfired, exercise)

@@ -180,6 +180,8 @@ def _worker(e: Event) -> str:
         return "finished"
     if e.kind == v.RAISED:
         return f"the target raised {d.get('error')} (a finding: its traceback is in this event)"
+    if e.kind == v.SOMETIMES:
+        return f"expectation {d.get('name')!r} {'reached' if d.get('reached') else 'evaluated, not reached'}"
     return f"{e.kind} {where}" if d.get("instance") is not None else e.kind
 
 

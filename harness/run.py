@@ -30,6 +30,7 @@ from killpoint.harness import downstream as ds
 from killpoint.harness import signals
 from killpoint.harness import history as hist
 from killpoint.harness.checkers.base import Verdict
+from killpoint.harness.exercise import Exercise
 from killpoint.harness.judge import gathering, judging
 from killpoint.harness.declaration import TargetRun
 from killpoint.harness.hooks import Hooks
@@ -293,6 +294,8 @@ class RunResult:
     spawned: int
     duration_s: float
     run_dir: str
+    # What the run's faults provoked (a takeover, a late write...); None: the run broke before judging.
+    exercise: "Exercise | None" = None
 
     @property
     def valid(self) -> bool | None:
@@ -710,7 +713,8 @@ class _Run:
         self.phase = "judging"
         # A target that raised, or a hook that did, is a finding: the run cannot be valid.
         judged = yield from judging(history, self.config.schedule, sup.tally.fired,
-                                    sup.raised.reasons() + tuple(self.hooks.errors) + sup.still_paused())
+                                    sup.raised.reasons() + tuple(self.hooks.errors) + sup.still_paused(),
+                                    self.declared.sometimes)
         if bound_hit and judged.verdict.valid is None and clock.virtual and not clock.jumps:
             # The run clock never moved: nobody waited through ctx.clock, so every wait was real
             # time against the production-like timings (a takeover waits out a 30 s lease).
@@ -723,7 +727,8 @@ class _Run:
         if not self.s.keep:
             self.hooks.teardown()
         return RunResult(self.config, self.run_id, history, judged.verdict, judged.fired,
-                         judged.unfired, len(sup.workers), time.monotonic() - self.started, self.run_dir)
+                         judged.unfired, len(sup.workers), time.monotonic() - self.started, self.run_dir,
+                         judged.exercise)
 
     def check_disk(self) -> None:
         """Write a page into the run's folder: a full or failing disk there (workers that could not

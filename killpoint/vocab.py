@@ -42,6 +42,7 @@ STORE_UNAVAILABLE = "store_unavailable"  # the store connection died; the worker
 START = "start"  # the worker process began (pid)
 FINISH = "finish"  # the target returned
 RAISED = "raised"  # the target raised (error, exception, where, traceback): a finding, the run unknown
+SOMETIMES = "sometimes"  # killpoint.sometimes(name, condition): an expectation evaluated (name, reached)
 # Written by the Temporal targets.
 ACTIVITY = "activity"  # a Temporal activity began
 REPLAYED = "replay"  # a workflow history replayed against the code (``outcome``, ``detail``)
