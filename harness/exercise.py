@@ -129,13 +129,28 @@ class Tally:
     def not_reached(self) -> tuple[str, ...]:
         return tuple(sorted(self.expected - self.reached))
 
-    def line(self) -> str:
-        """The counts in one line, for a closing line: ``12 of 17 pauses exercised a takeover``."""
+    def brief(self) -> str:
+        """What a closing line says: ``12 of 17 pauses exercised a takeover`` (hangs and
+        expectations likewise; empty when the runs had none)."""
         parts = []
         if self.pauses:
             parts.append(f"{self.pauses_exercised} of {self.pauses} pause{_s(self.pauses)} exercised a takeover")
         if self.hangs:
             parts.append(f"{self.hangs_exercised} of {self.hangs} hang{_s(self.hangs)} exercised a takeover")
+        if self.expected:
+            parts.append(f"{len(self.reached & self.expected)} of {len(self.expected)} sometimes "
+                         f"expectation{_s(len(self.expected))} reached")
+        return ", ".join(parts)
+
+    def line(self) -> str:
+        """Every count in one line: pauses and hangs taken over, late writes, recoveries..."""
+        parts = []
+        if self.pauses:
+            parts.append(f"{self.pauses_exercised} of {self.pauses} pause{_s(self.pauses)} exercised a takeover")
+        if self.hangs:
+            parts.append(f"{self.hangs_exercised} of {self.hangs} hang{_s(self.hangs)} exercised a takeover")
+        if self.sleeps_taken_over:
+            parts.append(f"{self.sleeps_taken_over} sleep{_s(self.sleeps_taken_over)} taken over")
         late = self.late_writes_refused + self.late_writes_accepted
         if late:
             parts.append(f"{late} late write{_s(late)} by a stale worker ({self.late_writes_refused} refused, "

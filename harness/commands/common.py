@@ -9,7 +9,7 @@ import os
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from killpoint.chaos.points import DB_POINTS, DEFAULT_POINTS, ORDERED_POINTS, POINTS
 from killpoint.errors import SHOWN_LIMIT, BadInput, shown
@@ -19,6 +19,9 @@ from killpoint.harness.run import RunConfig, RunResult
 from killpoint.harness.stats import PointStats
 from killpoint.harness.stats import total as total_stats
 from killpoint.harness.worker import REAL_TIME_TIMING, Timing
+
+if TYPE_CHECKING:
+    from killpoint.harness.exercise import Tally
 
 EXIT_VALID, EXIT_VIOLATED, EXIT_BAD_INPUT, EXIT_UNKNOWN = 0, 1, 2, 3
 
@@ -357,7 +360,23 @@ class Summary:
     def valid(self) -> bool | None:
         from killpoint.harness.checkers.base import rank
 
-        return rank(r.valid for r in self.results) if self.results else None
+        if not self.results:
+            return None
+        valid = rank(r.valid for r in self.results)
+        return None if valid is True and self.reasons() else valid
+
+    def exercise(self) -> "Tally":
+        """What the runs' faults provoked, over all of them (:mod:`killpoint.harness.exercise`)."""
+        from killpoint.harness.exercise import total
+
+        return total(r.exercise for r in self.results)
+
+    def reasons(self) -> tuple[str, ...]:
+        """Why the runs together are unknown whatever each one's verdict: no pause exercised a
+        takeover, or a declared expectation (killpoint.sometimes) was never reached."""
+        from killpoint.harness.exercise import matrix_reasons
+
+        return matrix_reasons(self.exercise())
 
     def exit_code(self) -> int:
         v = self.valid
@@ -402,13 +421,15 @@ class Summary:
             **({"junit_error": self.junit_error} if self.junit_error else {}),
             "unknown": [{"schedule": str(r.config.schedule), "reasons": list(r.verdict.unknown_reasons)}
                         for r in self.results if r.valid is None],
-            "unknown_reasons": list(dict.fromkeys(reason for r in self.results if r.valid is None
-                                                  for reason in r.verdict.unknown_reasons)),
+            "unknown_reasons": list(dict.fromkeys([*self.reasons(), *(
+                reason for r in self.results if r.valid is None for reason in r.verdict.unknown_reasons)])),
+            "exercise": self.exercise().to_json(),
             "results": [{"schedule": str(r.config.schedule), "target": r.config.target_name,
                          "valid": r.valid, "fired": r.fired, "unfired": list(r.unfired),
                          "workers_spawned": r.spawned, "duration_ms": round(r.duration_s * 1000, 1),
                          "run_id": r.run_id, "seed": r.config.seed, "store": redact(r.config.store),
-                         "points": s.to_json()}
+                         "points": s.to_json(),
+                         "exercise": r.exercise.to_json() if r.exercise is not None else None}
                         for r, s in zip(self.results, self.point_stats())],
             "points": total_stats(self.point_stats()).to_json(),
         }
@@ -606,6 +627,8 @@ def print_judgement(summary: Summary, results: Sequence[RunResult], *, reproduce
         if r.valid is None:
             for reason in r.verdict.unknown_reasons:
                 print(f"\n{paint.verdict('UNKNOWN')} {where}: {reason}")
+    for reason in summary.reasons():
+        print(f"\n{paint.verdict('UNKNOWN')} all runs: {reason}")
 
 
 def finish(args: argparse.Namespace, summary: Summary, title: str, lines: Sequence[str] = ()) -> int:
@@ -628,7 +651,12 @@ def finish(args: argparse.Namespace, summary: Summary, title: str, lines: Sequen
     fired = sum(1 for r in summary.results for n in r.fired.values() if n)
     scheduled = sum(len(r.fired) for r in summary.results)
     judged, total = summary.judged()
-    print(f"\n{len(summary.results)} runs, {fired}/{scheduled} scheduled faults fired, "
-          f"{judged} of {total} invariants judged: {verdict}"
+    tally = summary.exercise()
+    if tally.line():
+        print(f"\nexercised: {tally.line()}")
+    brief = tally.brief()
+    print(f"\n{len(summary.results)} runs, {fired}/{scheduled} scheduled faults fired"
+          + (f" ({brief})" if brief else "")
+          + f", {judged} of {total} invariants judged: {verdict}"
           + (f"; report: {summary.report}" if summary.report else ""))
     return summary.exit_code()
