@@ -77,7 +77,8 @@ def gathering(*, workload: Workload, store: Store, client: ds.DownstreamClient,
         store_events += told
         final = hooks.final_states()
         if told and final:
-            hooks.errors.extend(_untold(told, final))
+            for why in _untold(told, final):
+                hooks.untrusted(why)
     yield
     ledger = client.ledger()
     yield
@@ -121,18 +122,49 @@ class Judgement:
     exercise: Exercise | None = None  # what the faults provoked (harness.exercise)
 
 
+# Beyond the invariants that need store events to judge at all, those that also read them: a step's
+# claims and fences (stale writes), its last event (what is accounted for, what terminated).
+READS_STORE_EVENTS = frozenset({"stale_writes_rejected", "effects_accounted", "terminates"})
+
+
+def _distrust(verdict: Verdict, untrusted: Sequence[str]) -> Verdict:
+    """The verdict with every invariant that reads the target's store events unknown: its history()
+    left events out or gave them wrong, and a chain judged with holes in it is a false alarm (an
+    unknown kind once gave a correct worker version_chain violations in most of its runs) or a
+    false pass. The ledger's invariants still judge."""
+    from killpoint.harness.checkers import NEEDS_STORE_EVENTS
+    from killpoint.harness.checkers.base import Result, rank
+
+    why = f"not judged: {untrusted[0]}"
+    reads = NEEDS_STORE_EVENTS | READS_STORE_EVENTS
+    names = [r.invariant for r in verdict.results if r.invariant in reads and r.applicable]
+    if not names:
+        return verdict
+    results = tuple(Result(r.invariant, None, False, (), why) if r.invariant in names else r
+                    for r in verdict.results)
+    kept = tuple(u for u in verdict.unknown_reasons if u.split(":")[0] not in names)
+    return Verdict(rank(r.valid for r in results), results,
+                   kept + (f"{', '.join(names)} not judged: the target's history() cannot be trusted",))
+
+
 def judge(history: hist.History, schedule: Schedule, fired: Mapping[int, int],
-          findings: Sequence[str] = (), sometimes: Sequence[str] = ()) -> Judgement:
+          findings: Sequence[str] = (), sometimes: Sequence[str] = (),
+          untrusted: Sequence[str] = ()) -> Judgement:
     """Every invariant on ``history``; a scheduled fault that never fired, a pause or hang that
     provoked no takeover (:mod:`harness.exercise`), or a ``finding`` (the target raised, a hook
-    failed), makes it unknown at best. ``sometimes``: the expectations the target declared."""
-    return hist.drained(judging(history, schedule, fired, findings, sometimes))
+    failed), makes it unknown at best. ``sometimes``: the expectations the target declared.
+    ``untrusted``: why the target's ``history()`` cannot be trusted (an unknown kind, a bad field):
+    the invariants that read its events then judge nothing, naming it."""
+    return hist.drained(judging(history, schedule, fired, findings, sometimes, untrusted))
 
 
 def judging(history: hist.History, schedule: Schedule, fired: Mapping[int, int],
-            findings: Sequence[str] = (), sometimes: Sequence[str] = ()) -> Generator[None, None, Judgement]:
+            findings: Sequence[str] = (), sometimes: Sequence[str] = (),
+            untrusted: Sequence[str] = ()) -> Generator[None, None, Judgement]:
     """:func:`judge` an invariant at a time: it yields between them and returns the judgement."""
     verdict = yield from checking(history, schedule=str(schedule))
+    if untrusted:
+        verdict = _distrust(verdict, untrusted)
     unfired = tuple(str(f) for i, f in enumerate(schedule.faults) if i not in fired)
     exercise = exercised(history, schedule.faults, sometimes)
     yield

@@ -296,6 +296,9 @@ class RunResult:
     run_dir: str
     # What the run's faults provoked (a takeover, a late write...); None: the run broke before judging.
     exercise: "Exercise | None" = None
+    # What the target's own hooks did wrong (raised, gave a history() of unknown kinds or bad
+    # fields): each also an unknown reason; said once per command, whatever the verdict.
+    target_errors: tuple[str, ...] = ()
 
     @property
     def valid(self) -> bool | None:
@@ -714,7 +717,7 @@ class _Run:
         # A target that raised, or a hook that did, is a finding: the run cannot be valid.
         judged = yield from judging(history, self.config.schedule, sup.tally.fired,
                                     sup.raised.reasons() + tuple(self.hooks.errors) + sup.still_paused(),
-                                    self.declared.sometimes)
+                                    self.declared.sometimes, tuple(self.hooks.history_errors))
         if bound_hit and judged.verdict.valid is None and clock.virtual and not clock.jumps:
             # The run clock never moved: nobody waited through ctx.clock, so every wait was real
             # time against the production-like timings (a takeover waits out a 30 s lease).
@@ -728,7 +731,7 @@ class _Run:
             self.hooks.teardown()
         return RunResult(self.config, self.run_id, history, judged.verdict, judged.fired,
                          judged.unfired, len(sup.workers), time.monotonic() - self.started, self.run_dir,
-                         judged.exercise)
+                         judged.exercise, tuple(self.hooks.errors))
 
     def check_disk(self) -> None:
         """Write a page into the run's folder: a full or failing disk there (workers that could not

@@ -371,6 +371,15 @@ class Summary:
 
         return total(r.exercise for r in self.results)
 
+    def target_errors(self) -> list[tuple[str, int]]:
+        """What the target's hooks did wrong (a history() of unknown kinds or bad fields, a hook
+        that raised), each with the number of runs it happened in: said once per command, also
+        where the runs came out violated (the cause was once only in each run's HTML)."""
+        counts: Counter[str] = Counter()
+        for r in self.results:
+            counts.update(dict.fromkeys(r.target_errors, 1))
+        return list(counts.items())
+
     def reasons(self) -> tuple[str, ...]:
         """Why the runs together are unknown whatever each one's verdict: no pause exercised a
         takeover, or a declared expectation (killpoint.sometimes) was never reached."""
@@ -424,6 +433,7 @@ class Summary:
             "unknown_reasons": list(dict.fromkeys([*self.reasons(), *(
                 reason for r in self.results if r.valid is None for reason in r.verdict.unknown_reasons)])),
             "exercise": self.exercise().to_json(),
+            "target_errors": [{"error": e, "runs": n} for e, n in self.target_errors()],
             "results": [{"schedule": str(r.config.schedule), "target": r.config.target_name,
                          "valid": r.valid, "fired": r.fired, "unfired": list(r.unfired),
                          "workers_spawned": r.spawned, "duration_ms": round(r.duration_s * 1000, 1),
@@ -651,6 +661,8 @@ def finish(args: argparse.Namespace, summary: Summary, title: str, lines: Sequen
     fired = sum(1 for r in summary.results for n in r.fired.values() if n)
     scheduled = sum(len(r.fired) for r in summary.results)
     judged, total = summary.judged()
+    for error, n in summary.target_errors():
+        print(f"\n{paint.verdict('TARGET ERROR')} in {n} of {len(summary.results)} runs: {error}")
     tally = summary.exercise()
     if tally.line():
         print(f"\nexercised: {tally.line()}")

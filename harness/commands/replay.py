@@ -99,6 +99,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"  {v.detail}")
     for reason in first.verdict.unknown_reasons:
         print(f"\n{paint.verdict('UNKNOWN')}: {reason}")
+    if first.valid is False:  # its unknown reasons are not printed: what the target's hooks did wrong is
+        for error in first.target_errors:
+            print(f"\n{paint.verdict('TARGET ERROR')}: {error}")
     for reason in summary.reasons():
         if reason not in first.verdict.unknown_reasons:
             print(f"\n{paint.verdict('UNKNOWN')}: {reason}")
