@@ -1,0 +1,96 @@
+"""What killpoint says when a target that owns its state breaks its side of the contract, or
+leaves a part of it unused: a ``history()`` with an unknown kind or a bad field is a named error
+on the command line and in the JSON (never a false violation), judged on hand-written events and
+on the worked PostgreSQL queue (examples/pg_queue) through the CLI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from killpoint.harness.hooks import history_problem
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PG_QUEUE = os.path.join(ROOT, "examples", "pg_queue")
+
+GOOD = {"t": 5, "kind": "committed", "instance": "job-1", "step": "charge", "worker": "A",
+        "from_state": "running", "to_state": "succeeded", "state_version": 2, "fence": 1, "attempt": 1}
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("state_version", "2", "state_version='2' (give a whole number)"),
+    ("fence", 1.5, "fence=1.5"),
+    ("instance", None, "instance=None"),
+    ("t", "later", "t='later'"),
+    ("to_state", "done", "to_state='done' (the states are pending"),
+    ("worker", 7, "worker=7 (give a string)"),
+])
+def test_a_history_event_with_a_bad_field_is_named_by_its_field(field, value, words):
+    assert history_problem(GOOD) is None
+    assert words in (history_problem({**GOOD, field: value}) or "")
+
+
+REQUEUE = textwrap.dedent('''
+    """The worked queue worker (correct) with a history() that breaks the contract."""
+    import killpoint
+    import queue_worker as q
+
+
+    def requeued(run):
+        """A retried job's claim called 'requeued', a kind killpoint does not know."""
+        return [{**e, "kind": "requeued"} if e["kind"] == "claimed" and (e.get("attempt") or 0) > 1 else e
+                for e in q.history(run)]
+
+
+    def text_versions(run):
+        """Every state_version given as text."""
+        return [{**e, "state_version": str(e["state_version"])} if "state_version" in e else e
+                for e in q.history(run)]
+
+
+    def _declare(history):
+        t = killpoint.target(points=q.POINTS, owns_state=True, workload="queue_worker:jobs")(q.worker.fn)
+        for hook in (q.setup, q.done, q.final_states, q.teardown):
+            getattr(t, hook.__name__)(hook)
+        t.history(history)
+        return t
+
+
+    requeue = _declare(requeued)
+    text = _declare(text_versions)
+''')
+
+
+@pytest.fixture()
+def broken_history(tmp_path, pg_dsn):
+    (tmp_path / "broken_history.py").write_text(REQUEUE)
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), PG_QUEUE]), "KILLPOINT_PG_DSN": pg_dsn}
+
+
+def replay(env, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "killpoint.harness.cli", "replay", "A@charge.after_call:kill", *args],
+                          capture_output=True, text=True, env=env, timeout=300)
+
+
+@pytest.mark.parametrize("target, words", [("requeue", "unknown kind 'requeued'"),
+                                           ("text", "with state_version='")])
+def test_a_history_of_an_unknown_kind_or_a_bad_field_is_a_named_error_not_a_violation(broken_history, target, words):
+    """The correct queue worker, its retried claims left out of its history() by a kind killpoint
+    does not know: once its stale-write and chain invariants judged the holes (violated); now they
+    are not judged, the run is unknown (exit 3) and the cause is in the JSON and the closing output."""
+    done = replay(broken_history, "--target", f"broken_history:{target}", "--json")
+    assert done.returncode == 3, done.stdout[-3000:] + done.stderr[-2000:]
+    out = json.loads(done.stdout)
+    assert out["valid"] is None and out["violations"] == []
+    errors = [e for e in out["target_errors"] if words in e["error"]]
+    assert errors and all(e["runs"] == 1 and "history() hook" in e["error"] for e in errors)
+    assert any(words in r for r in out["unknown_reasons"])
+    assert any("not judged: the target's history() cannot be trusted" in r for r in out["unknown_reasons"])
+    text = replay(broken_history, "--target", f"broken_history:{target}")
+    assert text.returncode == 3 and words in text.stdout
