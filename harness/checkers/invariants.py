@@ -922,7 +922,7 @@ def receipt_first(history: History) -> Result:
     events = history.store_events()
     if not any(e.kind == v.RECEIPT_RECORDED for e in events):
         return _result(name, False, [], "the target recorded no receipt")
-    violations: list[Violation] = []
+    early: dict[Any, list[tuple[StepId, str, str, Event]]] = {}  # worker -> its commits before a receipt
     receipts: dict[Any, Event] = {}  # key -> its first succeeded receipt
     # step -> a succeeded receipt recorded for it, under any key, since its last succeeded commit
     fresh: dict[StepId, Event] = {}
@@ -947,11 +947,29 @@ def receipt_first(history: History) -> Result:
             continue
         checked = True
         if key not in receipts and own is None:
-            violations.append(Violation(
-                name, sid[0], sid[1],
-                f"{e.get('worker')} committed step {sid[1]} of {sid[0]} {to_state} before any "
-                f"succeeded receipt for key {key!r} was recorded", (e.index,)))
+            early.setdefault(e.get("worker"), []).append((sid, to_state, key, e))
+    # One violation per worker (a worker that commits first does so at every step: hundreds of lines
+    # a matrix said the same thing), naming the key the worker itself sent for its first such step.
+    violations: list[Violation] = []
+    for worker, commits in early.items():
+        sid, to_state, key, first = commits[0]
+        sent = _sent_key(history, sid, worker, COMPENSATION if to_state == COMPENSATED else FORWARD) or key
+        more = f" (and {len(commits) - 1} more step{'s' if len(commits) > 2 else ''})" if len(commits) > 1 else ""
+        violations.append(Violation(
+            name, sid[0], sid[1],
+            f"{worker} committed step {sid[1]} of {sid[0]} {to_state}{more} before any succeeded receipt "
+            f"was recorded for it; the key it sent was {sent!r}",
+            tuple(c[3].index for c in commits[:20])))
     return _result(name, checked, violations)
+
+
+def _sent_key(history: History, sid: StepId, worker: Any, direction: str) -> Any:
+    """The idempotency key ``worker`` sent for step ``sid`` in ``direction`` (any worker's when it
+    sent none)."""
+    rows = [r for r in history.requests(instance=sid[0], step=sid[1]) if _direction(r) == direction]
+    mine = [r for r in rows if r.meta.get("worker") == worker and r.get("key") is not None]
+    keyed = mine or [r for r in rows if r.get("key") is not None]
+    return keyed[0].get("key") if keyed else None
 
 
 # The order is the order of DESIGN section 7 (and of reports), then the checkpoint rule of section 3,
