@@ -49,7 +49,8 @@ WorkerKind = Literal["recover", "checkpoint", "heartbeat_lost", "store_unavailab
                      "raised", "activity", "replay", "library_error", "lease_lost", "sometimes"]
 HarnessKind = Literal["spawn", "kill", "stop", "cont", "exit", "bound_hit", "downstream_restart",
                       "store_restart", "target_restart", "after_quiescent", "terminate_backend",
-                      "infrastructure_failure", "starved", "replacements_stopped", "late_grace_over"]
+                      "infrastructure_failure", "starved", "replacements_stopped", "late_grace_over",
+                      "unfired_given_up"]
 
 
 class RawEvent(Protocol):

@@ -277,7 +277,11 @@ def _provoked(history: History, index: int, hit: Event, text: str, identities: M
     if exempt is not None:
         return Provoked(text, action, label, instance, step, exempt=exempt)  # type: ignore[arg-type]
     held = _held(history, instance, step, me, start)
-    by, evidence = _taken_over(history, held, label, me, start, end)
+    # Resumed at its lease's lapse, with another worker held just before its claim: that claim
+    # comes right after the resume, and is the takeover the pause was for.
+    lapsed = end is not None and any(e.time == end and e.get("why") == v.RESUMED_LAPSED
+                                     for e in history.harness_events(v.CONT, worker=label))
+    by, evidence = _taken_over(history, held, label, me, start, None if lapsed else end)
     late_write = late_call = None
     if by is not None and action != "hang" and end is not None:
         late_write, late_call = _late(history, held, label, me, end)

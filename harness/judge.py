@@ -147,6 +147,22 @@ def _distrust(verdict: Verdict, untrusted: Sequence[str]) -> Verdict:
                    kept + (f"{', '.join(names)} not judged: the target's history() cannot be trusted",))
 
 
+def _stepless(history: hist.History, fault: Any) -> str:
+    """Why a fault at a step never fired, when its worker passed its point outside any step (the
+    target marked no step around it, as a queue worker's ``before_claim`` before it knows its job):
+    a fault at a step never matches such a hit. Empty when that is not why."""
+    if fault.step is None:
+        return ""
+    hits = [e for e in history.worker_events(vocab.POINT) if e.get("point") == fault.point
+            and e.get("step") is None and e.process.split(".")[0] == fault.worker]
+    if not hits:
+        return ""
+    return (f": worker {fault.worker} passed {fault.point} {len(hits)} time{'s' if len(hits) != 1 else ''} "
+            f"outside any step (no ctx.at around it), where a fault at step {fault.step} never matches; "
+            f"schedule it once per worker, without a step ({fault.worker}@{fault.point}:{fault.actions}), "
+            f"or mark its step with ctx.at")
+
+
 def judge(history: hist.History, schedule: Schedule, fired: Mapping[int, int],
           findings: Sequence[str] = (), sometimes: Sequence[str] = (),
           untrusted: Sequence[str] = ()) -> Judgement:
@@ -170,7 +186,8 @@ def judging(history: hist.History, schedule: Schedule, fired: Mapping[int, int],
     yield
     # A pause or hang nobody took over tested nothing a run without it would have: never evidence
     # for valid, as a fault that never fired is not.
-    extra = tuple(findings) + tuple(f"scheduled fault {u} never fired" for u in unfired) + exercise.reasons()
+    extra = tuple(findings) + tuple(f"scheduled fault {f} never fired{_stepless(history, f)}"
+                                    for i, f in enumerate(schedule.faults) if i not in fired) + exercise.reasons()
     if extra:
         valid = False if verdict.valid is False else None
         verdict = Verdict(valid, verdict.results, verdict.unknown_reasons + extra)

@@ -85,6 +85,9 @@ def _harness(e: Event) -> str:
         return "the run is quiescent; an outside actor acts before the history is judged"
     if e.kind == v.REPLACEMENTS_STOPPED:
         return f"no more replacements: the target raised {d.get('error')} again (in {worker})"
+    if e.kind == v.UNFIRED_GIVEN_UP:
+        return (f"the target's done() said the work was finished for {d.get('seconds'):g} s with "
+                f"{', '.join(d.get('faults') or ())} still unfired: the run ends")
     if e.kind == v.LATE_GRACE_OVER:
         # seconds: the grace, in time the workers could run; wall_s: what it took on the clock
         # (absent from histories written before the grace left out the wait for a CPU).

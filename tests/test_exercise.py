@@ -284,3 +284,14 @@ def test_a_reference_pause_is_taken_over_and_its_late_commit_refused():
     index = build_index([result], ["run-0001.html"], title="t")
     assert index.exercise.startswith("1 of 1 pause exercised a takeover") and index.whole_reasons == ()
     assert index.verdict == "valid"
+
+
+def test_a_pause_resumed_at_its_leases_lapse_counts_the_claim_right_after_it():
+    """A pause whose moment is the lease's lapse comes back with the other worker held just before
+    its claim: that claim, right after the resume, is the takeover."""
+    h = build([spawn(0, "A"), spawn(0.5, "B"), claimed(1, "A"), fired(2, "A", "after_claim", "pause"),
+               stop(3, "A"), ev(6, v.HARNESS, v.CONT, worker="A", pid=1, signal="SIGCONT", why=v.RESUMED_LAPSED,
+                                by="B"),
+               claimed(7, "B", fence=2), claim_ok(7, "B", fence=2)])
+    (p,) = exercised(h, parse("A@s.after_claim:1*pause").faults).faults
+    assert p.takeover_by == "B" and p.exercised

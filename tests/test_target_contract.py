@@ -94,3 +94,77 @@ def test_a_history_of_an_unknown_kind_or_a_bad_field_is_a_named_error_not_a_viol
     assert any("not judged: the target's history() cannot be trusted" in r for r in out["unknown_reasons"])
     text = replay(broken_history, "--target", f"broken_history:{target}")
     assert text.returncode == 3 and words in text.stdout
+
+
+STEPLESS = textwrap.dedent('''
+    """A queue worker that serves for ever: it takes jobs from its own SQLite table, marking its
+    before_claim outside any step (it does not know its job yet), as a SKIP LOCKED worker does."""
+    import os
+    import sqlite3
+
+    import killpoint
+    from killpoint import InstanceSpec, StepSpec, Workload
+
+
+    def jobs(seed=0):
+        return Workload("jobs", tuple(InstanceSpec(f"j{n}", (StepSpec("work", resource="payment",
+                        params={"n": n}),)) for n in (1, 2)), {"payment": {"legacy": False}})
+
+
+    def _db(run):
+        return sqlite3.connect(os.path.join(run.run_dir, "queue.sqlite"), timeout=30, isolation_level=None)
+
+
+    @killpoint.target(points=("before_claim", "before_call"), owns_state=True, workload="stepless:jobs")
+    def worker(ctx):
+        db = _db(ctx.run)
+        while True:
+            ctx.point("before_claim")
+            db.execute("BEGIN IMMEDIATE")
+            row = db.execute("SELECT id FROM jobs WHERE state = 'pending' LIMIT 1").fetchone()
+            if row is not None:
+                db.execute("UPDATE jobs SET state = 'running' WHERE id = ?", row)
+            db.execute("COMMIT")
+            if row is None:
+                ctx.clock.sleep(0.005)
+                continue
+            job = row[0]
+            with ctx.at(job, "work"):
+                ctx.point("before_call")
+                ctx.downstream.call("payment", key=f"{job}:work", params={"n": int(job[1:])},
+                                    meta={"instance": job, "step": "work", "worker": ctx.worker_id})
+            db.execute("UPDATE jobs SET state = 'succeeded' WHERE id = ?", (job,))
+
+
+    @worker.setup
+    def setup(run):
+        db = _db(run)
+        db.execute("CREATE TABLE jobs (id TEXT PRIMARY KEY, state TEXT NOT NULL)")
+        db.executemany("INSERT INTO jobs VALUES (?, 'pending')", [(i.id,) for i in run.workload.instances])
+
+
+    @worker.done
+    def done(run):
+        return _db(run).execute("SELECT count(*) FROM jobs WHERE state != 'succeeded'").fetchone()[0] == 0
+''')
+
+
+def test_a_fault_at_a_step_on_a_point_passed_outside_any_step_says_so_and_the_run_ends_without_its_bound(
+        tmp_path, monkeypatch):
+    """``A@work.before_claim:kill`` where the worker passes before_claim outside any step: it can
+    never fire. The run used to wait out its 30 s bound, unknown with no hint; now it ends once the
+    target's done() has said for a second that the work is finished, and the reason says why the
+    fault never fired and how to schedule it."""
+    from killpoint import RunConfig, Session, parse_schedule
+    from killpoint import vocab
+
+    (tmp_path / "stepless.py").write_text(STEPLESS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    schedule = parse_schedule("A@work.before_claim:kill", points=frozenset({"before_claim", "before_call"}))
+    with Session() as session:
+        result = session.run(RunConfig(schedule=schedule, target="stepless:worker"))
+    assert result.valid is None
+    (reason,) = [r for r in result.verdict.unknown_reasons if "never fired" in r]
+    assert "passed before_claim" in reason and "outside any step" in reason and "A@before_claim:kill" in reason
+    assert result.history.harness_events(vocab.UNFIRED_GIVEN_UP)
+    assert not result.history.harness_events(vocab.BOUND_HIT)
