@@ -86,7 +86,7 @@ class Target:
 
     def __init__(self, fn: Callable[["WorkerContext"], None], *, points: Sequence[str] | None = None,
                  owns_state: bool = False, workload: str | None = None,
-                 name: str | None = None, sometimes: Sequence[str] = (),
+                 name: str | None = None, sometimes: Sequence[str] = (), run_clock: bool = False,
                  **hooks: Callable[..., Any] | None) -> None:
         if not callable(fn):
             raise InvalidTarget(f"target {fn!r} is not callable: give a function taking a WorkerContext")
@@ -104,6 +104,10 @@ class Target:
                                 f"('refund retried',)")
         # What must happen at least once across a matrix: each name reached by killpoint.sometimes.
         self.sometimes = tuple(dict.fromkeys(sometimes))
+        # A target that owns its state and reads every time of its lease arithmetic from ctx.clock
+        # (ctx.clock.now() in place of its database's now(), waits through ctx.clock): it runs on
+        # the run clock, with production-like timings. Without it such a target runs in real time.
+        self.run_clock = bool(run_clock)
         self.name = name or f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', '?')}"
         self.hooks: dict[str, Callable[..., Any]] = {k: v for k, v in hooks.items() if v is not None}
         for k, v in self.hooks.items():
@@ -158,7 +162,7 @@ def target(fn: Callable[["WorkerContext"], None], /) -> "Target": ...
 @overload
 def target(fn: None = None, *, points: Sequence[str] | None = None,
            owns_state: bool = False, workload: str | None = None, sometimes: Sequence[str] = (),
-           setup: Callable[[TargetRun], None] | None = None,
+           run_clock: bool = False, setup: Callable[[TargetRun], None] | None = None,
            done: Callable[[TargetRun], bool] | None = None,
            final_states: Callable[[TargetRun], Any] | None = None,
            history: Callable[[TargetRun], Any] | None = None,
@@ -169,7 +173,7 @@ def target(fn: None = None, *, points: Sequence[str] | None = None,
 
 def target(fn: Callable[["WorkerContext"], None] | None = None, *, points: Sequence[str] | None = None,
            owns_state: bool = False, workload: str | None = None, sometimes: Sequence[str] = (),
-           setup: Callable[[TargetRun], None] | None = None,
+           run_clock: bool = False, setup: Callable[[TargetRun], None] | None = None,
            done: Callable[[TargetRun], bool] | None = None,
            final_states: Callable[[TargetRun], Any] | None = None,
            history: Callable[[TargetRun], Any] | None = None,
@@ -185,10 +189,14 @@ def target(fn: Callable[["WorkerContext"], None] | None = None, *, points: Seque
     give them something to judge. ``workload``: the workload runs use unless told otherwise (a
     built-in name or ``pkg.module:function``). ``sometimes``: what must happen at least once across a
     matrix, each name reached by ``killpoint.sometimes(name)`` in some run (an expectation never
-    reached makes the matrix unknown, naming it).
+    reached makes the matrix unknown, naming it). ``run_clock``: a target that owns its state reads
+    every time its leases are computed from ``ctx.clock`` (``ctx.clock.now()``, epoch seconds,
+    in place of its database's ``now()``) and waits through it, so it runs on the run clock (virtual
+    time, production-like timings); without it such a target runs in real time with short timings.
     """
     def wrap(f: Callable[["WorkerContext"], None]) -> Target:
-        return Target(f, points=points, owns_state=owns_state, workload=workload, sometimes=sometimes, setup=setup,
+        return Target(f, points=points, owns_state=owns_state, workload=workload, sometimes=sometimes,
+                      run_clock=run_clock, setup=setup,
                       done=done, final_states=final_states, history=history, recover=recover,
                       teardown=teardown)
 

@@ -55,6 +55,17 @@ def _owns_state(target: Any) -> bool:
         return False
 
 
+def off_the_run_clock(target: Any) -> bool:
+    """Whether ``target`` keeps its state, and its leases' times, in a system of its own whose clock
+    the run clock cannot move: it owns its state and does not declare ``run_clock=True``."""
+    if not _owns_state(target):
+        return False
+    try:
+        return not declared(target).run_clock
+    except Exception:  # noqa: BLE001 - an unresolvable target fails later, with its own message
+        return True
+
+
 @dataclass(frozen=True)
 class RunConfig:
     schedule: Schedule = field(default_factory=Schedule)
@@ -101,8 +112,8 @@ class RunConfig:
         if self.timing is None:
             # A target that owns its state keeps its leases and heartbeats in its own system, on that
             # system's clock, which the run clock cannot move: it runs in real time, with the short
-            # timings, unless told otherwise.
-            if self.virtual_time and _owns_state(self.target):
+            # timings, unless it declares that it reads its time from ctx.clock (run_clock=True).
+            if self.virtual_time and off_the_run_clock(self.target):
                 object.__setattr__(self, "virtual_time", False)
             object.__setattr__(self, "timing", Timing() if self.virtual_time else REAL_TIME_TIMING)
 

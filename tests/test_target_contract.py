@@ -168,3 +168,111 @@ def test_a_fault_at_a_step_on_a_point_passed_outside_any_step_says_so_and_the_ru
     assert "passed before_claim" in reason and "outside any step" in reason and "A@before_claim:kill" in reason
     assert result.history.harness_events(vocab.UNFIRED_GIVEN_UP)
     assert not result.history.harness_events(vocab.BOUND_HIT)
+
+
+LEASED = textwrap.dedent('''
+    """A queue worker on its own SQLite table whose lease arithmetic reads the run clock: every time
+    it stores or compares is ctx.clock.now(), and it waits through ctx.clock, so it may declare
+    run_clock=True and run with production-like leases (30 s) on the virtual clock."""
+    import os
+    import sqlite3
+
+    import killpoint
+    from killpoint import InstanceSpec, StepSpec, Workload
+
+
+    def jobs(seed=0):
+        return Workload("jobs", tuple(InstanceSpec(f"j{n}", (StepSpec("work", resource="payment",
+                        params={"n": n}),)) for n in (1, 2)), {"payment": {"legacy": False}})
+
+
+    def _db(run):
+        return sqlite3.connect(os.path.join(run.run_dir, "queue.sqlite"), timeout=30, isolation_level=None)
+
+
+    def work(ctx):
+        db = _db(ctx.run)
+        ttl = ctx.timing.lease_ttl_ms / 1000
+        while True:
+            now = ctx.clock.now()
+            db.execute("BEGIN IMMEDIATE")
+            row = db.execute("SELECT id, fence FROM jobs WHERE state = 'pending' OR (state = 'running' "
+                             "AND expires < ?) ORDER BY id LIMIT 1", (now,)).fetchone()
+            if row is not None:
+                db.execute("UPDATE jobs SET state = 'running', expires = ?, fence = fence + 1 WHERE id = ?",
+                           (now + ttl, row[0]))
+            db.execute("COMMIT")
+            if row is None:
+                left = db.execute("SELECT min(expires), count(*) FROM jobs WHERE state != 'succeeded'").fetchone()
+                if left[1] == 0:
+                    return
+                ctx.clock.wait_until(min(left[0] or now, now + ctx.timing.poll_ms / 1000) + 0.001)
+                continue
+            job, fence = row[0], row[1] + 1
+            with ctx.at(job, "work"):
+                ctx.point("before_call")
+                ctx.downstream.call("payment", key=f"{job}:work", params={"n": int(job[1:])}, fence=fence,
+                                    fence_scope=job, meta={"instance": job, "step": "work", "worker": ctx.worker_id})
+                ctx.point("after_call")
+            db.execute("UPDATE jobs SET state = 'succeeded' WHERE id = ? AND fence = ?", (job, fence))
+
+
+    def setup(run):
+        db = _db(run)
+        db.execute("CREATE TABLE jobs (id TEXT PRIMARY KEY, state TEXT NOT NULL DEFAULT 'pending', "
+                   "expires REAL, fence INTEGER NOT NULL DEFAULT 0)")
+        db.executemany("INSERT INTO jobs (id) VALUES (?)", [(i.id,) for i in run.workload.instances])
+
+
+    def done(run):
+        return _db(run).execute("SELECT count(*) FROM jobs WHERE state != 'succeeded'").fetchone()[0] == 0
+
+
+    on_clock = killpoint.target(points=("before_call", "after_call"), owns_state=True, workload="leased:jobs",
+                                run_clock=True, setup=setup, done=done)(work)
+    off_clock = killpoint.target(points=("before_call", "after_call"), owns_state=True, workload="leased:jobs",
+                                 setup=setup, done=done)(work)
+''')
+
+
+@pytest.fixture()
+def leased(tmp_path, monkeypatch):
+    (tmp_path / "leased.py").write_text(LEASED)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    return tmp_path
+
+
+def test_an_owned_state_target_reading_ctx_clock_runs_on_the_run_clock_and_its_lease_lapses_in_run_time(leased):
+    """run_clock=True: the 30 s lease of a worker frozen at its call lapses on the virtual clock,
+    another worker takes the job over (the pause is exercised) and the run's own time passes the
+    lease; the same target without the declaration runs in real time, with the short timings."""
+    from killpoint import RunConfig, Session, Timing, parse_schedule
+    from killpoint.harness.worker import REAL_TIME_TIMING
+
+    schedule = parse_schedule("A@work.before_call:1*pause", points=frozenset({"before_call", "after_call"}))
+    config = RunConfig(schedule=schedule, target="leased:on_clock")
+    assert (config.virtual_time, config.timing) == (True, Timing())
+    off = RunConfig(schedule=schedule, target="leased:off_clock")
+    assert (off.virtual_time, off.timing) == (False, REAL_TIME_TIMING)
+    assert "--real-time" in off.reproduce_command() and "--real-time" not in config.reproduce_command()
+    with Session() as session:
+        result = session.run(config)
+    assert result.valid is True, result.verdict.unknown_reasons
+    assert result.exercise is not None
+    (p,) = result.exercise.faults
+    assert p.takeover_by is not None and p.takeover_by != "A"
+    times = [e.time for e in result.history.events]
+    assert max(times) - min(times) > Timing().lease_ttl_ms * 1e6  # the lease lapsed in run time
+
+
+def test_no_real_time_for_a_target_off_the_run_clock_is_a_warning_not_silence(leased):
+    done = subprocess.run([sys.executable, "-m", "killpoint.harness.cli", "replay", "A@work.after_call:kill",
+                           "--target", "leased:off_clock", "--no-real-time"],
+                          capture_output=True, text=True, cwd=leased, timeout=300)
+    assert "killpoint: warning: --no-real-time: leased:off_clock keeps its state" in done.stderr, done.stderr
+    assert "run_clock=True" in done.stderr and "--real-time" in done.stdout  # its reproduce line says so
+    on = subprocess.run([sys.executable, "-m", "killpoint.harness.cli", "replay", "A@work.after_call:kill",
+                         "--target", "leased:on_clock", "--no-real-time"],
+                        capture_output=True, text=True, cwd=leased, timeout=300)
+    assert "warning" not in on.stderr and on.returncode == 0, on.stdout + on.stderr

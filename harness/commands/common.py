@@ -307,6 +307,8 @@ def run_config(args: argparse.Namespace, schedule, **overrides: Any) -> RunConfi
                            f"the target does not declare; it declares {', '.join(declared.points)}")
     validate_store(args.store, schedule)
     virtual = not getattr(args, "real_time", False)
+    if getattr(args, "real_time", None) is False and declared.owns_state and not declared.run_clock:
+        _warn_off_the_clock(target)
     timing = getattr(args, "timing", None) or {}
     values = dict(schedule=schedule, target=target, workload=workload, workers=args.workers,
                   seed=args.seed, store=args.store, virtual_time=virtual,
@@ -314,6 +316,20 @@ def run_config(args: argparse.Namespace, schedule, **overrides: Any) -> RunConfi
                   if timing else None)
     values.update(overrides)
     return RunConfig(**values)
+
+
+def _warn_off_the_clock(target: str) -> None:
+    """``--no-real-time`` for a target that owns its state and does not read its time from the run
+    clock: said once, instead of running it in real time without a word."""
+    import warnings
+
+    from killpoint.errors import KillpointWarning
+
+    warnings.warn(f"--no-real-time: {target} keeps its state, and its leases' times, in a store of its own, "
+                  f"whose clock the run clock cannot move, so it runs in real time with short timings "
+                  f"(lease {REAL_TIME_TIMING.lease_ttl_ms:g} ms); to run it on the run clock, compute its "
+                  f"leases from ctx.clock.now(), wait through ctx.clock and declare "
+                  f"@killpoint.target(..., run_clock=True)", KillpointWarning)
 
 
 def validate_store(spec: str, schedule=None) -> None:
