@@ -12,6 +12,7 @@ import textwrap
 from typing import Any
 
 import pytest
+from hang import HANG_S
 
 from killpoint import vocab as v
 from killpoint.chaos.schedule import parse
@@ -229,7 +230,7 @@ def idle_target(tmp_path, monkeypatch):
 
 def killpoint_cli(*args: str, cwd) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "killpoint.harness.cli", *args], capture_output=True,
-                          text=True, cwd=cwd, timeout=600)
+                          text=True, cwd=cwd, timeout=HANG_S)
 
 
 def test_a_real_pause_that_provoked_no_takeover_is_not_exercised_and_the_run_unknown(idle_target):

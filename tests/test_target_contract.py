@@ -13,6 +13,7 @@ import sys
 import textwrap
 
 import pytest
+from hang import HANG_S
 
 from killpoint.harness.hooks import history_problem
 
@@ -75,7 +76,7 @@ def broken_history(tmp_path, pg_dsn):
 
 def replay(env, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "killpoint.harness.cli", "replay", "A@charge.after_call:kill", *args],
-                          capture_output=True, text=True, env=env, timeout=300)
+                          capture_output=True, text=True, env=env, timeout=HANG_S)
 
 
 @pytest.mark.parametrize("target, words", [("requeue", "unknown kind 'requeued'"),
@@ -269,10 +270,10 @@ def test_an_owned_state_target_reading_ctx_clock_runs_on_the_run_clock_and_its_l
 def test_no_real_time_for_a_target_off_the_run_clock_is_a_warning_not_silence(leased):
     done = subprocess.run([sys.executable, "-m", "killpoint.harness.cli", "replay", "A@work.after_call:kill",
                            "--target", "leased:off_clock", "--no-real-time"],
-                          capture_output=True, text=True, cwd=leased, timeout=300)
+                          capture_output=True, text=True, cwd=leased, timeout=HANG_S)
     assert "killpoint: warning: --no-real-time: leased:off_clock keeps its state" in done.stderr, done.stderr
     assert "run_clock=True" in done.stderr and "--real-time" in done.stdout  # its reproduce line says so
     on = subprocess.run([sys.executable, "-m", "killpoint.harness.cli", "replay", "A@work.after_call:kill",
                          "--target", "leased:on_clock", "--no-real-time"],
-                        capture_output=True, text=True, cwd=leased, timeout=300)
+                        capture_output=True, text=True, cwd=leased, timeout=HANG_S)
     assert "warning" not in on.stderr and on.returncode == 0, on.stdout + on.stderr
