@@ -422,20 +422,27 @@ def _indeterminate(history: History) -> tuple[int, int, int]:
     for t, key, sid, direction in sorted(lost, key=lambda x: x[0]):
         first.setdefault(key if key is not None else (sid, direction), (t, key, sid, direction))
     lost = list(first.values())
-    decisions = history.worker_events(v.RECOVER)
+    if not lost:
+        return 0, 0, 0
+    # The last time each key, each step and direction, and each step's recovery decision was seen:
+    # a later one than the lost call's is its retry (or decision). Linear in the history.
+    last_key: dict[Any, int] = {}
+    last_step: dict[tuple[StepId, Any], int] = {}
+    for e in requests:
+        meta = e.meta
+        if e.get("key") is not None:
+            last_key[e.get("key")] = max(last_key.get(e.get("key"), e.time), e.time)
+        where = ((meta.get("instance"), meta.get("step")), meta.get("direction"))
+        last_step[where] = max(last_step.get(where, e.time), e.time)
+    last_decision: dict[StepId, int] = {}
+    for e in history.worker_events(v.RECOVER):
+        sid = (e.get("instance"), e.get("step"))
+        last_decision[sid] = max(last_decision.get(sid, e.time), e.time)
     retried = decided = 0
     for t, key, sid, direction in lost:
-        for e in requests:
-            if e.time <= t:
-                continue
-            meta = e.meta
-            same = e.get("key") == key if key is not None else \
-                ((meta.get("instance"), meta.get("step")) == sid and meta.get("direction") == direction)
-            if same:
-                retried += 1
-                break
-        if any(e.time > t and (e.get("instance"), e.get("step")) == sid for e in decisions):
-            decided += 1
+        later = last_key.get(key) if key is not None else last_step.get((sid, direction))
+        retried += later is not None and later > t
+        decided += last_decision.get(sid, t) > t
     return len(lost), retried, decided
 
 
