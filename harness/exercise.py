@@ -462,11 +462,12 @@ def matrix_reasons(tally: Tally) -> tuple[str, ...]:
     """What makes a set of runs unknown as a whole, whatever each run's verdict: pauses (or hangs)
     of which none exercised a takeover, and a declared expectation no run reached."""
     out = []
-    if tally.pauses and not tally.pauses_exercised:
+    # Of one run, its own reasons say it already (each pause that provoked nothing).
+    if tally.pauses and not tally.pauses_exercised and tally.runs > 1:
         out.append(f"none of the {tally.pauses} pause{_s(tally.pauses)} exercised a takeover: no other "
                    f"worker took a step over while its worker was frozen, so the runs never tested a "
                    f"stale worker ({NOT_EXERCISED})")
-    if tally.hangs and not tally.hangs_exercised:
+    if tally.hangs and not tally.hangs_exercised and tally.runs > 1:
         out.append(f"none of the {tally.hangs} hang{_s(tally.hangs)} exercised a takeover ({NOT_EXERCISED})")
     for name in tally.not_reached:
         out.append(f"expectation {name!r} was never reached in {tally.runs} run{_s(tally.runs)}: "
