@@ -390,18 +390,33 @@ def _late(history: History, held: set[StepId], label: str, me: str, back: int) -
 
 
 def _recovery(history: History, base: Provoked, died: int, label: str, me: str) -> Provoked:
-    """A killed worker's step taken up by another worker process after its death."""
+    """A killed worker's step taken up by another worker process after its death: a claim of it, or
+    a call for it, made after the death (the dead process makes none; a replacement may carry its
+    identity, so any worker's counts)."""
     if base.step is None:
         return base
+
+    def by(who: Any) -> Provoked:
+        return Provoked(base.fault, base.action, base.worker, base.instance, base.step, recovered_by=str(who))
+
     held = _held(history, base.instance, base.step, me, died)
+    # What it was doing to the step (running it, or compensating it): a later compensation of a step
+    # it finished is no recovery of its work.
+    claims = [e for sid in held for e in history.store_events(sid[0], sid[1], v.CLAIMED)]
+    doing = max((e for e in claims if e.time <= died and e.get("worker") == me),
+                key=lambda e: e.time, default=None)
+    calls = [e for e in history.requests() if (e.meta.get("instance"), e.meta.get("step")) in held]
+    direction = max((e for e in calls if e.time <= died and e.meta.get("worker") == me),
+                    key=lambda e: e.time, default=None)
     for e in history.worker_events(v.CLAIM, type=v.OK):
         if (e.get("instance"), e.get("step")) in held and e.process != label and e.time > died:
-            return Provoked(base.fault, base.action, base.worker, base.instance, base.step, recovered_by=e.process)
-    for sid in held:
-        for e in history.store_events(sid[0], sid[1], v.CLAIMED):
-            if e.time > died and e.get("worker") != me:
-                return Provoked(base.fault, base.action, base.worker, base.instance, base.step,
-                                recovered_by=str(e.get("worker")))
+            return by(e.process)
+    for e in sorted(claims, key=lambda e: e.time):
+        if e.time > died and (doing is None or e.get("to_state") == doing.get("to_state")):
+            return by(e.get("worker"))
+    for e in calls:
+        if e.time > died and (direction is None or e.meta.get("direction") == direction.meta.get("direction")):
+            return by(e.meta.get("worker"))
     return base
 
 
