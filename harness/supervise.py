@@ -698,12 +698,16 @@ class Supervisor:
 
     def owned_done(self) -> bool:
         """For a target that owns its state, whose workers may serve forever (a library's worker
-        loop): its ``done()``, asked while workers run -- at most every 50 ms, and only once every
-        scheduled fault has fired and no worker is paused or hung, so no fault is cut short."""
+        loop): its ``done()``, asked while workers run -- at most every 50 ms, and only while no
+        worker is paused, so no pause is cut short (a hung worker is ended with the others; a fault
+        still unfired gets :data:`UNFIRED_GRACE_S` before the run ends without it)."""
         if not self.owns_state or self.halted or self.deferred:
             return False
         live = self.live()
-        if not live or any(w.state != "running" for w in live) or not self._done_polled():
+        # A hung worker does not hold the run: once done() says the work is finished, another worker
+        # finished what it hung in, and it is ended with the others (as a finished run's are).
+        if not live or any(w.state not in ("running", "hung") for w in live) or \
+                all(w.state == "hung" for w in live) or not self._done_polled():
             return False
         now = time.monotonic()
         if self.pending_faults() or len(self.tally.fired) < len(self.schedule.faults):

@@ -191,7 +191,7 @@ LEASED = textwrap.dedent('''
         return sqlite3.connect(os.path.join(run.run_dir, "queue.sqlite"), timeout=30, isolation_level=None)
 
 
-    def work(ctx):
+    def work(ctx, forever=False):
         db = _db(ctx.run)
         ttl = ctx.timing.lease_ttl_ms / 1000
         while True:
@@ -205,7 +205,7 @@ LEASED = textwrap.dedent('''
             db.execute("COMMIT")
             if row is None:
                 left = db.execute("SELECT min(expires), count(*) FROM jobs WHERE state != 'succeeded'").fetchone()
-                if left[1] == 0:
+                if left[1] == 0 and not forever:
                     return
                 ctx.clock.wait_until(min(left[0] or now, now + ctx.timing.poll_ms / 1000) + 0.001)
                 continue
@@ -231,6 +231,8 @@ LEASED = textwrap.dedent('''
 
     on_clock = killpoint.target(points=("before_call", "after_call"), owns_state=True, workload="leased:jobs",
                                 run_clock=True, setup=setup, done=done)(work)
+    serving = killpoint.target(points=("before_call", "after_call"), owns_state=True, workload="leased:jobs",
+                               run_clock=True, setup=setup, done=done)(lambda ctx: work(ctx, forever=True))
     off_clock = killpoint.target(points=("before_call", "after_call"), owns_state=True, workload="leased:jobs",
                                  setup=setup, done=done)(work)
 ''')
@@ -277,3 +279,19 @@ def test_no_real_time_for_a_target_off_the_run_clock_is_a_warning_not_silence(le
                          "--target", "leased:on_clock", "--no-real-time"],
                         capture_output=True, text=True, cwd=leased, timeout=HANG_S)
     assert "warning" not in on.stderr and on.returncode == 0, on.stdout + on.stderr
+
+
+def test_an_owned_state_run_with_a_hung_worker_ends_once_done_says_the_work_is_finished(leased):
+    """A worker hung at its call (its lease lapses on the run clock, another takes the job over)
+    while the others serve for ever: once done() says the work is finished the run ends, the hung
+    worker with them, instead of lasting its whole bound; the hang is counted as exercised."""
+    from killpoint import RunConfig, Session, parse_schedule
+    from killpoint import vocab
+
+    schedule = parse_schedule("A@work.before_call:1*hang", points=frozenset({"before_call", "after_call"}))
+    with Session() as session:
+        result = session.run(RunConfig(schedule=schedule, target="leased:serving"))
+    assert result.valid is True, result.verdict.unknown_reasons
+    assert not result.history.harness_events(vocab.BOUND_HIT)
+    assert any("done() says" in (e.get("reason") or "") for e in result.history.harness_events(vocab.KILL))
+    assert result.exercise is not None and result.exercise.tally().hangs_exercised == 1
