@@ -17,6 +17,7 @@ import sys
 from importlib.metadata import entry_points
 
 import pytest
+from hang import HANG_S
 
 pytest_plugins = ["pytester"]
 
@@ -42,7 +43,6 @@ REFERENCE_SUITE = '''
 import os
 
 import pytest
-from hang import HANG_S
 
 
 def test_one_run(killpoint):
