@@ -173,8 +173,8 @@ class Hooks:
                 problem = history_problem(e)
             except InvalidEvent as exc:
                 if exc.field == "kind":
-                    # An event the invariants would pass over without a word: a misspelt kind
-                    # ('claim' for 'claimed') once turned a caught stale write into a valid run.
+                    # No invariant reads a kind outside the vocabulary: a misspelt one ('claim' for
+                    # 'claimed') would hide what it records, and the run could come out valid.
                     unknown[str(e["kind"])] = unknown.get(str(e["kind"]), 0) + 1
                     continue
                 problem = f"{exc.field}={e.get(str(exc.field))!r} ({str(exc).split(': ', 1)[-1]})"

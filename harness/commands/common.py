@@ -329,7 +329,7 @@ def _warn_off_the_clock(target: str) -> None:
                   f"whose clock the run clock cannot move, so it runs in real time with short timings "
                   f"(lease {REAL_TIME_TIMING.lease_ttl_ms:g} ms); to run it on the run clock, compute its "
                   f"leases from ctx.clock.now(), wait through ctx.clock and declare "
-                  f"@killpoint.target(..., run_clock=True)", KillpointWarning)
+                  f"@killpoint.target(..., run_clock=True)", KillpointWarning, stacklevel=1)
 
 
 def validate_store(spec: str, schedule=None) -> None:
