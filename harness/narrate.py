@@ -52,6 +52,13 @@ def _pid(pid: Any, form: str = " (pid {})") -> str:
     return "" if pid is None else form.format(pid)
 
 
+def _moment(moment: str) -> str:
+    """A pause's resume moment, in words."""
+    if moment == "lapse":
+        return "its lease lapsed and another worker is about to claim its step"
+    return f"another worker reaches {moment} of its step"
+
+
 def _harness(e: Event) -> str:
     d = e.data
     worker, pid = d.get("worker"), d.get("pid")
@@ -61,7 +68,11 @@ def _harness(e: Event) -> str:
     if e.kind == v.KILL:
         return f"{d.get('signal') or 'SIGKILL'} to {worker}{_pid(pid)}: {d.get('reason')}"
     if e.kind == v.STOP:
-        return f"SIGSTOP to {worker}{_pid(pid)}, frozen with its heartbeat"
+        until = f", until {_moment(d.get('until'))}" if d.get("until") else ""
+        return f"SIGSTOP to {worker}{_pid(pid)}, frozen with its heartbeat{until}"
+    if e.kind == v.HELD:
+        return (f"held {worker}{_pid(pid)} at {d.get('point')} of {d.get('instance')}/{d.get('step')}, "
+                f"the moment {d.get('for')}'s pause waited for, while {d.get('for')} goes on")
     if e.kind == v.CONT:
         if d.get("signal") is None:
             return f"released {worker}{_pid(pid)}: {d.get('reason')}"

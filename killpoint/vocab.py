@@ -95,3 +95,20 @@ REPLACEMENTS_STOPPED = "replacements_stopped"  # worker, error: the target raise
 # workers, seconds, wall_s, capped: resumed workers still running that long after done() in time they
 # could run (waits for a CPU not counted), wall_s on the clock; capped: starved until the wall-time cap
 LATE_GRACE_OVER = "late_grace_over"
+# worker, point, instance, step, for: a worker that reached another's resume moment waits there (the
+# frozen one goes on meanwhile); its release is a ``cont`` without a signal
+HELD = "held"
+
+# -- why a frozen worker came back (``cont``'s ``why``; ``moment`` names the moment asked for) ---------
+RESUMED_AT = "moment"  # another worker reached the point the pause named (``by``: that worker)
+RESUMED_LAPSED = "lapsed"  # its lease lapsed and another worker was about to take the step
+RESUMED_MOVED = "moved_on"  # its step moved on (a plain pause's moment)
+RESUMED_DONE = "done"  # the work was finished without it
+RESUMED_NOBODY = "nobody_can_move"  # no other worker is left that could move
+RESUMED_BLOCKED = "blocked"  # no unfrozen worker made progress for the blocked bound of run time
+RESUMED_RESTART = "restart_done"  # it only waited for a restart, which is done
+RESUMED = frozenset({RESUMED_AT, RESUMED_LAPSED, RESUMED_MOVED, RESUMED_DONE, RESUMED_NOBODY,
+                     RESUMED_BLOCKED, RESUMED_RESTART})
+# why a held worker was let go (``cont`` without a signal, ``why``)
+RELEASED_AFTER = "late_attempt_over"  # the resumed worker's late attempt at the step is over
+RELEASED_BLOCKED = RESUMED_BLOCKED
