@@ -757,7 +757,10 @@ class Supervisor:
             row = self.store.step_progress(instance, step) if instance and step else None
             moved_on = row is None or row[0] >= version + 2 or (row[0] > version and row[1] is None)
             why, reason = vocab.RESUMED_MOVED, "its step moved on"
-        if moved_on or not others_active:
+        # With nobody else running, a replacement is started (once the lease lapsed) while one can
+        # be (see supervise): the frozen worker meets a takeover rather than coming back to nothing.
+        can_start = not self.halted and len(self.workers) < self.spawn_cap
+        if moved_on or not (others_active or can_start):
             if not moved_on:
                 why, reason = vocab.RESUMED_NOBODY, "no other worker can move"
             self._resume(w, why, reason=reason)
