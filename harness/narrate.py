@@ -68,7 +68,7 @@ def _harness(e: Event) -> str:
     if e.kind == v.KILL:
         return f"{d.get('signal') or 'SIGKILL'} to {worker}{_pid(pid)}: {d.get('reason')}"
     if e.kind == v.STOP:
-        until = f", until {_moment(d.get('until'))}" if d.get("until") else ""
+        until = f", until {_moment(str(d['until']))}" if d.get("until") else ""
         return f"SIGSTOP to {worker}{_pid(pid)}, frozen with its heartbeat{until}"
     if e.kind == v.HELD:
         return (f"held {worker}{_pid(pid)} at {d.get('point')} of {d.get('instance')}/{d.get('step')}, "

@@ -98,7 +98,7 @@ def test_the_default_matrix_pauses_in_the_takeover_window_and_after_the_commit_w
     assert "A@charge.after_commit:1*pause" not in pauses  # no lease held there
     assert "1*pause(until=after_claim)" in PAUSES and "1*pause" in PAUSES
     # a target without after_claim gets the plain pause only (the moment could never come)
-    own = matrix(["charge"], ("before_call", "after_call"), actions=("pause",))
+    own = matrix(["charge"], ("before_call", "after_call"), actions=("pause",), order=("before_call", "after_call"))
     assert [str(p.schedule) for p in own] == ["A@charge.before_call:1*pause", "A@charge.after_call:1*pause"]
 
 
