@@ -72,7 +72,7 @@ def _harness(e: Event) -> str:
         return f"SIGSTOP to {worker}{_pid(pid)}, frozen with its heartbeat{until}"
     if e.kind == v.HELD:
         return (f"held {worker}{_pid(pid)} at {d.get('point')} of {d.get('instance')}/{d.get('step')}, "
-                f"the moment {d.get('for')}'s pause waited for, while {d.get('for')} goes on")
+                f"the moment {d.get('frozen')}'s pause waited for, while {d.get('frozen')} goes on")
     if e.kind == v.CONT:
         if d.get("signal") is None:
             return f"released {worker}{_pid(pid)}: {d.get('reason')}"

@@ -642,7 +642,7 @@ class Supervisor:
             return
         w_step = f"{instance}/{step}" if instance else "its step"
         self.note(vocab.HELD, worker=w.label, pid=w.proc.pid, point=point, instance=instance, step=step,
-                  **{"for": frozen.label})
+                  frozen=frozen.label)
         frozen.holding.append(w)
         if frozen.until == LAPSE:
             self._resume(frozen, vocab.RESUMED_LAPSED, by=w.label,
@@ -681,7 +681,7 @@ class Supervisor:
             if r.state == "exited":
                 continue
             self.note(vocab.CONT, worker=r.label, pid=r.proc.pid, signal=None, why=why, reason=reason,
-                      **{"for": w.label})
+                      frozen=w.label)
             self._answer(r)
         if held:
             self._progress = None
@@ -729,7 +729,7 @@ class Supervisor:
                 # The target's own server (its restart() hook), e.g. a Restate server killed and
                 # started again on the same data.
                 ok = self.restart_target() if self.restart_target is not None else False
-                self.note("target_restart", fault=fault, ok=ok)
+                self.note(vocab.TARGET_RESTART, fault=fault, ok=ok)
                 continue
             killed = self.live()
             for w in killed:

@@ -111,7 +111,7 @@ def test_each_point_moment_resumes_the_frozen_worker_when_the_new_holder_reaches
     result = run(session, f"A@charge.after_claim:1*pause(until={moment})")
     assert result.valid is True and not result.unfired
     held = harness(result, vocab.HELD)
-    assert [(e.get("worker"), e.get("point"), e.get("instance"), e.get("step"), e.get("for"))
+    assert [(e.get("worker"), e.get("point"), e.get("instance"), e.get("step"), e.get("frozen"))
             for e in held] == [("B", moment, "order-1", "charge", "A")]
     [cont] = [e for e in harness(result, vocab.CONT, "A")]
     assert cont.get("why") == vocab.RESUMED_AT and cont.get("moment") == moment and cont.get("by") == "B"
@@ -128,7 +128,7 @@ def test_each_point_moment_resumes_the_frozen_worker_when_the_new_holder_reaches
     assert not [e for e in store_events(result, vocab.COMMITTED) if e.get("worker") == "A"]
     # B is let go once A's late attempt is over, said so
     [release] = [e for e in harness(result, vocab.CONT, "B") if e.get("signal") is None]
-    assert release.get("why") == vocab.RELEASED_AFTER and release.get("for") == "A"
+    assert release.get("why") == vocab.RELEASED_AFTER and release.get("frozen") == "A"
     assert release.index > cont.index
 
 
@@ -138,7 +138,7 @@ def test_the_lapse_moment_resumes_the_frozen_worker_before_anybody_claims_its_st
     [cont] = harness(result, vocab.CONT, "A")
     assert cont.get("why") == vocab.RESUMED_LAPSED and cont.get("moment") == "lapse"
     [held] = harness(result, vocab.HELD)
-    assert held.get("point") == "before_claim" and held.get("for") == "A"
+    assert held.get("point") == "before_claim" and held.get("frozen") == "A"
     # nobody took the step: A's own commit, under its own fence, is the one accepted
     claims = store_events(result, vocab.CLAIMED)
     assert [e.get("worker") for e in claims] == ["A"]
