@@ -166,6 +166,7 @@ class WorkerProcess:
     late: bool = False  # resumed after a pause: a stale worker whose late writes the run waits for
     never_resumed: bool = False  # still paused when the run hit its bound (and was then killed)
     until: str | None = None  # while paused: the resume moment its schedule named (None: moved on)
+    paused_at: float = 0.0  # run time of its pause
     late_step: tuple[str | None, str | None] | None = None  # resumed: the (instance, step) it was frozen on
     # Workers held at this one's resume moment until its late attempt is over (see the module doc).
     holding: list["WorkerProcess"] = field(default_factory=list)
@@ -622,6 +623,7 @@ class Supervisor:
         w.state = "paused"
         w.paused = (instance, step, row[0] if row else 0)  # type: ignore[assignment]
         w.until = until
+        w.paused_at = self.clock.now()
         self.note(vocab.STOP, worker=w.label, pid=w.proc.pid, signal="SIGSTOP", instance=instance,
                   step=step, reason="pause", until=until)
 
@@ -827,9 +829,12 @@ class Supervisor:
 
     def lease_left(self) -> float:
         """Run time until the first lease held by a worker that is not running lapses (0: none is
-        held, or the target keeps its own state, whose leases killpoint's store does not see)."""
+        held). For a target that keeps its own state, whose leases killpoint's store does not see:
+        until a lease of the run's timing, taken at a frozen worker's pause, would have lapsed."""
         if self.owns_state:
-            return 0.0
+            now, ttl = self.clock.now(), self.config.timing.lease_ttl_ms / 1000.0
+            frozen = [w.paused_at + ttl - now for w in self.live() if w.state == "paused"]
+            return max(0.0, min(frozen)) + 0.002 if frozen and min(frozen) > 0 else 0.0
         running = {w.worker_id for w in self.live() if w.state == "running"}
         now, rows = self.store.snapshot()
         left = [r["expires_at"] - now for r in rows if r["owner_worker"] is not None

@@ -19,6 +19,7 @@ from killpoint.chaos.actions import parse as parse_actions
 from killpoint.chaos.generator import PAUSES, matrix
 from killpoint.chaos.points import DEFAULT_POINTS
 from killpoint.errors import InvalidAction, InvalidSchedule
+from killpoint.harness import events
 from killpoint.harness.run import RunConfig, Session
 from killpoint.harness.worker import ReferenceWorker
 from killpoint.harness.workload import WORKLOADS
@@ -137,6 +138,8 @@ def test_the_lapse_moment_resumes_the_frozen_worker_before_anybody_claims_its_st
     assert result.valid is True and not result.unfired
     [cont] = harness(result, vocab.CONT, "A")
     assert cont.get("why") == vocab.RESUMED_LAPSED and cont.get("moment") == "lapse"
+    typed = events.parse(cont)  # the typed history reads the moment by attribute
+    assert isinstance(typed, events.Resume) and (typed.why, typed.moment, typed.by) == ("lapsed", "lapse", "B")
     [held] = harness(result, vocab.HELD)
     assert held.get("point") == "before_claim" and held.get("frozen") == "A"
     # nobody took the step: A's own commit, under its own fence, is the one accepted
