@@ -250,7 +250,8 @@ def main() -> int:
         word = "all valid" if verdicts == {True} else f"verdicts {sorted(map(str, verdicts))}"
         print(f"{workload:<9} {word}")
     print("cpu/run: median over the rounds of (pass - an empty session's) / runs (the command: whole / "
-          "runs); spread: lowest-highest round; ratio: against the floor's median")
+          "runs); spread: lowest-highest round; ratio: against the floor's median (the floor is a single "
+          "run's, whatever the workload: the goal is set for single)")
     if strays:
         print(f"processes reaped here that their parent left (or left running): {strays}")
     else:
