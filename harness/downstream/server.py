@@ -74,10 +74,11 @@ class _Handler(BaseHTTPRequestHandler):
         killpoint's client and any HTTP library send them. A malformed request gets 400 and the
         connection closed; what the protocol keeps (keep-alive, ``Connection: close``,
         ``Expect: 100-continue``) is kept."""
-        self.command = None
+        self.command = None  # type: ignore[assignment]  # as the standard library's: none read yet
         self.request_version = self.default_request_version
         self.close_connection = True
-        self.requestline = str(self.raw_requestline, "iso-8859-1").rstrip("\r\n")
+        raw: bytes = getattr(self, "raw_requestline")  # set by handle_one_request, untyped there
+        self.requestline = str(raw, "iso-8859-1").rstrip("\r\n")
         words = self.requestline.split()
         if not words:
             return False
