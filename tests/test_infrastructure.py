@@ -189,8 +189,9 @@ def test_sigterm_ends_like_ctrl_c_exit_143_with_no_process_folder_or_schema_left
 
 class _Proxy:
     """A TCP proxy on loopback in front of the PostgreSQL server: ``cut()`` is the server going away
-    (every connection through it closed, no new one accepted), for real, without touching the
-    server the other tests share."""
+    (every connection through it closed, no new one accepted), ``freeze()`` a network partition
+    (every socket stays open, and no byte passes either way, nor on a connection made later), for
+    real, without touching the server the other tests share."""
 
     def __init__(self, host: str, port: int) -> None:
         self._target = (host, port)
@@ -199,7 +200,28 @@ class _Proxy:
         self._socks: list = []
         self._lock = threading.Lock()
         self._cut = False
+        self._frozen = threading.Event()
         threading.Thread(target=self._accept, daemon=True).start()
+
+    def url(self, dsn: str) -> str:
+        """``dsn`` through this proxy."""
+        import psycopg
+        from urllib.parse import quote
+
+        info = psycopg.conninfo.conninfo_to_dict(dsn)
+        password = f":{quote(str(info['password']), safe='')}" if info.get("password") else ""
+        return (f"postgresql://{quote(str(info.get('user') or 'postgres'), safe='')}{password}@127.0.0.1:"
+                f"{self.port}/{quote(str(info.get('dbname') or 'test'), safe='')}")
+
+    @classmethod
+    def before(cls, dsn: str) -> "_Proxy":
+        import psycopg
+
+        info = psycopg.conninfo.conninfo_to_dict(dsn)
+        return cls(str(info.get("host") or "127.0.0.1"), int(info.get("port") or 5432))
+
+    def freeze(self) -> None:
+        self._frozen.set()
 
     def _accept(self) -> None:
         while True:
@@ -207,6 +229,10 @@ class _Proxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return
+            if self._frozen.is_set():  # accepted by the kernel and never answered
+                with self._lock:
+                    self._socks.append(client)
+                continue
             server = socket.create_connection(self._target)
             with self._lock:
                 if self._cut:
@@ -215,12 +241,16 @@ class _Proxy:
                     return
                 self._socks += [client, server]
             for a, b in ((client, server), (server, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+                threading.Thread(target=self._pump, args=(a, b, self._frozen), daemon=True).start()
 
     @staticmethod
-    def _pump(src, dst) -> None:
+    def _pump(src, dst, frozen) -> None:
         try:
             while data := src.recv(65536):
+                if frozen.is_set():  # held, never passed on, until cut() closes the sockets
+                    while src.fileno() != -1:
+                        time.sleep(0.05)
+                    return
                 dst.sendall(data)
         except OSError:
             pass
@@ -252,13 +282,8 @@ def test_a_schema_the_run_could_not_drop_is_named_with_the_statement_that_drops_
     from killpoint.errors import KillpointWarning
     from killpoint.harness.store.postgres import connect
 
-    info = psycopg.conninfo.conninfo_to_dict(pg_dsn)
-    proxy = _Proxy(str(info.get("host") or "127.0.0.1"), int(info.get("port") or 5432))
-    from urllib.parse import quote
-
-    password = f":{quote(str(info['password']), safe='')}" if info.get("password") else ""
-    through = (f"postgresql://{quote(str(info.get('user') or 'postgres'), safe='')}{password}@127.0.0.1:{proxy.port}/"
-               f"{quote(str(info.get('dbname') or 'test'), safe='')}")
+    proxy = _Proxy.before(pg_dsn)
+    through = proxy.url(pg_dsn)
     slug = None
     try:
         with Session() as session, pytest.warns(KillpointWarning, match="DROP SCHEMA") as caught:
@@ -334,3 +359,90 @@ def test_sigterm_ends_jobs_runners_whose_runs_are_long_leaving_no_schema(pg_dsn,
         with connect(pg_dsn, autocommit=True) as admin:
             for name in [s for pid in runners for s in _schemas_of(pg_dsn, pid)]:
                 admin.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+
+
+def _no_command_traceback(text: str) -> bool:
+    """No traceback but a worker's (a worker that dies of an error is the target's finding)."""
+    return text.count("Traceback") == text.count("Process killpoint-worker-")
+
+
+def test_a_frozen_postgresql_partition_ends_a_matrix_as_exit_3_naming_peer_operation_and_wait(pg_dsn, tmp_path):
+    """Protects: with a TCP proxy in front of PostgreSQL frozen (sockets open, no byte passes), the
+    matrix waited for an answer for ever. Every wait on the server is bounded (IO bound, 10 s for
+    the default run bound): the command ends with exit 3, the JSON object, and the cause naming the
+    server, the store operation that waited and for how long; the runs not made are counted."""
+    import psycopg
+
+    proxy = _Proxy.before(pg_dsn)
+    marker = f"kp-{uuid.uuid4().hex}"
+    cli = _cli("matrix", "--steps", "charge", "--store", proxy.url(pg_dsn), "--json", "--jobs", "1",
+               marker=marker, tmpdir=str(tmp_path))
+    try:
+        _wait(lambda: _schemas_of(pg_dsn, cli.pid), 60, "a run's schema", cli)
+        proxy.freeze()
+        out, err = cli.communicate(timeout=300)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+            cli.communicate()
+        proxy.cut()
+    text = err.decode(errors="replace")
+    assert cli.returncode == 3, text[-3000:]
+    report = json.loads(out)
+    assert report["valid"] is None and report["violations"] == []
+    cause = report["infrastructure_failure"]
+    assert f"no answer from the PostgreSQL server at 127.0.0.1:{proxy.port} for 10 s" in cause, cause
+    assert "()" in cause.split(" for 10 s", 1)[1], cause  # the store operation that waited
+    assert report["not_run"] >= 1 and report["runs"] + report["not_run"] == 17, report
+    assert cause in report["unknown_reasons"][0] and f"the other {report['not_run']} runs were not made" in text
+    assert _no_command_traceback(text), text[-3000:]
+    assert wait_until_gone(marker) == []
+    with psycopg.connect(pg_dsn, autocommit=True) as admin:  # the schemas the partition kept
+        for (name,) in admin.execute("SELECT nspname FROM pg_namespace WHERE nspname LIKE %s",
+                                     (f"killpoint\\_%\\_p{cli.pid}\\_%",)).fetchall():
+            admin.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+
+
+def _downstream_of(marker: str) -> list[int]:
+    """The downstream among the processes ``marker`` marks: its title says so (not the command line)."""
+    from test_processes import marked
+
+    found = []
+    for pid in marked(marker):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                if fh.read().split(b"\0", 1)[0] == b"killpoint-downstream":
+                    found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_a_silent_downstream_ends_a_matrix_as_exit_3_naming_it_and_the_wait(tmp_path, jobs):
+    """Protects: a downstream that accepts connections and never answers (here: its process
+    stopped, its port still open) held a matrix for minutes, each run waiting out its bound. The
+    run's check on its services names it within its bound, and the command stops there: exit 3,
+    the JSON object, the cause naming the downstream's address and the time waited."""
+    marker = f"kp-{uuid.uuid4().hex}"
+    cli = _cli("matrix", "--steps", "charge", "--json", "--jobs", jobs, marker=marker, tmpdir=str(tmp_path))
+    try:
+        down = _wait(lambda: _downstream_of(marker), 60, "the downstream", cli)[0]
+        # Once it has started and the runs have (a downstream that never starts is another case).
+        _wait(lambda: [r for r in tmp_path.glob("killpoint-*/run0001-*")], 60, "the first run", cli)
+        os.kill(down, signal.SIGSTOP)
+        out, err = cli.communicate(timeout=300)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+            cli.communicate()
+    text = err.decode(errors="replace")
+    assert cli.returncode == 3, text[-3000:]
+    report = json.loads(out)
+    assert report["valid"] is None and report["violations"] == []
+    cause = report.get("infrastructure_failure")
+    assert cause is not None, report
+    assert "no answer from the downstream at 127.0.0.1:" in cause and "for 10 s" in cause, cause
+    assert report["runs"] + report["not_run"] == 17, report
+    assert _no_command_traceback(text), text[-3000:]
+    assert wait_until_gone(marker) == []

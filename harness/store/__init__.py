@@ -27,14 +27,18 @@ def schema_name(run_id: str, pid: int | None = None) -> str:
     return f"{SCHEMA_PREFIX}{slug[:63 - len(SCHEMA_PREFIX) - len(tail)]}{tail}"
 
 
-def open_store(spec: str, run_dir: str, run_id: str) -> Store:
-    """``sqlite`` (a file in the run's folder) or a ``postgresql://`` URL (a fresh schema)."""
+def open_store(spec: str, run_dir: str, run_id: str, *, io_timeout_s: float | None = None) -> Store:
+    """``sqlite`` (a file in the run's folder) or a ``postgresql://`` URL (a fresh schema), whose
+    every wait on the server lasts at most ``io_timeout_s`` real seconds (None: the default,
+    :data:`killpoint.harness.store.postgres.IO_TIMEOUT_S`)."""
     if spec in ("sqlite", "", None):
         return SQLiteStore(os.path.join(run_dir, f"{run_id}.sqlite"), harness_pid=os.getpid())
     if spec.startswith(_PG_SCHEMES):
         from killpoint.harness.store.postgres import PostgresStore
 
-        return PostgresStore(spec, schema_name(run_id))
+        if io_timeout_s is None:
+            return PostgresStore(spec, schema_name(run_id))
+        return PostgresStore(spec, schema_name(run_id), io_timeout_s=io_timeout_s)
     raise InvalidStore(f"--store {spec!r}: expected 'sqlite' or a postgresql:// URL")
 
 
