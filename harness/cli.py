@@ -126,9 +126,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as exc:
         return _interrupted(exc.signum if isinstance(exc, signals.Terminated) else signal.SIGINT)
     except Exception as exc:  # the infrastructure broke outside a run (e.g. the downstream)
-        if debug:
-            raise
-        return _broken(args, exc)
+        if debug:  # the traceback, and nothing else changes: the same line, JSON and exit code
+            import traceback
+
+            traceback.print_exception(exc, file=sys.stderr)
+        return _broken(args, exc, debug=debug)
     received = signals.received()
     if received is not None:  # its KeyboardInterrupt was swallowed where it landed
         return _interrupted(received)
@@ -163,10 +165,13 @@ def _interrupted(signum: int) -> int:
     return signals.EXIT_CODES[signal.Signals(signum)]
 
 
-def _broken(args: argparse.Namespace, exc: Exception) -> int:
+def _broken(args: argparse.Namespace, exc: Exception, *, debug: bool = False) -> int:
     """An infrastructure failure no run could absorb: exit 3, the cause in one line, and with
-    ``--json`` the JSON object all the same (unknown, no runs), never a bare traceback."""
+    ``--json`` the JSON object all the same (unknown, no runs: every field a command's JSON has,
+    empty), never a bare traceback; ``debug``: its traceback was printed already."""
     import json
+
+    from killpoint.harness.commands.common import Summary
 
     cause = f"infrastructure failure: {type(exc).__name__}: {one_line(str(exc), 400)}"
     junit_error = None
@@ -179,12 +184,14 @@ def _broken(args: argparse.Namespace, exc: Exception) -> int:
         except OSError as exc2:
             junit_error = f"--junit-xml {shown(path)}: cannot write it there ({exc2.strerror or exc2})"
     if getattr(args, "json", False):
-        print(json.dumps({"valid": None, "runs": 0, "violations": [], "invariants": {},
-                          "report": None, "unknown_reasons": [cause],
-                          **({"junit_error": junit_error} if junit_error else {})}, indent=2))
+        summary = getattr(args, "_summary", None) or Summary()
+        summary.junit_error = junit_error
+        print(json.dumps({**summary.to_json(), "valid": None,
+                          "unknown_reasons": [*summary.to_json()["unknown_reasons"], cause],
+                          "infrastructure_failure": cause, "not_run": summary.not_run}, indent=2))
     if junit_error:
         print(f"killpoint: warning: {junit_error}", file=sys.stderr)
-    print(f"killpoint: {cause} (run with --debug for the traceback)", file=sys.stderr)
+    print(f"killpoint: {cause}" + ("" if debug else " (run with --debug for the traceback)"), file=sys.stderr)
     return EXIT_UNKNOWN
 
 

@@ -446,3 +446,43 @@ def test_a_silent_downstream_ends_a_matrix_as_exit_3_naming_it_and_the_wait(tmp_
     assert report["runs"] + report["not_run"] == 17, report
     assert _no_command_traceback(text), text[-3000:]
     assert wait_until_gone(marker) == []
+
+
+def _same_but_timings(report: dict) -> dict:
+    """A command's JSON without what differs between two runs of it (durations, run ids, folders)."""
+    text = json.dumps(report, sort_keys=True)
+    import re
+
+    text = re.sub(r'"duration_ms": [0-9.]+', '"duration_ms": 0', text)
+    text = re.sub(r"run\d{4}-s-?\d+-[0-9a-f]{8}", "RUN", text)
+    text = re.sub(r"/[^\s\"]*killpoint-[^/\s\"]+", "DIR", text)
+    return json.loads(text)
+
+
+@pytest.mark.parametrize("where", ["unreachable store", "full disk"])
+def test_debug_adds_the_traceback_and_changes_nothing_else(where, request, tmp_path):
+    """Protects: with --debug an infrastructure failure outside a run raised its exception: exit
+    1 (as if violated), no JSON. --debug now adds the traceback on stderr; the exit code (3), the
+    JSON object and the cause's line are those of the same command without it."""
+    if where == "full disk":
+        tmpdir = request.getfixturevalue("tiny_disk")
+        argv = ["replay", "A@charge.after_call:kill", "--json"]
+    else:
+        tmpdir = str(tmp_path)
+        argv = ["replay", "A@charge.after_call:kill", "--json", "--store", "postgresql://postgres@127.0.0.1:1/test"]
+    seen = {}
+    for debug in (False, True):
+        marker = f"kp-{uuid.uuid4().hex}"
+        cli = _cli(*argv, *(["--debug"] if debug else []), marker=marker, tmpdir=tmpdir)
+        out, err = cli.communicate(timeout=300)
+        assert wait_until_gone(marker) == []
+        seen[debug] = (cli.returncode, _same_but_timings(json.loads(out)), err.decode(errors="replace"))
+    (code, report, text), (debug_code, debug_report, debug_text) = seen[False], seen[True]
+    assert code == debug_code == 3, debug_text[-3000:]
+    assert report == debug_report
+    assert _no_command_traceback(text), text[-3000:]
+    assert not _no_command_traceback(debug_text), debug_text[-3000:]  # the command's own, added
+    if where == "unreachable store":  # outside a run: the cause's line, with its hint only without --debug
+        cause = report["unknown_reasons"][0]
+        assert f"killpoint: {cause} (run with --debug for the traceback)" in text
+        assert f"killpoint: {cause}\n" in debug_text

@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
               f"{len(points)} x {len(points)} points"
               f"{' x ' + str(len(steps)) + ' steps' if args.cross_steps else ''}, forms "
               f"{', '.join(forms)}); choose with --steps, --points or --forms", file=sys.stderr)
-    summary = Summary(planned=len(configs))
+    summary = args._summary = Summary(planned=len(configs))  # what _broken prints, if it comes to that
     progress = progress_for(args, len(configs), f"killpoint matrix{' --depth 2' if args.depth == 2 else ''}")
     with Session(real_time=args.real_time) as session:
         if configs:
