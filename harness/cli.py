@@ -45,6 +45,14 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:  # one line, exit 2, as for every bad input
         self.exit(EXIT_BAD_INPUT, f"killpoint: error: {one_line(message)}\n")
 
+    def _parse_optional(self, arg_string: str):  # type: ignore[no-untyped-def]
+        # A word that starts with one '-' and holds a schedule's punctuation ('-1*kill') is a
+        # schedule, for the command to judge and name; taken for an unknown option, it was refused
+        # as "the following arguments are required: schedule", naming nothing.
+        if arg_string.startswith("-") and not arg_string.startswith("--") and any(c in arg_string for c in "*@:>("):
+            return None
+        return super()._parse_optional(arg_string)
+
 
 def version() -> str:
     """The installed distribution's version (the package's own when run from a source tree)."""

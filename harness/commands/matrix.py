@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
                            f"use any of {', '.join(ACTIONS)}")
         if "terminate" in actions and not str(args.store).startswith(("postgresql://", "postgres://")):
             raise BadInput(f"--actions terminate: ending a worker's database sessions needs a "
-                           f"postgresql:// store, not --store {redact(args.store)}")
+                           f"postgresql:// store, not --store {shown(redact(args.store))}")
         if "terminate" in actions and declared_target(args).owns_state:
             raise BadInput(f"--actions terminate: {args.target} keeps its state in a store of its own, "
                            f"and terminate ends the sessions of killpoint's store, which its workers do "

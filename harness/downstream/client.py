@@ -31,7 +31,9 @@ class _Connection:
         lines = [f"{method} {path} HTTP/1.1", f"Host: {self.host}", "Connection: keep-alive",
                  "Content-Type: application/json", f"Content-Length: {len(body or b'')}"]
         lines += [f"{k}: {v}" for k, v in headers.items()]
-        self.sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (body or b""))
+        # UTF-8: an id outside Latin-1 (the key of instance 'job-\u540d\u524d') is sent as its bytes,
+        # which the downstream reads back (downstream.server.header); ASCII is the same either way.
+        self.sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode("utf-8") + (body or b""))
 
     def readable(self, timeout: float) -> bool:
         """Whether something (an answer, or the end of the connection) can be read within
