@@ -20,7 +20,7 @@ from killpoint.errors import InvalidTarget, shown
 from killpoint.harness import signals
 from killpoint.harness.commands.common import (EXIT_BAD_INPUT, EXIT_UNKNOWN, BadInput, one_line,
                                                check_junit_xml, check_report_dir)
-from killpoint.harness.redact import RedactingStream
+from killpoint.harness.redact import RedactingStream, register
 
 # name -> module under harness.commands; each has HELP, add_arguments(parser) and run(args) -> int.
 COMMANDS = {
@@ -100,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout, sys.stderr = out, err
     from killpoint.harness.settings import load
 
+    _register_secrets(argv if argv is not None else sys.argv[1:])
     try:
         settings = load()
     except BadInput as exc:
@@ -115,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"killpoint: error: give a command ({', '.join(commands)}); killpoint --help says what "
               f"each does", file=sys.stderr)
         return EXIT_BAD_INPUT
+    register(getattr(args, "store", None))  # a [tool.killpoint] store too
     debug = bool(getattr(args, "debug", False))
     if debug:
         os.environ["KILLPOINT_DEBUG"] = "1"  # a run's infrastructure failure prints its traceback
@@ -143,6 +145,15 @@ def main(argv: list[str] | None = None) -> int:
     if received is not None:  # its KeyboardInterrupt was swallowed where it landed
         return _interrupted(received)
     return code
+
+
+def _register_secrets(argv: list[str]) -> None:
+    """Hide the passwords of every DSN the command was given (:func:`killpoint.harness.redact.register`):
+    on its command line, and in ``KILLPOINT_PG_DSN`` and ``PGPASSWORD``, before anything is printed."""
+    for word in argv:
+        if "://" in word or "password" in word.lower():
+            register(word.split("=", 1)[1] if word.startswith("--") and "=" in word else word)
+    register(os.environ.get("KILLPOINT_PG_DSN"), password=os.environ.get("PGPASSWORD"))
 
 
 def _warnings_as_lines() -> None:
