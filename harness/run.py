@@ -754,6 +754,10 @@ class _Run:
                 fh.write(b"\0" * 4096)
                 fh.flush()
             os.unlink(probe)
+        except FileNotFoundError as exc:
+            raise InfrastructureError(f"the run's folder {self.run_dir} was removed while the run went on "
+                                      f"(a cleaner of temporary files?); give TMPDIR a folder nothing "
+                                      f"else cleans") from exc
         except OSError as exc:
             if exc.errno not in DISK_ERRORS:
                 raise

@@ -63,8 +63,13 @@ LATE_GRACE_CAP_S = 20 * LATE_GRACE_S  # ... at most, in wall time, however long 
 
 
 def disk_failed(exc: BaseException) -> bool:
-    """Whether ``exc`` says the disk failed: an OS error of :data:`DISK_ERRORS`, or SQLite's own
-    words for it (it reports a full disk as an OperationalError, not an OSError)."""
+    """Whether ``exc`` says the disk failed: an OS error of :data:`DISK_ERRORS`, a file whose folder
+    was removed, or SQLite's own words for it (it reports a full disk as an OperationalError, not
+    an OSError)."""
+    if isinstance(exc, FileNotFoundError) and exc.filename:
+        # A file of the run's folder, and the folder is gone: removed under the run (a cleaner, a
+        # user): the infrastructure's failure, which the harness names, not the target's.
+        return not os.path.isdir(os.path.dirname(os.fsdecode(exc.filename)))
     if isinstance(exc, OSError):
         return exc.errno in DISK_ERRORS
     return type(exc).__module__ == "sqlite3" and ("disk is full" in str(exc) or "disk I/O" in str(exc))

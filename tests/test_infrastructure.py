@@ -486,3 +486,46 @@ def test_debug_adds_the_traceback_and_changes_nothing_else(where, request, tmp_p
         cause = report["unknown_reasons"][0]
         assert f"killpoint: {cause} (run with --debug for the traceback)" in text
         assert f"killpoint: {cause}\n" in debug_text
+
+
+def test_run_files_removed_mid_run_end_as_an_infrastructure_failure_without_worker_tracebacks(tmp_path):
+    """Protects: a run's folder removed under it (a cleaner of temporary files) ended with a dozen
+    raw tracebacks of workers that could not open their journals. Each such worker ends quietly,
+    the harness names the cause, and the command stops: exit 3, one line, the JSON."""
+    import shutil
+
+    marker = f"kp-{uuid.uuid4().hex}"
+    cli = _cli("matrix", "--steps", "charge", "--json", "--jobs", "1", marker=marker, tmpdir=str(tmp_path))
+    try:
+        for _ in range(600):  # every 50 ms while it runs, 30 s at most
+            if cli.poll() is not None:
+                break
+            for run_dir in tmp_path.glob("killpoint-*/run*"):
+                shutil.rmtree(run_dir, ignore_errors=True)
+            time.sleep(0.05)
+        out, err = cli.communicate(timeout=300)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+            cli.communicate()
+    text = err.decode(errors="replace")
+    assert cli.returncode == 3, text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+    report = json.loads(out)
+    assert report["valid"] is None and report["infrastructure_failure"], report
+    [stopped] = [line for line in text.splitlines() if line.startswith("killpoint: stopped after run")]
+    assert report["infrastructure_failure"] in stopped
+    assert wait_until_gone(marker) == [] and os.listdir(tmp_path) == []
+
+
+def test_a_report_dir_that_cannot_be_written_gets_no_hint_to_add_one(tiny_disk, tmp_path):
+    """Protects: on a full disk, with --report-dir given, the closing line still advised to "add
+    --report-dir DIR"; the warning that the reports could not be written there is what is said."""
+    marker = f"kp-{uuid.uuid4().hex}"
+    cli = _cli("replay", "A@charge.after_call:kill", "--report-dir", os.path.join(tiny_disk, "reports"),
+               marker=marker, tmpdir=tiny_disk)
+    out, err = cli.communicate(timeout=300)
+    text = out.decode(errors="replace") + err.decode(errors="replace")
+    assert cli.returncode == 3, text[-3000:]
+    assert "add --report-dir" not in text, text[-3000:]
+    assert wait_until_gone(marker) == []

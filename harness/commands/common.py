@@ -541,6 +541,8 @@ def report_hint(args: argparse.Namespace, summary: Summary) -> str | None:
     """What to say when a run failed and no report was written: how to get one."""
     if summary.valid is True or summary.report or getattr(args, "report", None) == "never":
         return None
+    if getattr(args, "report_dir", None):  # given, and the reports could not be written there: said already
+        return None
     return "no HTML report written: add --report-dir DIR to get one for each failing run"
 
 
