@@ -518,14 +518,28 @@ def test_run_files_removed_mid_run_end_as_an_infrastructure_failure_without_work
     assert wait_until_gone(marker) == [] and os.listdir(tmp_path) == []
 
 
-def test_a_report_dir_that_cannot_be_written_gets_no_hint_to_add_one(tiny_disk, tmp_path):
-    """Protects: on a full disk, with --report-dir given, the closing line still advised to "add
-    --report-dir DIR"; the warning that the reports could not be written there is what is said."""
+def test_a_report_dir_that_cannot_be_written_gets_no_hint_to_add_one(tmp_path):
+    """Protects: when the reports could not be written to the --report-dir given (a full disk, or
+    here the folder replaced by a file mid-run), the closing line still advised to "add
+    --report-dir DIR"; the warning that they could not be written there is what is said."""
     marker = f"kp-{uuid.uuid4().hex}"
-    cli = _cli("replay", "A@charge.after_call:kill", "--report-dir", os.path.join(tiny_disk, "reports"),
-               marker=marker, tmpdir=tiny_disk)
-    out, err = cli.communicate(timeout=300)
+    reports = tmp_path / "reports"
+    # A target that is no worker: every run unknown, so reports are wanted.
+    cli = _cli("matrix", "--steps", "charge", "--target", "os:getcwd", "--jobs", "1", "--report-dir",
+               str(reports), marker=marker, tmpdir=str(tmp_path))
+    try:
+        _wait(lambda: reports.is_dir(), 60, "the report folder", cli)
+        import shutil
+
+        shutil.rmtree(reports)
+        reports.write_text("not a folder any more")
+        out, err = cli.communicate(timeout=300)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+            cli.communicate()
     text = out.decode(errors="replace") + err.decode(errors="replace")
     assert cli.returncode == 3, text[-3000:]
+    assert "killpoint: warning: cannot write reports to" in text and "the verdict stands" in text, text[-3000:]
     assert "add --report-dir" not in text, text[-3000:]
     assert wait_until_gone(marker) == []
