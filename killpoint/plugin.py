@@ -60,6 +60,15 @@ def pytest_configure(config: pytest.Config) -> None:
     state = _State(settings, workerinput.get("workerid") if workerinput is not None else None)
     config.stash[_STATE] = state
     config.pluginmanager.register(state, "killpoint-session")
+    from killpoint._plugin import interrupt
+
+    interrupt.install()  # SIGTERM and SIGHUP end the session as Ctrl-C does, its summary printed
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    from killpoint._plugin import interrupt
+
+    interrupt.uninstall()
 
 
 # -- the marker ----------------------------------------------------------------------------------
@@ -169,6 +178,14 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             report.killpoint_runs = list(records)
             item.stash[_RUNS] = []
     return report
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodeready(node: Any) -> None:
+    """xdist controller: a worker is up; a SIGTERM or SIGHUP this process gets is passed on to it."""
+    from killpoint._plugin import interrupt
+
+    interrupt.worker_started(getattr(node, "workerinfo", {}).get("pid"))
 
 
 @pytest.hookimpl(optionalhook=True)
