@@ -60,9 +60,14 @@ def pytest_configure(config: pytest.Config) -> None:
     state = _State(settings, workerinput.get("workerid") if workerinput is not None else None)
     config.stash[_STATE] = state
     config.pluginmanager.register(state, "killpoint-session")
-    from killpoint._plugin import interrupt
+    if workerinput is not None or getattr(config.option, "numprocesses", None):
+        # Under xdist, from the start: the controller runs no killpoint session of its own, yet a
+        # signal must end it with its summary and reach the workers. Without xdist, the session
+        # fixture installs them as a killpoint session starts (a session that runs none keeps
+        # Python's defaults).
+        from killpoint._plugin import interrupt
 
-    interrupt.install()  # SIGTERM and SIGHUP end the session as Ctrl-C does, its summary printed
+        interrupt.install()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

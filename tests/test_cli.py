@@ -829,6 +829,30 @@ def test_a_ctrl_c_while_the_command_line_is_still_imported_ends_in_one_line(monk
     assert capsys.readouterr().err == "killpoint: interrupted while starting; nothing was run\n"
 
 
+@pytest.mark.parametrize("sig, code", [("SIGTERM", 143), ("SIGHUP", 129)])
+def test_a_sigterm_or_sighup_while_the_command_line_is_still_imported_ends_in_one_line(monkeypatch, capsys, sig, code):
+    """Protects: SIGTERM or SIGHUP in the command line's first fifth of a second ended it by the
+    signal's default (no line); the console script now says it in one line with the signal's exit
+    code. The signal is made to land in that import, whatever the machine's speed."""
+    import importlib.abc
+    import signal
+
+    from killpoint._main import main as console_script
+
+    class Signalled(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name == "killpoint.harness.cli":
+                os.kill(os.getpid(), getattr(signal, sig))  # delivered here, before the import returns
+            return None
+
+    before = signal.getsignal(getattr(signal, sig))
+    monkeypatch.delitem(sys.modules, "killpoint.harness.cli")
+    monkeypatch.setattr(sys, "meta_path", [Signalled(), *sys.meta_path])
+    assert console_script() == code
+    assert capsys.readouterr().err == "killpoint: interrupted while starting; nothing was run\n"
+    assert signal.getsignal(getattr(signal, sig)) == before  # the handler for the start is taken back
+
+
 def test_the_console_script_is_the_one_that_ends_a_ctrl_c_at_start_in_one_line():
     from importlib.metadata import entry_points
 
