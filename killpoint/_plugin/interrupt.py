@@ -21,7 +21,8 @@ from typing import Any
 __all__ = ["install", "uninstall", "worker_started", "received_line"]
 
 _SIGNALS = (signal.SIGTERM, signal.SIGHUP)
-_NAMES = {signal.SIGTERM: "terminated (SIGTERM)", signal.SIGHUP: "hung up (SIGHUP)", signal.SIGINT: "interrupted"}
+_NAMES: dict[int, str] = {signal.SIGTERM: "terminated (SIGTERM)", signal.SIGHUP: "hung up (SIGHUP)",
+                          signal.SIGINT: "interrupted"}
 _installed: dict[int, Any] = {}
 _workers: set[int] = set()  # the controller's xdist workers, by PID
 
