@@ -26,7 +26,7 @@ import sys
 from killpoint.chaos import generator
 from killpoint.chaos.generator import ACTIONS, FORMS
 from killpoint.chaos.points import DB_POINTS
-from killpoint.harness.commands.common import (declared_target, jobs_of, Summary, add_common, finish, parse_steps,
+from killpoint.harness.commands.common import (declared_target, jobs_of, Summary, until_broken, add_common, finish, parse_steps,
                                                progress_for, run_config, target_points, whole, workload_of)
 from killpoint.harness.run import Session
 
@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
                            f"use any of {', '.join(ACTIONS)}")
         if "terminate" in actions and not str(args.store).startswith(("postgresql://", "postgres://")):
             raise BadInput(f"--actions terminate: ending a worker's database sessions needs a "
-                           f"postgresql:// store, not --store {redact(args.store)}")
+                           f"postgresql:// store, not --store {shown(redact(args.store))}")
         if "terminate" in actions and declared_target(args).owns_state:
             raise BadInput(f"--actions terminate: {args.target} keeps its state in a store of its own, "
                            f"and terminate ends the sessions of killpoint's store, which its workers do "
@@ -107,13 +107,13 @@ def run(args: argparse.Namespace) -> int:
               f"{len(points)} x {len(points)} points"
               f"{' x ' + str(len(steps)) + ' steps' if args.cross_steps else ''}, forms "
               f"{', '.join(forms)}); choose with --steps, --points or --forms", file=sys.stderr)
-    summary = Summary()
+    summary = args._summary = Summary(planned=len(configs))  # what _broken prints, if it comes to that
     progress = progress_for(args, len(configs), f"killpoint matrix{' --depth 2' if args.depth == 2 else ''}")
     with Session(real_time=args.real_time) as session:
         if configs:
             progress.step(str(configs[0].schedule))  # at once: the first result may take a while
         drawn = bool(args.report_dir) and args.report != "never"  # reports draw every run's events
-        for i, result in enumerate(session.run_many(configs, jobs=jobs_of(args))):
+        for i, result in enumerate(until_broken(session.run_many(configs, jobs=jobs_of(args)))):
             summary.add(result, keep_events=drawn)
             progress.step(str(result.config.schedule), result)
             if i + 1 < len(configs):
