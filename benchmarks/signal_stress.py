@@ -30,6 +30,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXPECTED = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}
 
 
+BAD_KEYS = ('hung', 'survivors', 'folders', 'schemas', 'code')
+
 def marked(marker: str) -> list[int]:
     found = []
     for entry in os.listdir("/proc"):
@@ -131,7 +133,7 @@ def main() -> int:
         print(f"{n:>3} {r['signal']:<7} at {r['delay']:4.1f} s  {r['argv']:<52} exit {r['code']:>3} "
               f"in {r['took']:5.2f} s{'  (finished first)' if r['finished_first'] else ''}"
               f"{'  tracebacks ' + str(r['tracebacks']) if r['tracebacks'] else ''}"
-              f"{'  BAD: ' + str({k: r[k] for k in ('hung', 'survivors', 'folders', 'schemas', 'code')}) if bad else ''}",
+              f"{'  BAD: ' + str({k: r[k] for k in BAD_KEYS}) if bad else ''}",
               flush=True)
     took = [r["took"] for r in results if not r["finished_first"]]
     survivors = sum(len(r["survivors"]) for r in results)

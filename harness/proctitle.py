@@ -4,9 +4,9 @@ and a ``--jobs`` runner, instead of the command line they were forked with.
 A forked process keeps its parent's command line, and with it a ``--store`` URL's password, which
 ``/proc/PID/cmdline`` shows to every local user for as long as the process lives. Each process
 killpoint forks overwrites its copy of that memory (the region the kernel reads ``cmdline`` from,
-named by ``arg_start`` and ``arg_end`` in ``/proc/self/stat``) with its own title. Linux only; elsewhere, or where the region cannot be
-read, nothing changes. The command's own process keeps its command line: the secrets advice in
-the docs (the environment, ``KILLPOINT_PG_DSN`` or ``PGPASSWORD``) is for that one.
+named by ``arg_start`` and ``arg_end`` in ``/proc/self/stat``) with its own title. Linux only;
+elsewhere, or where the region cannot be read, nothing changes. The command's own process keeps its
+command line: the secrets advice in the docs (the environment, ``KILLPOINT_PG_DSN`` or ``PGPASSWORD``) is for that one.
 """
 
 from __future__ import annotations

@@ -875,19 +875,24 @@ def twice(seed):
 
 @pytest.mark.parametrize("argv, named", [
     # A module that raises as it imports: an "infrastructure failure" (exit 3) before.
-    (["replay", "A@charge.after_call:kill", "--target", "kp_badimport:fn"], "importing 'kp_badimport' raised RuntimeError: boom at import"),
-    (["replay", "A@charge.after_call:kill", "--workload", "kp_badimport:fn"], "importing 'kp_badimport' raised RuntimeError"),
+    (["replay", "A@charge.after_call:kill", "--target", "kp_badimport:fn"],
+     "importing 'kp_badimport' raised RuntimeError: boom at import"),
+    (["replay", "A@charge.after_call:kill", "--workload", "kp_badimport:fn"],
+     "importing 'kp_badimport' raised RuntimeError"),
     # A path for a module: a TypeError from importlib (exit 3) before.
     (["replay", "A@charge.after_call:kill", "--target", "../etc:passwd"], "'../etc' is not a module name"),
     (["replay", "A@charge.after_call:kill", "--workload", "../etc:passwd"], "'../etc' is not a module name"),
     # Two instances of one id: exit 3 before.
-    (["replay", "A@charge.after_call:kill", "--workload", "kp_twice:twice"], "instances 1 and 2 have the same id 'order-1'"),
+    (["replay", "A@charge.after_call:kill", "--workload", "kp_twice:twice"],
+     "instances 1 and 2 have the same id 'order-1'"),
     # Numbers float() reads and the reproduce line would give back otherwise, and a key given twice:
     # all taken silently before.
     (["replay", "A@charge.after_call:kill", "--timing", "lease-ttl-ms=1e3"], "'lease-ttl-ms=1e3'"),
     (["replay", "A@charge.after_call:kill", "--timing", "lease-ttl-ms= 200"], "'lease-ttl-ms= 200'"),
-    (["replay", "A@charge.after_call:kill", "--timing", "lease-ttl-ms=200,lease-ttl-ms=300"], "'lease-ttl-ms' is given twice"),
-    (["replay", "A@charge.after_call:kill", "--timing", "lease-ttl-ms=200,lease_ttl_ms=300"], "'lease_ttl_ms' is given twice"),
+    (["replay", "A@charge.after_call:kill", "--timing", "lease-ttl-ms=200,lease-ttl-ms=300"],
+     "'lease-ttl-ms' is given twice"),
+    (["replay", "A@charge.after_call:kill", "--timing", "lease-ttl-ms=200,lease_ttl_ms=300"],
+     "'lease_ttl_ms' is given twice"),
     # A schedule that starts with '-': taken for an option before ("arguments are required: schedule").
     (["replay", "-1*kill"], "schedule '-1*kill'"),
 ])

@@ -278,7 +278,6 @@ def test_a_schema_the_run_could_not_drop_is_named_with_the_statement_that_drops_
     """Protects: a PostgreSQL server that went away mid-run left the run's schema in the database
     without a word (the drop failed in a best-effort cleanup). The run is unknown, and its reasons
     and a KillpointWarning name the schema and the statement that drops it."""
-    import psycopg
 
     from killpoint.errors import KillpointWarning
     from killpoint.harness.store.postgres import connect

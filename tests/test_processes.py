@@ -184,7 +184,8 @@ def test_workers_and_the_downstream_do_not_show_the_command_line(tmp_path):
                 for kind in (b"killpoint-downstream", b"killpoint-runner", b"killpoint-worker-") if t.startswith(kind)}
 
     try:
-        while cli.poll() is None and not {b"killpoint-downstream", b"killpoint-runner", b"killpoint-worker-"} <= kinds():
+        titles = {b"killpoint-downstream", b"killpoint-runner", b"killpoint-worker-"}
+        while cli.poll() is None and not titles <= kinds():
             for pid in marked(marker):
                 if pid != cli.pid:
                     read(pid)

@@ -26,8 +26,8 @@ import sys
 from killpoint.chaos import generator
 from killpoint.chaos.generator import ACTIONS, FORMS
 from killpoint.chaos.points import DB_POINTS
-from killpoint.harness.commands.common import (declared_target, jobs_of, Summary, until_broken, add_common, finish, parse_steps,
-                                               progress_for, run_config, target_points, whole, workload_of)
+from killpoint.harness.commands.common import (declared_target, jobs_of, Summary, until_broken, add_common, finish,
+                                               parse_steps, progress_for, run_config, target_points, whole, workload_of)
 from killpoint.harness.run import Session
 
 HELP = ("run every single-fault schedule (each point x each step, killed or paused past its lease), "

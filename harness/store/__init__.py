@@ -96,11 +96,12 @@ def check_faults(spec: str | None, schedule) -> None:
         return
     for fault in schedule.faults:
         if any(term.action == "terminate" for term in fault.actions.terms):
-            raise InvalidStore(f"--store {shown(redact(spec or 'sqlite'))}: fault {str(fault)!r} terminates the worker's "
-                               f"database backend, which only a postgresql:// store has")
+            raise InvalidStore(f"--store {shown(redact(spec or 'sqlite'))}: fault {str(fault)!r} terminates the "
+                               f"worker's database backend, which only a postgresql:// store has")
         if fault.point in DB_POINTS:
-            raise InvalidStore(f"--store {shown(redact(spec or 'sqlite'))}: fault {str(fault)!r} is at {fault.point}, a "
-                               f"crash point inside the PostgreSQL store's COMMIT; use a postgresql:// store")
+            raise InvalidStore(f"--store {shown(redact(spec or 'sqlite'))}: fault {str(fault)!r} is at "
+                               f"{fault.point}, a crash point inside the PostgreSQL store's COMMIT; "
+                               f"use a postgresql:// store")
 
 
 def _first_line(exc: BaseException) -> str:
