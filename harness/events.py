@@ -386,6 +386,7 @@ HARNESS_CLASSES: dict[str, type[HarnessAction]] = {
     v.TARGET_RESTART: TargetRestart, v.STORE_RESTART: StoreRestart,
     v.TERMINATE_BACKEND: TerminateBackend, v.STARVED: Starved, v.LATE_GRACE_OVER: LateGraceOver,
     v.INFRASTRUCTURE_FAILURE: InfrastructureFailure, v.UNFIRED_GIVEN_UP: UnfiredGivenUp,
+    v.STOP: Stop, v.CONT: Resume, v.HELD: Held,
 }
 
 TypedEvent = Union[StoreEvent, Request, WorkerOp, PointHit, WorkerEvent, TargetEvent, HarnessAction]

@@ -62,6 +62,9 @@ class Provoked:
     recovered_by: str | None = None
     # Why this fault is not asked to provoke a takeover (a pause released at once for a restart).
     exempt: str | None = None
+    # pause(until=lapse): resumed once its lease lapsed, before anybody claimed the step, and then
+    # wrote or called late on a lease that had run out: the window such a pause is for.
+    late_on_lapsed: bool = False
 
     @property
     def needs_takeover(self) -> bool:
@@ -71,7 +74,9 @@ class Provoked:
     def exercised(self) -> bool:
         """Whether it provoked what it is for: a takeover for a pause or hang; a kill or a
         terminate always is (a crash there is what it tests), and so is a sleep (a stall)."""
-        return self.takeover_by is not None if self.needs_takeover else True
+        if not self.needs_takeover:
+            return True
+        return self.takeover_by is not None or self.late_on_lapsed
 
     def where(self) -> str:
         if self.step is None:
@@ -93,7 +98,8 @@ class Provoked:
                 "instance": self.instance, "step": self.step, "exercised": self.exercised,
                 "takeover_by": self.takeover_by, "takeover_evidence": self.takeover_evidence,
                 "late_write": self.late_write, "late_call": self.late_call,
-                "recovered_by": self.recovered_by, "exempt": self.exempt}
+                "recovered_by": self.recovered_by, "exempt": self.exempt,
+                "late_on_lapsed": self.late_on_lapsed}
 
 
 @dataclass(frozen=True)
@@ -283,9 +289,11 @@ def _provoked(history: History, index: int, hit: Event, text: str, identities: M
                                      for e in history.harness_events(v.CONT, worker=label))
     by, evidence = _taken_over(history, held, label, me, start, None if lapsed else end)
     late_write = late_call = None
-    if by is not None and action != "hang" and end is not None:
+    if (by is not None or lapsed) and action != "hang" and end is not None:
         late_write, late_call = _late(history, held, label, me, end)
-    return Provoked(text, action, label, instance, step, by, evidence, late_write, late_call)  # type: ignore[arg-type]
+    late_on_lapsed = lapsed and by is None and (late_write is not None or late_call is not None)
+    return Provoked(text, action, label, instance, step, by, evidence, late_write, late_call,  # type: ignore[arg-type]
+                    late_on_lapsed=late_on_lapsed)
 
 
 def _window(history: History, action: str, label: str, start: int) -> tuple[int | None, str | None]:
