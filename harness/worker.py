@@ -420,7 +420,7 @@ class ReferenceWorker:
 
     def params(self, inst: InstanceSpec, spec: StepSpec, compensation: bool) -> dict[str, Any]:
         if compensation:
-            return {"undo": spec.key(inst.id), **spec.params}
+            return spec.compensation_params(inst.id) or {}
         return dict(spec.params)
 
     def decide(self, inst: InstanceSpec, spec: StepSpec, claim: Claim, key: str | None,
