@@ -28,6 +28,7 @@ on the default workload, about two and a half minutes on two cores).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 from killpoint.chaos import generator
@@ -36,7 +37,8 @@ from killpoint.chaos.schedule import Schedule
 from killpoint.chaos.points import DB_POINTS
 from killpoint.harness.commands.common import (declared_target, jobs_of, Summary, add_common, finish, parse_steps,
                                                progress_for, run_config, target_points, whole, workload_of)
-from killpoint.harness.paths import discovery, explore_hits
+from killpoint.harness.paths import (discovery, explore_hits, explore_recovery, kills, points_only,
+                                     recovery_probe)
 from killpoint.harness.run import Session
 
 HELP = ("run every single-fault schedule (each point x each step, killed or paused past its lease), "
@@ -68,6 +70,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-hits", type=whole("--max-hits"), default=None, metavar="N",
                    help="with --depth 1: kill at most N of those later hits (default: no bound); "
                         "the JSON's hits.left says how many were left")
+    p.add_argument("--recovery-paths", action="store_true",
+                   help="with --depth 1: also run each kill of A again with A alone, restarted under "
+                        "its own identity, and kill it a second time at each hit of its recovery that "
+                        "ends a path not seen before (several times the runs of the default matrix)")
     p.add_argument("--cross-steps", action="store_true",
                    help="with --depth 2 only: pair faults on different steps too (workers form only)")
 
@@ -82,13 +88,18 @@ def run(args: argparse.Namespace) -> int:
         if args.cross_steps:
             raise BadInput("--cross-steps: pairs of crashes on different steps are run only with "
                            "--depth 2; add --depth 2, or leave --cross-steps out")
-    elif args.hits is not None or args.max_hits is not None:
-        raise BadInput(f"{'--hits' if args.hits is not None else '--max-hits'}: later hits are explored "
+    elif args.hits is not None or args.max_hits is not None or args.recovery_paths:
+        option = "--hits" if args.hits is not None else "--max-hits" if args.max_hits is not None \
+            else "--recovery-paths"
+        raise BadInput(f"{option}: later hits are explored "
                        f"by the single-fault matrix; leave it out with --depth 2, whose pairs put "
                        f"their second crash on the hit after the first")
     if args.max_hits is not None and args.max_hits < 0:
         raise BadInput(f"--max-hits {args.max_hits}: give a whole number of at least 0")
     hits_mode = "first" if args.depth != 1 else (args.hits or "paths")
+    if args.recovery_paths and hits_mode == "first":
+        raise BadInput("--recovery-paths --hits first: recovery paths are found by the fault-free "
+                       "run that --hits first leaves out; use --hits paths or all")
     points = target_points(args, args.points)
     actions: tuple[str, ...] = ()
     workload = workload_of(args)
@@ -133,22 +144,38 @@ def run(args: argparse.Namespace) -> int:
               f"{', '.join(forms)}); choose with --steps, --points or --forms", file=sys.stderr)
     summary = Summary()
     explore = hits_mode != "first" and any(a == "kill" for a in actions)
-    progress = progress_for(args, len(configs) + explore,
+    progress = progress_for(args, len(configs),
                             f"killpoint matrix{' --depth 2' if args.depth == 2 else ''}")
     drawn = bool(args.report_dir) and args.report != "never"  # reports draw every run's events
     with Session(real_time=args.real_time) as session:
         if explore:
-            # The fault-free run with A alone, whose hits tell which later ones to crash; a run
-            # of the matrix too (a worker that fails with no fault at all fails here).
+            # The fault-free run with A alone, whose hits tell which later ones to crash. Judged
+            # as every run is, and shown among the results when it is not valid: a worker that
+            # fails with no fault at all fails here, and that is never hidden.
             probe = discovery(run_config(args, Schedule()))
-            progress.step("no faults, worker A alone")
+            progress.step("finding the hits a fault-free run reaches (worker A alone)")
             found = session.run(probe)
-            exploration = explore_hits(found, steps, points, hits_mode, args.max_hits)
-            summary.add(found, keep_events=drawn)
-            progress.step("no faults, worker A alone", found)
-            configs += [run_config(args, s) for s in exploration.schedules]
+            exploration = dataclasses.replace(explore_hits(found, steps, points, hits_mode, args.max_hits),
+                                              discovery=found.verdict.valid)
+            if found.valid is not True:
+                summary.add(found, keep_events=drawn)
+                progress.step("no faults, worker A alone", found)
+            if args.recovery_paths:
+                # Each kill again, A alone and restarted as itself: what its recovery passes.
+                probes = [recovery_probe(c) for c in configs + [run_config(args, s) for s in
+                                                                exploration.schedules]
+                          if c.schedule in kills([c.schedule])]
+                progress.display.total = progress.display.done + len(configs) + len(exploration.plans) + len(probes)
+                seen = []
+                for result in session.run_many(probes, jobs=jobs_of(args)):
+                    seen.append(points_only(result))  # all explore_recovery reads of it
+                    summary.add(result, keep_events=drawn)
+                    progress.step(f"{result.config.schedule} (A alone, restarted as itself)", result)
+                exploration = explore_recovery(exploration, seen, steps, points, args.max_hits)
+                del seen
+            configs += [run_config(args, p.schedule, **p.overrides()) for p in exploration.plans]
             summary.exploration = exploration
-            progress.display.total = len(configs) + 1
+            progress.display.total = progress.display.done + len(configs)
         if configs:
             progress.step(str(configs[0].schedule))  # at once: the first result may take a while
         for i, result in enumerate(session.run_many(configs, jobs=jobs_of(args))):
