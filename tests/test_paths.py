@@ -167,3 +167,16 @@ def test_a_hit_the_run_never_reaches_is_never_fired_and_unknown_never_valid(caps
 def test_bad_path_options_exit_2_naming_them(capsys, argv, named):
     code, out, err = run_cli(capsys, "matrix", *argv)
     assert code == 2 and named in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_fixtures_matrix_explores_the_paths_killpoint_matrix_explores(killpoint):
+    """``killpoint.matrix()`` in a test runs what ``killpoint matrix`` runs for the same arguments,
+    later hits included: the compensation's retry is crashed, and caught, only with paths."""
+    verdict = killpoint.matrix(target="mutant:fresh-compensation-key", steps=["reserve"],
+                               points=["after_call"], actions="kill")
+    assert verdict.valid is False
+    assert "A@reserve.after_call#3:kill" in [str(r.config.schedule) for r in verdict.results]
+    assert {v.invariant for v in verdict.violations} == {"no_duplicate_effects"}
+    first = killpoint.matrix(target="mutant:fresh-compensation-key", steps=["reserve"],
+                             points=["after_call"], actions="kill", hits="first")
+    assert first.valid is True and first.runs == 1
