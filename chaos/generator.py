@@ -196,7 +196,8 @@ class Hit:
 
     ``hit`` is A's count of that point at that step, over every instance, as a fault's ``#hit``
     counts it; ``path`` is every point A had passed on that step of that instance, this one last:
-    the first attempt, then a retry or a compensation passing the same points again.
+    the first attempt, then a retry or a compensation passing the same points again (a hit outside
+    any instance, such as a queue's claim loop, is the path of its point alone).
     """
 
     step: str
@@ -221,7 +222,10 @@ def hits_of(trace: Iterable[tuple[str | None, str | None, str]]) -> list[Hit]:
         if step is None:
             continue
         n = counts[(step, point)] = counts.get((step, point), 0) + 1
-        path = paths[(instance, step)] = paths.get((instance, step), ()) + (point,)
+        # Outside any instance (a queue's claim loop) passes cannot be told apart: each is the path
+        # of its one point, and only --hits all crashes the later ones.
+        path = (point,) if instance is None else paths.get((instance, step), ()) + (point,)
+        paths[(instance, step)] = path
         out.append(Hit(step, point, n, instance, path))
     return out
 

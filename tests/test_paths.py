@@ -180,3 +180,11 @@ def test_the_fixtures_matrix_explores_the_paths_killpoint_matrix_explores(killpo
     first = killpoint.matrix(target="mutant:fresh-compensation-key", steps=["reserve"],
                              points=["after_call"], actions="kill", hits="first")
     assert first.valid is True and first.runs == 1
+
+
+def test_hits_outside_any_instance_are_one_path_however_often_a_claim_loop_passes_them():
+    """A queue worker polls before its claim with no instance yet: its fifth poll is not a new path
+    (before, each poll grew one path and the matrix crashed every poll of the loop)."""
+    hits = hits_of([(None, "queue", "before_claim")] * 5 + _trace(("o1", "queue", ("after_claim",))))
+    assert later_hits(hits, ("queue",), ("before_claim", "after_claim"), "paths") == []
+    assert len(later_hits(hits, ("queue",), ("before_claim", "after_claim"), "all")) == 4
