@@ -163,6 +163,7 @@ def test_a_hit_the_run_never_reaches_is_never_fired_and_unknown_never_valid(caps
     (["--depth", "2", "--recovery-paths"], "--recovery-paths"),
     (["--max-hits", "-1"], "--max-hits -1"),
     (["--hits", "first", "--recovery-paths"], "--recovery-paths --hits first"),
+    (["--hits", "all", "--actions", "pause"], "--actions 'pause'"),
 ])
 def test_bad_path_options_exit_2_naming_them(capsys, argv, named):
     code, out, err = run_cli(capsys, "matrix", *argv)

@@ -143,7 +143,10 @@ def run(args: argparse.Namespace) -> int:
               f"{' x ' + str(len(steps)) + ' steps' if args.cross_steps else ''}, forms "
               f"{', '.join(forms)}); choose with --steps, --points or --forms", file=sys.stderr)
     summary = Summary()
-    explore = hits_mode != "first" and any(a == "kill" for a in actions)
+    explore = hits_mode != "first" and "kill" in actions
+    if hits_mode != "first" and not explore and (args.hits or args.max_hits is not None or args.recovery_paths):
+        raise BadInput(f"--actions {shown(','.join(actions))}: later hits are explored with kills; add "
+                       f"kill to --actions, or leave --hits, --max-hits and --recovery-paths out")
     progress = progress_for(args, len(configs),
                             f"killpoint matrix{' --depth 2' if args.depth == 2 else ''}")
     drawn = bool(args.report_dir) and args.report != "never"  # reports draw every run's events
@@ -162,9 +165,8 @@ def run(args: argparse.Namespace) -> int:
                 progress.step("no faults, worker A alone", found)
             if args.recovery_paths:
                 # Each kill again, A alone and restarted as itself: what its recovery passes.
-                probes = [recovery_probe(c) for c in configs + [run_config(args, s) for s in
-                                                                exploration.schedules]
-                          if c.schedule in kills([c.schedule])]
+                killed = kills([c.schedule for c in configs] + list(exploration.schedules))
+                probes = [recovery_probe(run_config(args, s)) for s in killed]
                 progress.display.total = progress.display.done + len(configs) + len(exploration.plans) + len(probes)
                 seen = []
                 for result in session.run_many(probes, jobs=jobs_of(args)):
