@@ -31,7 +31,8 @@ from killpoint.chaos.schedule import Schedule
 from killpoint.harness.history import History
 from killpoint.harness.run import RunConfig, RunResult
 
-__all__ = ["Exploration", "discovery", "explore_hits", "explore_recovery", "kills", "points_only", "recovery_probe", "trace"]
+__all__ = ["Exploration", "discovery", "explore_hits", "explore_recovery", "kills", "points_only", "recovery_probe",
+           "trace"]
 
 
 def discovery(config: RunConfig) -> RunConfig:
