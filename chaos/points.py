@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 from killpoint import vocab
 from killpoint.chaos.journal import Journal
+from killpoint.errors import InvalidConfig
 
 if TYPE_CHECKING:
     from killpoint.chaos.schedule import Fault
@@ -63,6 +64,8 @@ class Failpoints:
     # The run's clock (``sleep(seconds)``, ``hang()``), so that a ``sleep`` or a ``hang`` is a wait the
     # harness can see and move the run's time past; None: real time.
     clock: Any = None
+    # (name, reached) of every killpoint.sometimes this process journaled: each once.
+    sometimes_seen: set[tuple[str, bool]] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self._rng = random.Random(self.seed)
@@ -167,6 +170,25 @@ def point(name: str) -> str | None:
     if fp is not None:
         return fp.hit(name)
     return None
+
+
+def sometimes(name: str, condition: bool = True) -> None:
+    """Declare that what ``name`` says must happen at least once across a matrix (Antithesis's
+    "sometimes" assertion), and say whether it happened here: ``condition`` true (the default)
+    reaches it. Recorded in the worker's journal, once per name and outcome in a process; outside a
+    harness run it costs nothing. An expectation no run of a matrix reached is a failed, named
+    expectation (the matrix is unknown, never valid)."""
+    if not isinstance(name, str) or not name.strip():
+        raise InvalidConfig(f"killpoint.sometimes({name!r}): name the expectation with a non-empty string")
+    fp = _installed
+    if fp is None:
+        return
+    reached = bool(condition)
+    if (name, reached) in fp.sometimes_seen:
+        return
+    fp.sometimes_seen.add((name, reached))
+    instance, step = fp.where
+    fp.journal.write(vocab.SOMETIMES, name=name, reached=reached, instance=instance, step=step)
 
 
 @contextlib.contextmanager

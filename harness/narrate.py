@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 from killpoint import vocab as v
 from killpoint.errors import InvalidEvent
 from killpoint.harness.events import (BoundHit, DownstreamRestart, HarnessAction, LateGraceOver, PointHit, Request,
+                                      UnfiredGivenUp,
                                       Spawn, StoreEvent, StoreRestart, TerminateBackend, WorkerEvent,
                                       WorkerOp)
 from killpoint.harness.history import Event, History
@@ -88,6 +89,9 @@ def _harness(h: HarnessAction) -> str:
         return "the run is quiescent; an outside actor acts before the history is judged"
     if h.kind == v.REPLACEMENTS_STOPPED:
         return f"no more replacements: the target raised {h.error} again (in {worker})"
+    if isinstance(h, UnfiredGivenUp):
+        return (f"the target's done() said the work was finished for {h.seconds:g} s with "
+                f"{', '.join(h.faults or ())} still unfired: the run ends")
     if isinstance(h, LateGraceOver):
         # seconds: the grace, in time the workers could run; wall_s: what it took on the clock
         # (absent from histories written before the grace left out the wait for a CPU).
@@ -185,6 +189,8 @@ def _worker(e: WorkerEvent) -> str:
         return "finished"
     if e.kind == v.RAISED:
         return f"the target raised {e.error} (a finding: its traceback is in this event)"
+    if e.kind == v.SOMETIMES:
+        return f"expectation {e.name!r} {'reached' if e.reached else 'evaluated, not reached'}"
     return f"{e.kind} {where}" if e.instance is not None else e.kind
 
 

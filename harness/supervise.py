@@ -58,6 +58,7 @@ EXIT_DISK = 75  # EX_TEMPFAIL: a worker that ended because the disk failed it
 STARVED_S = 0.05  # a wait that overran by more than this: the machine starved the harness
 LATE_GRACE_S = 1.0  # how long a late (resumed) worker of an owned-state target may go on after done()
 LATE_GRACE_CAP_S = 20 * LATE_GRACE_S  # ... at most, in wall time, however long it waited for a CPU
+UNFIRED_GRACE_S = 1.0  # how long a finished owned-state run waits for a fault that has not fired
 
 
 def disk_failed(exc: BaseException) -> bool:
@@ -323,6 +324,7 @@ class Supervisor:
         self.replaces: dict[str, str] = {}  # identity about to start -> the dead worker id it replaces
         self._next_done_poll = 0.0
         self._done_at: float | None = None  # when done() first said yes with a late worker alive
+        self._unfired_done_at: float | None = None  # when done() first said yes with a fault unfired
         # each late worker's runqueue_waits (by PID) from then, or from its resume if that came later
         self._late_waits: dict[int, dict[int, int] | None] = {}
         self.schedule = config.schedule
@@ -695,15 +697,30 @@ class Supervisor:
 
     def owned_done(self) -> bool:
         """For a target that owns its state, whose workers may serve forever (a library's worker
-        loop): its ``done()``, asked while workers run -- at most every 50 ms, and only once every
-        scheduled fault has fired and no worker is paused or hung, so no fault is cut short."""
+        loop): its ``done()``, asked while workers run -- at most every 50 ms, and only while no
+        worker is paused, so no pause is cut short (a hung worker is ended with the others; a fault
+        still unfired gets :data:`UNFIRED_GRACE_S` before the run ends without it)."""
         if not self.owns_state or self.halted or self.deferred:
             return False
         live = self.live()
-        if not live or any(w.state != "running" for w in live) or self.pending_faults() or \
-                len(self.tally.fired) < len(self.schedule.faults) or not self._done_polled():
+        # A hung worker does not hold the run: once done() says the work is finished, another worker
+        # finished what it hung in, and it is ended with the others (as a finished run's are).
+        if not live or any(w.state not in ("running", "hung") for w in live) or \
+                all(w.state == "hung" for w in live) or not self._done_polled():
             return False
         now = time.monotonic()
+        if self.pending_faults() or len(self.tally.fired) < len(self.schedule.faults):
+            # The work is finished and a fault has still not fired: it can no longer fire (a point
+            # the target passes only while it works, or one it passes outside any step, which a
+            # fault at a step never matches). Once done() has said so for UNFIRED_GRACE_S the run
+            # ends, unknown for that fault, instead of waiting out its bound (30 s a run).
+            if self._unfired_done_at is None:
+                self._unfired_done_at = now
+            if now - self._unfired_done_at < UNFIRED_GRACE_S:
+                return False
+            self.note(vocab.UNFIRED_GIVEN_UP, seconds=UNFIRED_GRACE_S,
+                      faults=[str(f) for i, f in enumerate(self.schedule.faults) if i not in self.tally.fired])
+            return True
         late = [w for w in live if w.late]
         if not late:
             return True

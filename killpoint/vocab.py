@@ -42,6 +42,7 @@ STORE_UNAVAILABLE = "store_unavailable"  # the store connection died; the worker
 START = "start"  # the worker process began (pid)
 FINISH = "finish"  # the target returned
 RAISED = "raised"  # the target raised (error, exception, where, traceback): a finding, the run unknown
+SOMETIMES = "sometimes"  # killpoint.sometimes(name, condition): an expectation evaluated (name, reached)
 # Written by the Temporal targets.
 ACTIVITY = "activity"  # a Temporal activity began
 REPLAYED = "replay"  # a workflow history replayed against the code (``outcome``, ``detail``)
@@ -99,7 +100,13 @@ REPLACEMENTS_STOPPED = "replacements_stopped"  # worker, error: the target raise
 # workers, seconds, wall_s, capped: resumed workers still running that long after done() in time they
 # could run (waits for a CPU not counted), wall_s on the clock; capped: starved until the wall-time cap
 LATE_GRACE_OVER = "late_grace_over"
+# faults, seconds: the target's done() said the work was finished that long with these faults still
+# unfired; the run ended (unknown for them) instead of waiting out its bound
+UNFIRED_GIVEN_UP = "unfired_given_up"
+# A ``cont``'s ``why`` when a frozen worker came back at its lease's lapse, with another worker about
+# to claim its step (a pause's resume moment ``until=lapse``): that claim comes just after the cont.
+RESUMED_LAPSED = "lapsed"
 # Every kind a harness action may have.
 HARNESS_KINDS = frozenset({SPAWN, KILL, STOP, CONT, EXIT, BOUND_HIT, DOWNSTREAM_RESTART, TARGET_RESTART,
                            STORE_RESTART, AFTER_QUIESCENT, TERMINATE_BACKEND, INFRASTRUCTURE_FAILURE,
-                           STARVED, REPLACEMENTS_STOPPED, LATE_GRACE_OVER})
+                           STARVED, REPLACEMENTS_STOPPED, LATE_GRACE_OVER, UNFIRED_GIVEN_UP})

@@ -43,7 +43,6 @@ REFERENCE_SUITE = '''
 import os
 
 import pytest
-from hang import HANG_S
 
 
 def test_one_run(killpoint):
