@@ -53,7 +53,7 @@ WorkerKind = Literal["recover", "checkpoint", "heartbeat_lost", "store_unavailab
 HarnessKind = Literal["spawn", "kill", "stop", "cont", "exit", "bound_hit", "downstream_restart",
                       "store_restart", "target_restart", "after_quiescent", "terminate_backend",
                       "infrastructure_failure", "starved", "replacements_stopped", "late_grace_over",
-                      "unfired_given_up"]
+                      "unfired_given_up", "held"]
 
 
 FORWARD = "forward"
@@ -344,6 +344,40 @@ class UnfiredGivenUp(HarnessAction):
 
     faults: tuple[str, ...] | list[str] = ()
     seconds: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Stop(HarnessAction):
+    """``stop``: a worker frozen at a pause; ``until`` the resume moment its schedule named (a crash
+    point, or ``lapse``; None: once its step moved on)."""
+
+    instance: str | None = None
+    step: str | None = None
+    until: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Resume(HarnessAction):
+    """``cont``: a frozen worker resumed (a signal), or a worker that waited released (no signal).
+    ``why`` says why (``vocab.RESUMED``; for a held worker's release ``late_attempt_over`` or
+    ``blocked``), ``moment`` the moment its pause named, ``by`` the worker that reached it,
+    ``frozen`` (a release) the worker whose late attempt it was held for."""
+
+    why: str | None = None
+    moment: str | None = None
+    by: str | None = None
+    frozen: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Held(HarnessAction):
+    """``held``: a worker that reached ``frozen``'s resume moment waits at ``point`` of
+    ``instance``/``step`` while that one makes its late attempt."""
+
+    point: str | None = None
+    instance: str | None = None
+    step: str | None = None
+    frozen: str | None = None
 
 
 # A harness kind whose detail deserves fields of its own maps to its subclass of HarnessAction.

@@ -36,7 +36,12 @@ is one clock for every process on a Linux machine):
   ``dropped`` means applied but the answer was never sent (so ``applied`` is true).
 * **harness actions** (``process`` = ``"harness"``, type ``event``): ``spawn`` (worker, pid),
   ``kill`` / ``stop`` / ``cont`` (worker, pid, signal, reason; a ``cont`` without a signal is a
-  release of a worker that was never stopped), ``exit`` (worker, pid, code, signal), ``bound_hit``,
+  release of a worker that was never stopped; ``stop`` has ``until``, the resume moment the pause
+  named, and ``cont`` has ``moment`` (that moment) and ``why``, one of ``vocab.RESUMED`` (or, for a
+  held worker's release, ``late_attempt_over`` / ``blocked``, with ``frozen``), and ``by``, the worker
+  that reached the moment), ``held`` (worker, pid, point, instance, step, frozen: a worker that reached
+  the resume moment of the frozen worker ``frozen`` waits there while that one goes on),
+  ``exit`` (worker, pid, code, signal), ``bound_hit``,
   ``downstream_restart`` (pid_before, pid, url: same ledger, same port), ``store_restart`` (the
   workers killed with their connections), ``after_quiescent`` (an outside actor, such as an operator,
   acts before judging), ``terminate_backend`` (worker, pid, point, instance, step, fault,

@@ -9,10 +9,9 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from killpoint import vocab as v
 from killpoint.errors import InvalidEvent
-from killpoint.harness.events import (BoundHit, DownstreamRestart, HarnessAction, LateGraceOver, PointHit, Request,
-                                      UnfiredGivenUp,
-                                      Spawn, StoreEvent, StoreRestart, TerminateBackend, WorkerEvent,
-                                      WorkerOp)
+from killpoint.harness.events import (BoundHit, DownstreamRestart, HarnessAction, Held, LateGraceOver, PointHit,
+                                      Request, Spawn, Stop, StoreEvent, StoreRestart, TerminateBackend,
+                                      UnfiredGivenUp, WorkerEvent, WorkerOp)
 from killpoint.harness.history import Event, History
 
 if TYPE_CHECKING:
@@ -57,6 +56,13 @@ def _pid(pid: Any, form: str = " (pid {})") -> str:
     return "" if pid is None else form.format(pid)
 
 
+def _moment(moment: str) -> str:
+    """A pause's resume moment, in words."""
+    if moment == "lapse":
+        return "its lease lapsed and another worker is about to claim its step"
+    return f"another worker reaches {moment} of its step"
+
+
 def _harness(h: HarnessAction) -> str:
     worker, pid = h.worker, h.pid
     if isinstance(h, Spawn):
@@ -64,8 +70,12 @@ def _harness(h: HarnessAction) -> str:
         return f"started worker {worker}{_pid(pid, ' as pid {}')}{same}"
     if h.kind == v.KILL:
         return f"{h.signal or 'SIGKILL'} to {worker}{_pid(pid)}: {h.reason}"
-    if h.kind == v.STOP:
-        return f"SIGSTOP to {worker}{_pid(pid)}, frozen with its heartbeat"
+    if isinstance(h, Stop):
+        until = f", until {_moment(h.until)}" if h.until else ""
+        return f"SIGSTOP to {worker}{_pid(pid)}, frozen with its heartbeat{until}"
+    if isinstance(h, Held):
+        return (f"held {worker}{_pid(pid)} at {h.point} of {h.instance}/{h.step}, "
+                f"the moment {h.frozen}'s pause waited for, while {h.frozen} goes on")
     if h.kind == v.CONT:
         if h.signal is None:
             return f"released {worker}{_pid(pid)}: {h.reason}"

@@ -103,10 +103,24 @@ LATE_GRACE_OVER = "late_grace_over"
 # faults, seconds: the target's done() said the work was finished that long with these faults still
 # unfired; the run ended (unknown for them) instead of waiting out its bound
 UNFIRED_GIVEN_UP = "unfired_given_up"
-# A ``cont``'s ``why`` when a frozen worker came back at its lease's lapse, with another worker about
-# to claim its step (a pause's resume moment ``until=lapse``): that claim comes just after the cont.
-RESUMED_LAPSED = "lapsed"
+# worker, point, instance, step, frozen: a worker that reached another's resume moment waits there (the
+# frozen one goes on meanwhile); its release is a ``cont`` without a signal
+HELD = "held"
+
+# -- why a frozen worker came back (``cont``'s ``why``; ``moment`` names the moment asked for) ---------
+RESUMED_AT = "moment"  # another worker reached the point the pause named (``by``: that worker)
+RESUMED_LAPSED = "lapsed"  # its lease lapsed and another worker was about to take the step
+RESUMED_MOVED = "moved_on"  # its step moved on (a plain pause's moment)
+RESUMED_DONE = "done"  # the work was finished without it
+RESUMED_NOBODY = "nobody_can_move"  # no other worker is left that could move
+RESUMED_BLOCKED = "blocked"  # no unfrozen worker made progress for the blocked bound of run time
+RESUMED_RESTART = "restart_done"  # it only waited for a restart, which is done
+RESUMED = frozenset({RESUMED_AT, RESUMED_LAPSED, RESUMED_MOVED, RESUMED_DONE, RESUMED_NOBODY,
+                     RESUMED_BLOCKED, RESUMED_RESTART})
+# why a held worker was let go (``cont`` without a signal, ``why``)
+RELEASED_AFTER = "late_attempt_over"  # the resumed worker's late attempt at the step is over
+RELEASED_BLOCKED = RESUMED_BLOCKED
 # Every kind a harness action may have.
 HARNESS_KINDS = frozenset({SPAWN, KILL, STOP, CONT, EXIT, BOUND_HIT, DOWNSTREAM_RESTART, TARGET_RESTART,
                            STORE_RESTART, AFTER_QUIESCENT, TERMINATE_BACKEND, INFRASTRUCTURE_FAILURE,
-                           STARVED, REPLACEMENTS_STOPPED, LATE_GRACE_OVER, UNFIRED_GIVEN_UP})
+                           STARVED, REPLACEMENTS_STOPPED, LATE_GRACE_OVER, UNFIRED_GIVEN_UP, HELD})
