@@ -180,8 +180,9 @@ def floor_pass(runs: int, store: str) -> None:
 
 
 def command_pass(workload: str, jobs: int, depth: int, store: str) -> None:
-    cmd = [sys.executable, "-c", "import sys; from killpoint._main import main; sys.exit(main())", "matrix", "--workload", workload, "--jobs", str(jobs),
-           "-q", "--report", "never", "--store", store] + (["--depth", "2"] if depth == 2 else [])
+    cmd = [sys.executable, "-c", "import sys; from killpoint._main import main; sys.exit(main())",
+           "matrix", "--workload", workload, "--jobs", str(jobs), "-q", "--report", "never",
+           "--store", store] + (["--depth", "2"] if depth == 2 else [])
     done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(cmd[1:])} exited {done.returncode}: {done.stderr.strip()[-300:]}")
@@ -215,12 +216,13 @@ def main() -> int:
         matrix_pass(configs[:2], args.jobs)  # warm up: caches (the workload's data), the page cache
         for _ in range(args.rounds):
             passes["session"].append(Pass(session_pass))
-            p = Pass(lambda: matrix_pass(configs, args.jobs))
+            p = Pass(lambda configs=configs: matrix_pass(configs, args.jobs))
             verdicts.update(p.value)  # type: ignore[arg-type]
             passes["matrix"].append(p)
-            passes["floor"].append(Pass(lambda: floor_pass(runs, args.store)))
+            passes["floor"].append(Pass(lambda runs=runs: floor_pass(runs, args.store)))
             if args.command:
-                passes["command"].append(Pass(lambda: command_pass(workload, args.jobs, args.depth, args.store)))
+                passes["command"].append(Pass(lambda workload=workload: command_pass(workload, args.jobs,
+                                                                                     args.depth, args.store)))
         for p in (q for ps in passes.values() for q in ps):
             strays += p.strays
         empty = statistics.median(p.total for p in passes["session"])

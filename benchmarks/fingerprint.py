@@ -57,7 +57,8 @@ def commands(pg: str) -> dict[str, tuple[list[str], str | None]]:
 
 def run_lines(label: str, result: dict) -> list[str]:
     fired = result.get("points", {}).get("fired", {})
-    return [f"{label} | {result['schedule']} | valid={result['valid']} | fired={json.dumps(result['fired'], sort_keys=True)}"
+    return [f"{label} | {result['schedule']} | valid={result['valid']}"
+            f" | fired={json.dumps(result['fired'], sort_keys=True)}"
             f" | unfired={result['unfired']} | spawned={result['workers_spawned']}"
             f" | points={json.dumps(fired, sort_keys=True)}"]
 
@@ -65,7 +66,8 @@ def run_lines(label: str, result: dict) -> list[str]:
 def fingerprint(label: str, out: dict) -> list[str]:
     lines = [f"{label} | valid={out.get('valid')} | runs={out.get('runs')}"]
     for v in out.get("violations", []):
-        lines.append(f"{label} | violation {v['invariant']} | {v.get('schedule')} | {v.get('instance')} | {v.get('step')}")
+        lines.append(f"{label} | violation {v['invariant']} | {v.get('schedule')} | {v.get('instance')}"
+                     f" | {v.get('step')}")
     for r in out.get("results", []):
         lines += run_lines(label, r)
     for m in out.get("mutants", []):

@@ -20,7 +20,7 @@ from killpoint.errors import InvalidTarget, shown
 from killpoint.harness import signals
 from killpoint.harness.commands.common import (EXIT_BAD_INPUT, EXIT_UNKNOWN, BadInput, one_line,
                                                check_junit_xml, check_report_dir)
-from killpoint.harness.redact import RedactingStream
+from killpoint.harness.redact import RedactingStream, register
 
 # name -> module under harness.commands; each has HELP, add_arguments(parser) and run(args) -> int.
 COMMANDS = {
@@ -44,6 +44,14 @@ def _available() -> dict[str, ModuleType]:
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:  # one line, exit 2, as for every bad input
         self.exit(EXIT_BAD_INPUT, f"killpoint: error: {one_line(message)}\n")
+
+    def _parse_optional(self, arg_string: str):  # type: ignore[no-untyped-def]
+        # A word that starts with one '-' and holds a schedule's punctuation ('-1*kill') is a
+        # schedule, for the command to judge and name; taken for an unknown option, it was refused
+        # as "the following arguments are required: schedule", naming nothing.
+        if arg_string.startswith("-") and not arg_string.startswith("--") and any(c in arg_string for c in "*@:>("):
+            return None
+        return super()._parse_optional(arg_string)
 
 
 def version() -> str:
@@ -92,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout, sys.stderr = out, err
     from killpoint.harness.settings import load
 
+    _register_secrets(argv if argv is not None else sys.argv[1:])
     try:
         settings = load()
     except BadInput as exc:
@@ -107,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"killpoint: error: give a command ({', '.join(commands)}); killpoint --help says what "
               f"each does", file=sys.stderr)
         return EXIT_BAD_INPUT
+    register(getattr(args, "store", None))  # a [tool.killpoint] store too
     debug = bool(getattr(args, "debug", False))
     if debug:
         os.environ["KILLPOINT_DEBUG"] = "1"  # a run's infrastructure failure prints its traceback
@@ -126,13 +136,24 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as exc:
         return _interrupted(exc.signum if isinstance(exc, signals.Terminated) else signal.SIGINT)
     except Exception as exc:  # the infrastructure broke outside a run (e.g. the downstream)
-        if debug:
-            raise
-        return _broken(args, exc)
+        if debug:  # the traceback, and nothing else changes: the same line, JSON and exit code
+            import traceback
+
+            traceback.print_exception(exc, file=sys.stderr)
+        return _broken(args, exc, debug=debug)
     received = signals.received()
     if received is not None:  # its KeyboardInterrupt was swallowed where it landed
         return _interrupted(received)
     return code
+
+
+def _register_secrets(argv: list[str]) -> None:
+    """Hide the passwords of every DSN the command was given (:func:`killpoint.harness.redact.register`):
+    on its command line, and in ``KILLPOINT_PG_DSN`` and ``PGPASSWORD``, before anything is printed."""
+    for word in argv:
+        if "://" in word or "password" in word.lower():
+            register(word.split("=", 1)[1] if word.startswith("--") and "=" in word else word)
+    register(os.environ.get("KILLPOINT_PG_DSN"), password=os.environ.get("PGPASSWORD"))
 
 
 def _warnings_as_lines() -> None:
@@ -163,10 +184,13 @@ def _interrupted(signum: int) -> int:
     return signals.EXIT_CODES[signal.Signals(signum)]
 
 
-def _broken(args: argparse.Namespace, exc: Exception) -> int:
+def _broken(args: argparse.Namespace, exc: Exception, *, debug: bool = False) -> int:
     """An infrastructure failure no run could absorb: exit 3, the cause in one line, and with
-    ``--json`` the JSON object all the same (unknown, no runs), never a bare traceback."""
+    ``--json`` the JSON object all the same (unknown, no runs: every field a command's JSON has,
+    empty), never a bare traceback; ``debug``: its traceback was printed already."""
     import json
+
+    from killpoint.harness.commands.common import Summary
 
     cause = f"infrastructure failure: {type(exc).__name__}: {one_line(str(exc), 400)}"
     junit_error = None
@@ -179,12 +203,14 @@ def _broken(args: argparse.Namespace, exc: Exception) -> int:
         except OSError as exc2:
             junit_error = f"--junit-xml {shown(path)}: cannot write it there ({exc2.strerror or exc2})"
     if getattr(args, "json", False):
-        print(json.dumps({"valid": None, "runs": 0, "violations": [], "invariants": {},
-                          "report": None, "unknown_reasons": [cause],
-                          **({"junit_error": junit_error} if junit_error else {})}, indent=2))
+        summary = getattr(args, "_summary", None) or Summary()
+        summary.junit_error = junit_error
+        print(json.dumps({**summary.to_json(), "valid": None,
+                          "unknown_reasons": [*summary.to_json()["unknown_reasons"], cause],
+                          "infrastructure_failure": cause, "not_run": summary.not_run}, indent=2))
     if junit_error:
         print(f"killpoint: warning: {junit_error}", file=sys.stderr)
-    print(f"killpoint: {cause} (run with --debug for the traceback)", file=sys.stderr)
+    print(f"killpoint: {cause}" + ("" if debug else " (run with --debug for the traceback)"), file=sys.stderr)
     return EXIT_UNKNOWN
 
 

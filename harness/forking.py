@@ -13,6 +13,8 @@ import signal
 import sys
 from typing import Any, Callable
 
+from killpoint.harness.proctitle import set_title
+
 __all__ = ["ForkedWorker"]
 
 
@@ -49,6 +51,7 @@ class ForkedWorker:
                 except OSError:
                     pass
                 ForkedWorker.current = self
+                set_title(self.name)  # not the parent's command line, which may hold a password
                 self._target(*self._args)
                 code = 0
             except SystemExit as exc:

@@ -63,10 +63,12 @@ def _dumps(message: Any) -> bytes:
 def _runner(session: "Session", configs: Sequence["RunConfig"], conn: Any, parent_pid: int,
             inherited: Sequence[Any] = ()) -> None:
     """A runner process: run the configurations whose indexes arrive, send each result back."""
+    from killpoint.harness.proctitle import set_title
     from killpoint.harness.run import Session
     from killpoint.harness.supervise import _die_with_parent
 
     _die_with_parent(parent_pid)
+    set_title("killpoint-runner", comm="kp-runner")  # not the command line, which may hold a password
     for end in inherited:  # the parent's ends of the pipes, ours included: with them closed here, a
         end.close()        # dead parent is an EOF to recv(), never a wait forever
     # The parent decides when we end: SIGINT and SIGHUP (a terminal's, sent to the whole group)

@@ -205,6 +205,14 @@ class RunConfig:
         return self.bound_s * max(1.0, window)
 
     @property
+    def io_bound_s(self) -> float:
+        """The most any one wait on a service over the network may last, in real seconds: connecting
+        to the PostgreSQL store, a statement's answer, COMMIT's. A third of the run's bound, from 5
+        to 30 s (10 s for the default 30 s bound): far above what a statement takes on a loaded
+        machine, short enough that a partition ends the run well inside its bound."""
+        return min(30.0, max(5.0, self.bound_s / 3))
+
+    @property
     def workload_name(self) -> str:
         """The workload the run uses: ``workload``, or the target's default."""
         from killpoint.harness.workload import default_for
@@ -310,6 +318,9 @@ class RunResult:
     # What the target's own hooks did wrong (raised, gave a history() of unknown kinds or bad
     # fields): each also an unknown reason; said once per command, whatever the verdict.
     target_errors: tuple[str, ...] = ()
+    # Why the run's infrastructure broke (the store, the downstream, the disk), or None: the run is
+    # then unknown, and a command makes no further run (they would meet the same failure).
+    infrastructure: str | None = None
 
     @property
     def valid(self) -> bool | None:
@@ -664,7 +675,8 @@ class _Run:
         worker process (parked until it is told who it is). Yields between pieces."""
         os.makedirs(self.run_dir, exist_ok=True)
         self.phase = "opening the store"
-        store = self.store = open_store(self.config.store, self.run_dir, self.run_id)
+        store = self.store = open_store(self.config.store, self.run_dir, self.run_id,
+                                              io_timeout_s=self.config.io_bound_s)
         clock = self.clock = run_clock.RunClock(
             virtual=self.config.virtual_time, capacity=Supervisor.spawn_cap_for(self.config) + 2,
             set_store_offset=lambda s: sup.store.set_clock(s))
@@ -696,6 +708,14 @@ class _Run:
         store, client, sup, clock = self.store, self.client, self.sup, self.clock
         assert store is not None and client is not None and sup is not None and clock is not None
         self.phase = "supervising the workers"
+
+        def probe() -> None:  # a service that went silent ends the run, named (Supervisor.probe)
+            self.phase = "checking that the store answers"
+            store.now()
+            self.phase = "checking that the downstream answers"
+            client.health()
+            self.phase = "supervising the workers"
+        sup.probe = probe
         try:
             bound_hit, quiescent = sup.supervise(self.started + self.config.bound_s,
                                                  clock.now() + self.config.virtual_bound_s,
@@ -755,6 +775,10 @@ class _Run:
                 fh.write(b"\0" * 4096)
                 fh.flush()
             os.unlink(probe)
+        except FileNotFoundError as exc:
+            raise InfrastructureError(f"the run's folder {self.run_dir} was removed while the run went on "
+                                      f"(a cleaner of temporary files?); give TMPDIR a folder nothing "
+                                      f"else cleans") from exc
         except OSError as exc:
             if exc.errno not in DISK_ERRORS:
                 raise
@@ -823,4 +847,4 @@ class _Run:
         fired = {str(f): fired_counts.get(i, 0) for i, f in enumerate(faults)}
         unfired = tuple(str(f) for i, f in enumerate(faults) if i not in fired_counts)
         return RunResult(self.config, self.run_id, history, Verdict(None, (), (cause, *self.left_behind)), fired,
-                         unfired, len(workers), time.monotonic() - started, self.run_dir)
+                         unfired, len(workers), time.monotonic() - started, self.run_dir, infrastructure=cause)

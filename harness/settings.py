@@ -198,12 +198,20 @@ def parse_timing(text: str) -> dict[str, float]:
     out: dict[str, Any] = {}
     for part in parts:
         name, sep, value = part.partition("=")
-        ms = decimal_number(value) if sep else None
-        if ms is None:  # ASCII only, as every other number: float() also read '\uff12\uff10\uff10'
-            raise BadInput(f"--timing {_clip(text)}: {part!r} is not NAME=MILLISECONDS (a number in "
-                           f"ASCII digits)")
-        out[name.strip()] = ms
+        # Digits with an optional fraction, nothing else: float() also reads '1e3', ' 200' and
+        # '\uff12\uff10\uff10', which the reproduce line would give back as another text.
+        ms = float(value) if sep and _MILLISECONDS.fullmatch(value) else None
+        if ms is None:
+            raise BadInput(f"--timing {_clip(text)}: {_show(part)} is not NAME=MILLISECONDS (milliseconds "
+                           f"in ASCII digits, as 200 or 2.5: no sign, exponent or space)")
+        key = TIMING_KEYS.get(_key(name))
+        if key is not None and key in {TIMING_KEYS.get(_key(n)) for n in out}:
+            raise BadInput(f"--timing {_clip(text)}: {_show(name)} is given twice; give each timing once")
+        out[name] = ms
     return _timing(out, "--timing")
+
+
+_MILLISECONDS = re.compile(r"[0-9]+(?:\.[0-9]+)?")
 
 
 def _timing(value: Any, where: str) -> dict[str, float]:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import math
 import os
 import pickle
 import random
@@ -80,8 +81,13 @@ BLOCKED_S = 3.0
 
 
 def disk_failed(exc: BaseException) -> bool:
-    """Whether ``exc`` says the disk failed: an OS error of :data:`DISK_ERRORS`, or SQLite's own
-    words for it (it reports a full disk as an OperationalError, not an OSError)."""
+    """Whether ``exc`` says the disk failed: an OS error of :data:`DISK_ERRORS`, a file whose folder
+    was removed, or SQLite's own words for it (it reports a full disk as an OperationalError, not
+    an OSError)."""
+    if isinstance(exc, FileNotFoundError) and exc.filename:
+        # A file of the run's folder, and the folder is gone: removed under the run (a cleaner, a
+        # user): the infrastructure's failure, which the harness names, not the target's.
+        return not os.path.isdir(os.path.dirname(os.fsdecode(exc.filename)))
     if isinstance(exc, OSError):
         return exc.errno in DISK_ERRORS
     return type(exc).__module__ == "sqlite3" and ("disk is full" in str(exc) or "disk I/O" in str(exc))
@@ -345,6 +351,11 @@ class Supervisor:
         self.finished = finished or self._store_done
         self.raised = hooks.Raised()
         self.halted = False  # replacements stopped: the target raised the same exception twice
+        # Called every probe_every_s real seconds of supervision: raises when a service the run
+        # needs (the store, the downstream) gives no answer within its bound, which ends the run as
+        # an infrastructure failure instead of leaving the workers to wait out the run's bound.
+        self.probe: Callable[[], None] | None = None
+        self.probe_every_s = max(1.0, config.io_bound_s / 2)
         self.replaces: dict[str, str] = {}  # identity about to start -> the dead worker id it replaces
         self._next_done_poll = 0.0
         self._done_at: float | None = None  # when done() first said yes with a late worker alive
@@ -967,8 +978,12 @@ class Supervisor:
         The caller ends the workers afterwards (:meth:`end_workers`), also when this raises.
         """
         self.start_gated()
+        next_probe = time.monotonic() + self.probe_every_s
         while True:
             signals.check()  # a Ctrl-C whose exception was swallowed (in a finalizer) ends the run too
+            if self.probe is not None and time.monotonic() >= next_probe:
+                self.probe()
+                next_probe = time.monotonic() + self.probe_every_s
             live = self.live()
             active = [w for w in live if w.state == "running"]
             if not active:
@@ -1029,6 +1044,8 @@ class Supervisor:
                 continue
             moved, self.moved = self.moved, False
             asked = time.monotonic()
+            if self.probe is not None:
+                timeout = max(0.0, min(next_probe - asked, timeout if timeout is not None else math.inf))
             ready, _, _ = select.select(watched, [], [], timeout)
             late = time.monotonic() - asked - (timeout if timeout is not None else 0.0)
             if not ready and timeout is not None and late > STARVED_S:

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import importlib
-import os
-import sys
 from typing import TYPE_CHECKING, Callable, Mapping
 
+from killpoint.errors import shown
 from killpoint.harness import declaration
 from killpoint.harness.declaration import InvalidTarget
 from killpoint.harness.worker import WorkerContext, reference
@@ -87,16 +85,14 @@ def resolve(target: "str | WorkerFn") -> WorkerFn:
         return libs.resolve(target)
     module_name, sep, attr = target.partition(":")
     if not sep or not module_name or not attr:
-        raise InvalidTarget(f"target {target!r}: expected reference, mutant:NAME or pkg.module:function")
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        # As ``python -m`` and pytest's rootdir do: a user's module in the working directory imports,
-        # so a printed ``killpoint replay ... --target mymod:fn`` works as it is.
-        sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise InvalidTarget(f"target {target!r}: cannot import {module_name!r} ({exc})") from None
+        raise InvalidTarget(f"target {shown(target)}: expected reference, mutant:NAME or pkg.module:function")
+    from killpoint.harness.importing import import_user_module
+
+    try:  # the working directory on the path: a printed ``killpoint replay ... --target mymod:fn`` works
+        module = import_user_module(module_name)
+    except ValueError as exc:
+        raise InvalidTarget(f"target {shown(target)}: {exc}") from None
     fn = getattr(module, attr, None)
     if not callable(fn):
-        raise InvalidTarget(f"target {target!r}: {module_name} has no function {attr!r}")
+        raise InvalidTarget(f"target {shown(target)}: {shown(module_name)} has no function {shown(attr)}")
     return fn

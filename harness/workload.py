@@ -20,6 +20,7 @@ from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
 from killpoint.errors import InvalidWorkload as InvalidWorkload
+from killpoint.errors import shown
 from killpoint.harness.checkpoint import (DEFAULT_POLICY, FORMAT_VERSION, Migration, Migrations, Policy, checkpoint_row,
                                           corrupt, integrity)
 from killpoint.harness.intent import idempotency_key
@@ -96,6 +97,15 @@ class Workload:
     instances: tuple[InstanceSpec, ...]
     resources: dict[str, dict[str, Any]] = field(default_factory=dict)
     faults: tuple[dict[str, Any], ...] = ()
+
+    def __post_init__(self) -> None:
+        # Invariant: instance ids are unique (the store's key, the idempotency keys' first part).
+        seen: dict[str, int] = {}
+        for n, inst in enumerate(self.instances, start=1):
+            if inst.id in seen:
+                raise InvalidWorkload(f"workload {shown(self.name)}: instances {seen[inst.id]} and {n} have "
+                                      f"the same id {shown(inst.id)}; give each instance an id of its own")
+            seen[inst.id] = n
 
     def instance(self, instance_id: str) -> InstanceSpec:
         for inst in self.instances:
@@ -382,17 +392,14 @@ def resolve_workload(spec: "str | Workload", seed: int = 0) -> Workload:
     if not sep or not module_name or not attr:
         raise InvalidWorkload(f"workload {spec[:200]!r}: known workloads are {', '.join(WORKLOADS)}, "
                               f"or name your own as pkg.module:function")
-    import importlib
     import inspect
-    import os
-    import sys
 
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())  # as for targets: a module in the working directory imports
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise InvalidWorkload(f"workload {spec!r}: cannot import {module_name!r} ({exc})") from None
+    from killpoint.harness.importing import import_user_module
+
+    try:  # as for targets: a module in the working directory imports
+        module = import_user_module(module_name)
+    except ValueError as exc:
+        raise InvalidWorkload(f"workload {shown(spec)}: {exc}") from None
     fn = getattr(module, attr, None)
     if isinstance(fn, Workload):
         return fn

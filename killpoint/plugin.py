@@ -60,6 +60,20 @@ def pytest_configure(config: pytest.Config) -> None:
     state = _State(settings, workerinput.get("workerid") if workerinput is not None else None)
     config.stash[_STATE] = state
     config.pluginmanager.register(state, "killpoint-session")
+    if workerinput is not None or getattr(config.option, "numprocesses", None):
+        # Under xdist, from the start: the controller runs no killpoint session of its own, yet a
+        # signal must end it with its summary and reach the workers. Without xdist, the session
+        # fixture installs them as a killpoint session starts (a session that runs none keeps
+        # Python's defaults).
+        from killpoint._plugin import interrupt
+
+        interrupt.install()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    from killpoint._plugin import interrupt
+
+    interrupt.uninstall()
 
 
 # -- the marker ----------------------------------------------------------------------------------
@@ -169,6 +183,14 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             report.killpoint_runs = list(records)
             item.stash[_RUNS] = []
     return report
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodeready(node: Any) -> None:
+    """xdist controller: a worker is up; a SIGTERM or SIGHUP this process gets is passed on to it."""
+    from killpoint._plugin import interrupt
+
+    interrupt.worker_started(getattr(node, "workerinfo", {}).get("pid"))
 
 
 @pytest.hookimpl(optionalhook=True)

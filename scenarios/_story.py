@@ -11,7 +11,7 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from killpoint import chaos
+from killpoint import chaos, vocab
 from killpoint.harness.checkers.base import rank
 from killpoint.harness.history import Event
 from killpoint.harness.narrate import clock_note, narrate, run_time, span
@@ -85,9 +85,24 @@ class Story:
 
     @property
     def verdict(self) -> bool | None:
-        """The runs' verdict (false > unknown > true), made false by any fact that did not hold."""
+        """The runs' verdict (false > unknown > true), made false by any fact that did not hold --
+        unless a run could not tell the story at all (its target raised, or no invariant judged
+        anything): the facts it misses say nothing of the rule, and the story is unknown."""
         runs = rank(r.valid for r in self.results) if self.results else None
-        return False if not self.held else runs
+        if runs is False:
+            return False
+        if not self.held:
+            return None if any(_untold(r) for r in self.results) else False
+        return runs
+
+
+def _untold(result: RunResult) -> bool:
+    """Whether a run was unknown because it could not run the story: the target raised, or no
+    invariant judged anything (a target that is not a worker, or the infrastructure broke)."""
+    if result.valid is not None:
+        return False
+    judged = sum(res.judged for res in result.verdict.results)
+    return judged == 0 or bool(result.history.of(kind=vocab.RAISED)) or result.infrastructure is not None
 
 
 # -- building runs -------------------------------------------------------------------------------

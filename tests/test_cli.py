@@ -54,9 +54,9 @@ def test_no_command_is_one_line_on_stderr_naming_the_commands(capsys):
     (["nosuchcommand"], "nosuchcommand"),
     # Timings no run can have: before, infinity or 1e308 ran and came out unknown ("checker raised:
     # OverflowError"), as if the run had gone wrong rather than the input.
-    (["matrix", "--timing", "poll-ms=inf"], "poll-ms = inf"),
-    (["replay", "A@charge.after_call:kill", "--timing", "lease-ttl-ms=1e308"], "lease-ttl-ms = 1e+308"),
-    (["matrix", "--timing", "heartbeat-ms=nan"], "heartbeat-ms = nan"),
+    (["matrix", "--timing", "poll-ms=inf"], "'poll-ms=inf'"),
+    (["replay", "A@charge.after_call:kill", "--timing", "lease-ttl-ms=1e308"], "'lease-ttl-ms=1e308'"),
+    (["matrix", "--timing", "heartbeat-ms=nan"], "'heartbeat-ms=nan'"),
     (["matrix", "--timing", "stuck-bound-ms=31536000001"], "stuck-bound-ms = 31536000001"),
     (["matrix", "--timing", "poll-ms=0"], "poll-ms = 0"),
     (["replay", "A@charge.after_call:sleep(\u00b2)"], "sleep(\u00b2)"),  # before: exit 3, "ValueError"
@@ -831,8 +831,159 @@ def test_a_ctrl_c_while_the_command_line_is_still_imported_ends_in_one_line(monk
     assert capsys.readouterr().err == "killpoint: interrupted while starting; nothing was run\n"
 
 
+@pytest.mark.parametrize("sig, code", [("SIGTERM", 143), ("SIGHUP", 129)])
+def test_a_sigterm_or_sighup_while_the_command_line_is_still_imported_ends_in_one_line(monkeypatch, capsys, sig, code):
+    """Protects: SIGTERM or SIGHUP in the command line's first fifth of a second ended it by the
+    signal's default (no line); the console script now says it in one line with the signal's exit
+    code. The signal is made to land in that import, whatever the machine's speed."""
+    import importlib.abc
+    import signal
+
+    from killpoint._main import main as console_script
+
+    class Signalled(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name == "killpoint.harness.cli":
+                os.kill(os.getpid(), getattr(signal, sig))  # delivered here, before the import returns
+            return None
+
+    before = signal.getsignal(getattr(signal, sig))
+    monkeypatch.delitem(sys.modules, "killpoint.harness.cli")
+    monkeypatch.setattr(sys, "meta_path", [Signalled(), *sys.meta_path])
+    assert console_script() == code
+    assert capsys.readouterr().err == "killpoint: interrupted while starting; nothing was run\n"
+    assert signal.getsignal(getattr(signal, sig)) == before  # the handler for the start is taken back
+
+
 def test_the_console_script_is_the_one_that_ends_a_ctrl_c_at_start_in_one_line():
     from importlib.metadata import entry_points
 
     [script] = [e for e in entry_points(group="console_scripts") if e.name == "killpoint"]
     assert script.value == "killpoint._main:main"
+
+
+_BAD_IMPORT = "raise RuntimeError('boom at import')\n"
+_DUPLICATE_IDS = """
+import dataclasses
+from killpoint.harness.workload import resolve_workload
+
+def twice(seed):
+    w = resolve_workload("single", seed)
+    return dataclasses.replace(w, name="twice", instances=(w.instances[0], w.instances[0]))
+"""
+
+
+@pytest.mark.parametrize("argv, named", [
+    # A module that raises as it imports: an "infrastructure failure" (exit 3) before.
+    (["replay", "A@charge.after_call:kill", "--target", "kp_badimport:fn"],
+     "importing 'kp_badimport' raised RuntimeError: boom at import"),
+    (["replay", "A@charge.after_call:kill", "--workload", "kp_badimport:fn"],
+     "importing 'kp_badimport' raised RuntimeError"),
+    # A path for a module: a TypeError from importlib (exit 3) before.
+    (["replay", "A@charge.after_call:kill", "--target", "../etc:passwd"], "'../etc' is not a module name"),
+    (["replay", "A@charge.after_call:kill", "--workload", "../etc:passwd"], "'../etc' is not a module name"),
+    # Two instances of one id: exit 3 before.
+    (["replay", "A@charge.after_call:kill", "--workload", "kp_twice:twice"],
+     "instances 1 and 2 have the same id 'order-1'"),
+    # Numbers float() reads and the reproduce line would give back otherwise, and a key given twice:
+    # all taken silently before.
+    (["replay", "A@charge.after_call:kill", "--timing", "lease-ttl-ms=1e3"], "'lease-ttl-ms=1e3'"),
+    (["replay", "A@charge.after_call:kill", "--timing", "lease-ttl-ms= 200"], "'lease-ttl-ms= 200'"),
+    (["replay", "A@charge.after_call:kill", "--timing", "lease-ttl-ms=200,lease-ttl-ms=300"],
+     "'lease-ttl-ms' is given twice"),
+    (["replay", "A@charge.after_call:kill", "--timing", "lease-ttl-ms=200,lease_ttl_ms=300"],
+     "'lease_ttl_ms' is given twice"),
+    # A schedule that starts with '-': taken for an option before ("arguments are required: schedule").
+    (["replay", "-1*kill"], "schedule '-1*kill'"),
+])
+def test_user_errors_are_bad_input_exit_2_naming_the_module_or_field(capsys, tmp_path, monkeypatch, argv, named):
+    (tmp_path / "kp_badimport.py").write_text(_BAD_IMPORT)
+    (tmp_path / "kp_twice.py").write_text(_DUPLICATE_IDS)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2, err
+    [line] = err.strip().splitlines()
+    assert line.startswith("killpoint: error: ") and named in line, line
+
+
+def test_explore_refuses_a_database_that_is_a_file_or_cannot_be_written(capsys, tmp_path):
+    """Protects: --database naming a file (or a folder that cannot be written) ran the whole search
+    and kept no example, without a word."""
+    a_file = tmp_path / "examples.txt"
+    a_file.write_text("mine")
+    code, out, err = run_cli(capsys, "explore", "--budget", "1", "--database", str(a_file))
+    assert code == 2 and a_file.read_text() == "mine"
+    [line] = err.strip().splitlines()
+    assert f"--database '{a_file}': not a folder" in line
+    read_only = tmp_path / "ro"
+    read_only.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(read_only)],
+                             capture_output=True)
+    if mounted.returncode != 0:  # not root: a folder without write permission is read-only enough
+        read_only.chmod(0o555)
+    try:
+        code, out, err = run_cli(capsys, "explore", "--budget", "1", "--database", str(read_only))
+    finally:
+        if mounted.returncode == 0:
+            subprocess.run(["umount", "-l", str(read_only)], capture_output=True)
+        read_only.chmod(0o755)
+    assert code == 2, err
+    [line] = err.strip().splitlines()
+    assert f"--database '{read_only}': cannot write there" in line
+
+
+def test_a_long_store_value_is_clipped_in_the_message(capsys):
+    store = "postgresql://user:pw@127.0.0.1:1/" + "d" * 300
+    code, out, err = run_cli(capsys, "replay", "A@charge.after_call:kill", "--store", store)
+    assert code == 3
+    [line] = err.strip().splitlines()
+    assert "d" * 201 not in line and re.search(r"\.\.\. \(33\d characters\)", line) and ":pw@" not in line, line
+
+
+def test_a_scenario_whose_target_raises_and_judges_nothing_is_unknown_not_invalid(capsys):
+    """Protects: a target that is no worker (os:getcwd raises TypeError in every worker) made the
+    lease-takeover story "INVALID, 8 expected facts missing", exit 1, though no invariant judged
+    anything: a run that could not tell the story says nothing of the rule (exit 3)."""
+    code, out, err = run_cli(capsys, "scenario", "lease_takeover", "--target", "os:getcwd", "--json")
+    report = json.loads(out)
+    assert code == 3 and report["valid"] is None and report["violations"] == [], report["unknown_reasons"]
+    assert report["judged"] == 0 and not report["story_held"]
+    assert any("the target raised TypeError" in r for r in report["unknown_reasons"])
+
+
+def test_an_instance_id_outside_latin_1_runs_end_to_end(capsys, tmp_path, monkeypatch):
+    """Protects: an instance id such as job-名前 crashed the reference worker (its idempotency key
+    sent as a header: UnicodeEncodeError 'latin-1'), exit 3. Its effects are now keyed, judged and
+    valid as any other id's."""
+    (tmp_path / "kp_unicode.py").write_text(
+        "import dataclasses\n"
+        "from killpoint.harness.workload import resolve_workload\n"
+        "def named(seed):\n"
+        "    w = resolve_workload('single', seed)\n"
+        "    return dataclasses.replace(w, name='named', instances=tuple(\n"
+        "        dataclasses.replace(i, id=i.id.replace('order-', 'job-\\u540d\\u524d-')) for i in w.instances))\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, out, err = run_cli(capsys, "replay", "A@charge.after_call:kill", "--workload", "kp_unicode:named", "--json")
+    report = json.loads(out)
+    assert code == 0 and report["valid"] is True, (report["unknown_reasons"], err[-2000:])
+    assert report["invariants"]["no_duplicate_effects"]["checked"] == 1
+    assert report["results"][0]["fired"] == {"A@charge.after_call:kill": 1}
+
+
+@pytest.mark.parametrize("password", ["s3cr#et", "s3cr@et", "s3/cr/et", "s3cr%et", "s3 cr et", "#@/% mix"])
+@pytest.mark.parametrize("tail", ["", "?sslmode=bogus"])
+def test_no_password_is_printed_whatever_its_characters(capsys, password, tail):
+    """Protects: a password holding an unencoded '#' was printed in clear in the JSON's store field,
+    one holding '@' in part by the error line: the patterns that found passwords ended the URL where
+    such a character stood. The command's DSNs are parsed and their passwords hidden in every form."""
+    from urllib.parse import quote
+
+    store = f"postgresql://postgres:{password}@127.0.0.1:1/test{tail}"
+    for argv in (["replay", "A@charge.after_call:kill", "--json"], ["matrix", "--steps", "charge", "--json"]):
+        code, out, err = run_cli(capsys, *argv, "--store", store)
+        assert code in (2, 3), err
+        for form in {password, quote(password, safe=""), password.split(" ")[0] if " " in password else password}:
+            assert form not in out + err, (form, out + err)
+        assert "***" in out + err

@@ -190,8 +190,9 @@ def test_sigterm_ends_like_ctrl_c_exit_143_with_no_process_folder_or_schema_left
 
 class _Proxy:
     """A TCP proxy on loopback in front of the PostgreSQL server: ``cut()`` is the server going away
-    (every connection through it closed, no new one accepted), for real, without touching the
-    server the other tests share."""
+    (every connection through it closed, no new one accepted), ``freeze()`` a network partition
+    (every socket stays open, and no byte passes either way, nor on a connection made later), for
+    real, without touching the server the other tests share."""
 
     def __init__(self, host: str, port: int) -> None:
         self._target = (host, port)
@@ -200,7 +201,28 @@ class _Proxy:
         self._socks: list = []
         self._lock = threading.Lock()
         self._cut = False
+        self._frozen = threading.Event()
         threading.Thread(target=self._accept, daemon=True).start()
+
+    def url(self, dsn: str) -> str:
+        """``dsn`` through this proxy."""
+        import psycopg
+        from urllib.parse import quote
+
+        info = psycopg.conninfo.conninfo_to_dict(dsn)
+        password = f":{quote(str(info['password']), safe='')}" if info.get("password") else ""
+        return (f"postgresql://{quote(str(info.get('user') or 'postgres'), safe='')}{password}@127.0.0.1:"
+                f"{self.port}/{quote(str(info.get('dbname') or 'test'), safe='')}")
+
+    @classmethod
+    def before(cls, dsn: str) -> "_Proxy":
+        import psycopg
+
+        info = psycopg.conninfo.conninfo_to_dict(dsn)
+        return cls(str(info.get("host") or "127.0.0.1"), int(info.get("port") or 5432))
+
+    def freeze(self) -> None:
+        self._frozen.set()
 
     def _accept(self) -> None:
         while True:
@@ -208,6 +230,10 @@ class _Proxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return
+            if self._frozen.is_set():  # accepted by the kernel and never answered
+                with self._lock:
+                    self._socks.append(client)
+                continue
             server = socket.create_connection(self._target)
             with self._lock:
                 if self._cut:
@@ -216,12 +242,16 @@ class _Proxy:
                     return
                 self._socks += [client, server]
             for a, b in ((client, server), (server, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+                threading.Thread(target=self._pump, args=(a, b, self._frozen), daemon=True).start()
 
     @staticmethod
-    def _pump(src, dst) -> None:
+    def _pump(src, dst, frozen) -> None:
         try:
             while data := src.recv(65536):
+                if frozen.is_set():  # held, never passed on, until cut() closes the sockets
+                    while src.fileno() != -1:
+                        time.sleep(0.05)
+                    return
                 dst.sendall(data)
         except OSError:
             pass
@@ -248,18 +278,12 @@ def test_a_schema_the_run_could_not_drop_is_named_with_the_statement_that_drops_
     """Protects: a PostgreSQL server that went away mid-run left the run's schema in the database
     without a word (the drop failed in a best-effort cleanup). The run is unknown, and its reasons
     and a KillpointWarning name the schema and the statement that drops it."""
-    import psycopg
 
     from killpoint.errors import KillpointWarning
     from killpoint.harness.store.postgres import connect
 
-    info = psycopg.conninfo.conninfo_to_dict(pg_dsn)
-    proxy = _Proxy(str(info.get("host") or "127.0.0.1"), int(info.get("port") or 5432))
-    from urllib.parse import quote
-
-    password = f":{quote(str(info['password']), safe='')}" if info.get("password") else ""
-    through = (f"postgresql://{quote(str(info.get('user') or 'postgres'), safe='')}{password}@127.0.0.1:{proxy.port}/"
-               f"{quote(str(info.get('dbname') or 'test'), safe='')}")
+    proxy = _Proxy.before(pg_dsn)
+    through = proxy.url(pg_dsn)
     slug = None
     try:
         with Session() as session, pytest.warns(KillpointWarning, match="DROP SCHEMA") as caught:
@@ -335,3 +359,187 @@ def test_sigterm_ends_jobs_runners_whose_runs_are_long_leaving_no_schema(pg_dsn,
         with connect(pg_dsn, autocommit=True) as admin:
             for name in [s for pid in runners for s in _schemas_of(pg_dsn, pid)]:
                 admin.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+
+
+def _no_command_traceback(text: str) -> bool:
+    """No traceback but a worker's (a worker that dies of an error is the target's finding)."""
+    return text.count("Traceback") == text.count("Process killpoint-worker-")
+
+
+def test_a_frozen_postgresql_partition_ends_a_matrix_as_exit_3_naming_peer_operation_and_wait(pg_dsn, tmp_path):
+    """Protects: with a TCP proxy in front of PostgreSQL frozen (sockets open, no byte passes), the
+    matrix waited for an answer for ever. Every wait on the server is bounded (IO bound, 10 s for
+    the default run bound): the command ends with exit 3, the JSON object, and the cause naming the
+    server, the store operation that waited and for how long; the runs not made are counted."""
+    import psycopg
+
+    proxy = _Proxy.before(pg_dsn)
+    marker = f"kp-{uuid.uuid4().hex}"
+    cli = _cli("matrix", "--steps", "charge", "--store", proxy.url(pg_dsn), "--json", "--jobs", "1",
+               marker=marker, tmpdir=str(tmp_path))
+    try:
+        _wait(lambda: _schemas_of(pg_dsn, cli.pid), 60, "a run's schema", cli)
+        proxy.freeze()
+        out, err = cli.communicate(timeout=300)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+            cli.communicate()
+        proxy.cut()
+    text = err.decode(errors="replace")
+    assert cli.returncode == 3, text[-3000:]
+    report = json.loads(out)
+    assert report["valid"] is None and report["violations"] == []
+    cause = report["infrastructure_failure"]
+    assert f"no answer from the PostgreSQL server at 127.0.0.1:{proxy.port} for 10 s" in cause, cause
+    assert "()" in cause.split(" for 10 s", 1)[1], cause  # the store operation that waited
+    assert report["not_run"] >= 1 and report["runs"] + report["not_run"] == 17, report
+    assert cause in report["unknown_reasons"][0] and f"the other {report['not_run']} runs were not made" in text
+    assert _no_command_traceback(text), text[-3000:]
+    assert wait_until_gone(marker) == []
+    with psycopg.connect(pg_dsn, autocommit=True) as admin:  # the schemas the partition kept
+        for (name,) in admin.execute("SELECT nspname FROM pg_namespace WHERE nspname LIKE %s",
+                                     (f"killpoint\\_%\\_p{cli.pid}\\_%",)).fetchall():
+            admin.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+
+
+def _downstream_of(marker: str) -> list[int]:
+    """The downstream among the processes ``marker`` marks: its title says so (not the command line)."""
+    from test_processes import marked
+
+    found = []
+    for pid in marked(marker):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                if fh.read().split(b"\0", 1)[0] == b"killpoint-downstream":
+                    found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_a_silent_downstream_ends_a_matrix_as_exit_3_naming_it_and_the_wait(tmp_path, jobs):
+    """Protects: a downstream that accepts connections and never answers (here: its process
+    stopped, its port still open) held a matrix for minutes, each run waiting out its bound. The
+    run's check on its services names it within its bound, and the command stops there: exit 3,
+    the JSON object, the cause naming the downstream's address and the time waited."""
+    marker = f"kp-{uuid.uuid4().hex}"
+    cli = _cli("matrix", "--steps", "charge", "--json", "--jobs", jobs, marker=marker, tmpdir=str(tmp_path))
+    try:
+        down = _wait(lambda: _downstream_of(marker), 60, "the downstream", cli)[0]
+        # Once it has started and the runs have (a downstream that never starts is another case).
+        _wait(lambda: [r for r in tmp_path.glob("killpoint-*/run0001-*")], 60, "the first run", cli)
+        os.kill(down, signal.SIGSTOP)
+        out, err = cli.communicate(timeout=300)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+            cli.communicate()
+    text = err.decode(errors="replace")
+    assert cli.returncode == 3, text[-3000:]
+    report = json.loads(out)
+    assert report["valid"] is None and report["violations"] == []
+    cause = report.get("infrastructure_failure")
+    assert cause is not None, report
+    assert "no answer from the downstream at 127.0.0.1:" in cause and "for 10 s" in cause, cause
+    assert report["runs"] + report["not_run"] == 17, report
+    assert _no_command_traceback(text), text[-3000:]
+    assert wait_until_gone(marker) == []
+
+
+def _same_but_timings(report: dict) -> dict:
+    """A command's JSON without what differs between two runs of it (durations, run ids, folders)."""
+    text = json.dumps(report, sort_keys=True)
+    import re
+
+    text = re.sub(r'"duration_ms": [0-9.]+', '"duration_ms": 0', text)
+    text = re.sub(r"run\d{4}-s-?\d+-[0-9a-f]{8}", "RUN", text)
+    text = re.sub(r"/[^\s\"]*killpoint-[^/\s\"]+", "DIR", text)
+    return json.loads(text)
+
+
+@pytest.mark.parametrize("where", ["unreachable store", "full disk"])
+def test_debug_adds_the_traceback_and_changes_nothing_else(where, request, tmp_path):
+    """Protects: with --debug an infrastructure failure outside a run raised its exception: exit
+    1 (as if violated), no JSON. --debug now adds the traceback on stderr; the exit code (3), the
+    JSON object and the cause's line are those of the same command without it."""
+    if where == "full disk":
+        tmpdir = request.getfixturevalue("tiny_disk")
+        argv = ["replay", "A@charge.after_call:kill", "--json"]
+    else:
+        tmpdir = str(tmp_path)
+        argv = ["replay", "A@charge.after_call:kill", "--json", "--store", "postgresql://postgres@127.0.0.1:1/test"]
+    seen = {}
+    for debug in (False, True):
+        marker = f"kp-{uuid.uuid4().hex}"
+        cli = _cli(*argv, *(["--debug"] if debug else []), marker=marker, tmpdir=tmpdir)
+        out, err = cli.communicate(timeout=300)
+        assert wait_until_gone(marker) == []
+        seen[debug] = (cli.returncode, _same_but_timings(json.loads(out)), err.decode(errors="replace"))
+    (code, report, text), (debug_code, debug_report, debug_text) = seen[False], seen[True]
+    assert code == debug_code == 3, debug_text[-3000:]
+    assert report == debug_report
+    assert _no_command_traceback(text), text[-3000:]
+    assert not _no_command_traceback(debug_text), debug_text[-3000:]  # the command's own, added
+    if where == "unreachable store":  # outside a run: the cause's line, with its hint only without --debug
+        cause = report["unknown_reasons"][0]
+        assert f"killpoint: {cause} (run with --debug for the traceback)" in text
+        assert f"killpoint: {cause}\n" in debug_text
+
+
+def test_run_files_removed_mid_run_end_as_an_infrastructure_failure_without_worker_tracebacks(tmp_path):
+    """Protects: a run's folder removed under it (a cleaner of temporary files) ended with a dozen
+    raw tracebacks of workers that could not open their journals. Each such worker ends quietly,
+    the harness names the cause, and the command stops: exit 3, one line, the JSON."""
+    import shutil
+
+    marker = f"kp-{uuid.uuid4().hex}"
+    cli = _cli("matrix", "--steps", "charge", "--json", "--jobs", "1", marker=marker, tmpdir=str(tmp_path))
+    try:
+        for _ in range(600):  # every 50 ms while it runs, 30 s at most
+            if cli.poll() is not None:
+                break
+            for run_dir in tmp_path.glob("killpoint-*/run*"):
+                shutil.rmtree(run_dir, ignore_errors=True)
+            time.sleep(0.05)
+        out, err = cli.communicate(timeout=300)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+            cli.communicate()
+    text = err.decode(errors="replace")
+    assert cli.returncode == 3, text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+    report = json.loads(out)
+    assert report["valid"] is None and report["infrastructure_failure"], report
+    [stopped] = [line for line in text.splitlines() if line.startswith("killpoint: stopped after run")]
+    assert report["infrastructure_failure"] in stopped
+    assert wait_until_gone(marker) == [] and os.listdir(tmp_path) == []
+
+
+def test_a_report_dir_that_cannot_be_written_gets_no_hint_to_add_one(tmp_path):
+    """Protects: when the reports could not be written to the --report-dir given (a full disk, or
+    here the folder replaced by a file mid-run), the closing line still advised to "add
+    --report-dir DIR"; the warning that they could not be written there is what is said."""
+    marker = f"kp-{uuid.uuid4().hex}"
+    reports = tmp_path / "reports"
+    # A target that is no worker: every run unknown, so reports are wanted.
+    cli = _cli("matrix", "--steps", "charge", "--target", "os:getcwd", "--jobs", "1", "--report-dir",
+               str(reports), marker=marker, tmpdir=str(tmp_path))
+    try:
+        _wait(lambda: reports.is_dir(), 60, "the report folder", cli)
+        import shutil
+
+        shutil.rmtree(reports)
+        reports.write_text("not a folder any more")
+        out, err = cli.communicate(timeout=300)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+            cli.communicate()
+    text = out.decode(errors="replace") + err.decode(errors="replace")
+    assert cli.returncode == 3, text[-3000:]
+    assert "killpoint: warning: cannot write reports to" in text and "the verdict stands" in text, text[-3000:]
+    assert "add --report-dir" not in text, text[-3000:]
+    assert wait_until_gone(marker) == []

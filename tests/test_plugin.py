@@ -882,3 +882,68 @@ def test_seed(killpoint):
 """)
     result = inprocess(pytester, "--killpoint-seed=-3")
     result.assert_outcomes(passed=1)
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
+@pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["one process", "xdist"])
+def test_a_signal_ends_the_session_with_its_summary_line_and_no_worker_left(pytester, sig, xdist):
+    """Protects: under pytest-xdist, SIGTERM or SIGHUP killed the controller with no killpoint
+    summary (10 of 10 trials), its workers' runs left to end on their own; without xdist a signal
+    whose exception was swallowed where it landed was lost, and pytest went on to the next test.
+    Now the session ends as the command line does: the signal raised as Ctrl-C and remembered,
+    passed on to the xdist workers, the summary's line printed, exit code interrupted (2), and no
+    worker process of any run left."""
+    import glob
+    import signal
+    import subprocess
+    import time
+
+    if xdist:
+        pytest.importorskip("xdist")
+    started = pytester.path / "started"
+    pytester.makepyfile(test_slow=f'''
+import os
+import time
+
+
+def blocks(ctx):
+    open({str(started)!r} + f".{{os.getpid()}}", "w").close()
+    while True:  # busy until the harness ends it: the run is in hand when pytest gets the signal
+        time.sleep(0.05)
+
+
+def test_slow(killpoint):
+    killpoint.run("", target=blocks, workload="single", workers=1)
+
+
+def test_slow_too(killpoint):
+    killpoint.run("", target=blocks, workload="single", workers=1)
+''')
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:hypothesispytest",
+                             "-q", *xdist, "test_slow.py"], cwd=pytester.path,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    workers: list[int] = []
+    try:
+        deadline = time.monotonic() + HANG_S
+        while len(glob.glob(f"{started}.*")) < (2 if xdist else 1):  # every run in hand
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+            time.sleep(0.05)
+        workers = [int(p.rsplit(".", 1)[1]) for p in glob.glob(f"{started}.*")]
+        proc.send_signal(getattr(signal, sig))
+        out, _ = proc.communicate(timeout=HANG_S)
+        assert proc.returncode == pytest.ExitCode.INTERRUPTED, out
+        said = {"SIGTERM": "terminated (SIGTERM)", "SIGHUP": "hung up (SIGHUP)"}[sig]
+        assert f"killpoint: {said}; every process it started has been ended" in out, out
+        assert "Traceback" not in out, out
+        for _ in range(100):  # a worker is reaped by its own session as it ends
+            if all(_comm(w) != "kp-worker" for w in workers):
+                break
+            time.sleep(0.05)
+        assert [w for w in workers if _comm(w) == "kp-worker"] == [], "a run's worker outlived the session"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=HANG_S)
+        for w in workers:
+            if _comm(w) == "kp-worker":  # never a PID reused since
+                os.kill(w, signal.SIGKILL)

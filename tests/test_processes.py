@@ -154,3 +154,48 @@ def test_a_forked_worker_reports_its_exit_like_a_process_and_is_reaped(tmp_path,
     os.kill(sleeper.pid, signal.SIGKILL)
     sleeper.join(10)
     assert sleeper.exitcode == -signal.SIGKILL and not sleeper.is_alive()
+
+
+def test_workers_and_the_downstream_do_not_show_the_command_line(tmp_path):
+    """Protects: every worker and the downstream kept killpoint's command line, so a password given
+    on it (--store postgresql://user:secret@...) was in every worker's /proc/PID/cmdline, readable by
+    every local user, for the run's length. Each sets its own title; the command's own process
+    keeps its line (the docs advise PGPASSWORD for the secret)."""
+    marker = f"kp-{uuid.uuid4().hex}"
+    secret = f"secret{uuid.uuid4().hex[:8]}"
+    env = {**os.environ, "KILLPOINT_TEST_MARK": marker, "PYTHONPATH": ROOT, "TMPDIR": str(tmp_path)}
+    cli = subprocess.Popen([sys.executable, "-m", "killpoint.harness.cli", "matrix", "--steps", "charge",
+                            "--jobs", "2", "-q", "--junit-xml", str(tmp_path / f"{secret}.xml")],
+                           env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)
+    titles: dict[int, bytes] = {}  # each process's line, as last read (a process read in the
+    # microseconds between its fork and its title shows its parent's line: read again, it does not)
+
+    def read(pid: int) -> None:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                line = fh.read()
+        except OSError:
+            return
+        if line:
+            titles[pid] = line
+
+    def kinds() -> set[bytes]:
+        return {kind for t in titles.values()
+                for kind in (b"killpoint-downstream", b"killpoint-runner", b"killpoint-worker-") if t.startswith(kind)}
+
+    try:
+        titles = {b"killpoint-downstream", b"killpoint-runner", b"killpoint-worker-"}
+        while cli.poll() is None and not titles <= kinds():
+            for pid in marked(marker):
+                if pid != cli.pid:
+                    read(pid)
+            time.sleep(0.02)
+        time.sleep(0.01)
+        for pid in list(titles):
+            read(pid)  # still there: its title by now
+    finally:
+        cli.communicate(timeout=300)
+    assert cli.returncode == 0
+    assert {b"killpoint-downstream", b"killpoint-runner", b"killpoint-worker-"} <= kinds(), titles
+    assert not [t for t in titles.values() if secret.encode() in t], titles
+    assert wait_until_gone(marker) == []

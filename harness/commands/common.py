@@ -9,7 +9,7 @@ import os
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 from killpoint.chaos.points import DB_POINTS, DEFAULT_POINTS, ORDERED_POINTS, POINTS
 from killpoint.errors import SHOWN_LIMIT, BadInput, shown
@@ -352,9 +352,26 @@ def replay_command(result: RunResult) -> str:
 
 
 
+def until_broken(results: Iterator[RunResult]) -> Iterator[RunResult]:
+    """``results`` up to and including the first run whose infrastructure broke (the store lost or
+    silent, the downstream silent, the disk full): the runs after it would meet the same failure,
+    each after its own timeouts, and a command that went on would hold a CI job for as many. The
+    runs in hand are ended as an interruption ends them (``results`` is closed)."""
+    try:
+        for result in results:
+            yield result
+            if result.infrastructure is not None:
+                return
+    finally:
+        close = getattr(results, "close", None)
+        if close is not None:
+            close()
+
+
 @dataclass
 class Summary:
     results: list[RunResult] = field(default_factory=list)
+    planned: int | None = None  # the runs the command meant to make (more than made: it stopped)
     report: str | None = None
     report_error: str | None = None  # why the reports asked for could not be written
     junit_error: str | None = None  # why the --junit-xml file could not be written
@@ -426,6 +443,16 @@ class Summary:
         return {n: {"checked": checked[n], "violated": violated[n], "not_applicable": na[n]}
                 for n in names}
 
+    @property
+    def infrastructure(self) -> str | None:
+        """Why the infrastructure broke in a run, or None."""
+        return next((r.infrastructure for r in self.results if r.infrastructure is not None), None)
+
+    @property
+    def not_run(self) -> int:
+        """The runs planned and not made: the command stopped at an infrastructure failure."""
+        return max(0, (self.planned or 0) - len(self.results))
+
     def judged(self) -> tuple[int, int]:
         """(invariants that judged something in some run, invariants in all)."""
         table = self.invariants()
@@ -461,6 +488,8 @@ class Summary:
                          "exercise": r.exercise.to_json() if r.exercise is not None else None}
                         for r, s in zip(self.results, self.point_stats())],
             "points": total_stats(self.point_stats()).to_json(),
+            **({"infrastructure_failure": self.infrastructure, "not_run": self.not_run}
+               if self.infrastructure is not None else {}),
         }
 
     def hits(self) -> dict[str, Any]:
@@ -570,6 +599,8 @@ def report_hint(args: argparse.Namespace, summary: Summary) -> str | None:
     """What to say when a run failed and no report was written: how to get one."""
     if summary.valid is True or summary.report or getattr(args, "report", None) == "never":
         return None
+    if getattr(args, "report_dir", None):  # given, and the reports could not be written there: said already
+        return None
     return "no HTML report written: add --report-dir DIR to get one for each failing run"
 
 
@@ -671,6 +702,9 @@ def print_judgement(summary: Summary, results: Sequence[RunResult], *, reproduce
 def finish(args: argparse.Namespace, summary: Summary, title: str, lines: Sequence[str] = ()) -> int:
     """Print the outcome (text or JSON) and return the exit code."""
     write_reports(args, summary, title)
+    if summary.not_run:
+        print(f"killpoint: stopped after run {len(summary.results)} of {summary.planned}: "
+              f"{summary.infrastructure}; the other {summary.not_run} runs were not made", file=sys.stderr)
     if args.json:
         print(json.dumps(summary.to_json(), indent=2))
         print_json_hint(args, summary)

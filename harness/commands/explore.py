@@ -52,6 +52,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"{DEFAULT_DATABASE}; 'none' to keep no examples)")
 
 
+def _check_database(where: str) -> None:
+    """Refuse, before the search, a ``--database`` Hypothesis could not keep its examples in (a
+    file, a folder that cannot be written): it wrote nothing there and said nothing, and the next
+    run started from scratch. Made if it is not there, as Hypothesis would make it."""
+    import os
+    import tempfile
+
+    from killpoint.errors import shown
+
+    if os.path.exists(where) and not os.path.isdir(where):
+        raise BadInput(f"--database {shown(where)}: not a folder; name a folder for Hypothesis's examples, "
+                       f"or 'none' to keep none")
+    try:
+        os.makedirs(where, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=where, prefix=".killpoint-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise BadInput(f"--database {shown(where)}: cannot write there ({exc.strerror or exc}); name a "
+                       f"folder that can be written, or 'none' to keep no examples") from None
+
+
 def _steps(args: argparse.Namespace) -> tuple[str, ...]:
     from killpoint.harness.commands.common import parse_steps, workload_of
 
@@ -71,6 +93,8 @@ def run(args: argparse.Namespace) -> int:
 
         raise BadInput(f"--database {shown(args.database)}: name a folder, or 'none' to keep no examples, "
                        f"or leave --database out for {DEFAULT_DATABASE}")
+    if args.database != "none":
+        _check_database(args.database)
     points = target_points(args, args.points)
     steps = _steps(args)
     base = run_config(args, None, **overrides_for(args.target))  # validates target, store, workers

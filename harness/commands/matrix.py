@@ -35,8 +35,8 @@ from killpoint.chaos import generator
 from killpoint.chaos.generator import ACTIONS, FORMS
 from killpoint.chaos.schedule import Schedule
 from killpoint.chaos.points import DB_POINTS
-from killpoint.harness.commands.common import (declared_target, jobs_of, Summary, add_common, finish, parse_steps,
-                                               progress_for, run_config, target_points, whole, workload_of)
+from killpoint.harness.commands.common import (declared_target, jobs_of, Summary, until_broken, add_common, finish,
+                                               parse_steps, progress_for, run_config, target_points, whole, workload_of)
 from killpoint.harness.paths import (discovery, explore_hits, explore_recovery, kills, points_only,
                                      recovery_probe)
 from killpoint.harness.run import Session
@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
                            f"use any of {', '.join(ACTIONS)}")
         if "terminate" in actions and not str(args.store).startswith(("postgresql://", "postgres://")):
             raise BadInput(f"--actions terminate: ending a worker's database sessions needs a "
-                           f"postgresql:// store, not --store {redact(args.store)}")
+                           f"postgresql:// store, not --store {shown(redact(args.store))}")
         if "terminate" in actions and declared_target(args).owns_state:
             raise BadInput(f"--actions terminate: {args.target} keeps its state in a store of its own, "
                            f"and terminate ends the sessions of killpoint's store, which its workers do "
@@ -143,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
               f"{len(points)} x {len(points)} points"
               f"{' x ' + str(len(steps)) + ' steps' if args.cross_steps else ''}, forms "
               f"{', '.join(forms)}); choose with --steps, --points or --forms", file=sys.stderr)
-    summary = Summary()
+    summary = args._summary = Summary(planned=len(configs))  # what _broken prints, if it comes to that
     explore = hits_mode != "first" and "kill" in actions
     if hits_mode != "first" and not explore and (args.hits or args.max_hits is not None or args.recovery_paths):
         raise BadInput(f"--actions {shown(','.join(actions))}: later hits are explored with kills; add "
@@ -178,10 +178,11 @@ def run(args: argparse.Namespace) -> int:
                 del seen
             configs += [run_config(args, p.schedule, **p.overrides()) for p in exploration.plans]
             summary.exploration = exploration
+            summary.planned = len(summary.results) + len(configs)
             progress.display.total = progress.display.done + len(configs)
         if configs:
             progress.step(str(configs[0].schedule))  # at once: the first result may take a while
-        for i, result in enumerate(session.run_many(configs, jobs=jobs_of(args))):
+        for i, result in enumerate(until_broken(session.run_many(configs, jobs=jobs_of(args)))):
             summary.add(result, keep_events=drawn)
             progress.step(str(result.config.schedule), result)
             if i + 1 < len(configs):

@@ -31,7 +31,9 @@ class _Connection:
         lines = [f"{method} {path} HTTP/1.1", f"Host: {self.host}", "Connection: keep-alive",
                  "Content-Type: application/json", f"Content-Length: {len(body or b'')}"]
         lines += [f"{k}: {v}" for k, v in headers.items()]
-        self.sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (body or b""))
+        # UTF-8: an id outside Latin-1 (the key of instance 'job-\u540d\u524d') is sent as its bytes,
+        # which the downstream reads back (downstream.server.header); ASCII is the same either way.
+        self.sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode("utf-8") + (body or b""))
 
     def readable(self, timeout: float) -> bool:
         """Whether something (an answer, or the end of the connection) can be read within
@@ -105,6 +107,9 @@ class DownstreamClient:
         self._lock = threading.Lock()
         self._all: set[_Connection] = set()  # every thread's, for close()
         self._borrowed = False  # made by for_run: the connections are the lender's to close
+        # Why the downstream was found silent (no answer within the timeout), shared with the
+        # clients for_run makes: a later request says so at once instead of waiting as long again.
+        self._silent: list[str] = []
 
     def for_run(self, run: str) -> "DownstreamClient":
         """A client of ``run`` on the same downstream over this client's connections (a session
@@ -177,19 +182,34 @@ class DownstreamClient:
 
     def _request(self, method: str, path: str, body: Any = None,
                  headers: Mapping[str, str] | None = None,
-                 before_read: Callable[[], Any] | None = None) -> tuple[int, dict[str, Any], Any]:
+                 before_read: Callable[[], Any] | None = None,
+                 *, root: bool = False) -> tuple[int, dict[str, Any], Any]:
+        """One request on this thread's connection; ``root``: ``path`` is the session's, not the run's."""
         data = None if body is None else json.dumps(body).encode()
+        prefix = self._prefix.rsplit("/runs/", 1)[0] if root else self._prefix
+        if self._silent:
+            lost = LostResponse(f"{method} {path}: not sent: {self._silent[0]}")
+            lost.silent = True  # type: ignore[attr-defined]
+            raise lost
         try:
             conn = self._connection()
-            conn.send(method, self._prefix + path, data, headers or {})
+            conn.send(method, prefix + path, data, headers or {})
             if before_read is not None:
                 if not conn.readable(self.timeout):
-                    raise TimeoutError("no answer within the timeout")
+                    raise TimeoutError("timed out")
                 before_read()
             status, hdrs, raw = conn.answer()
+        except TimeoutError as e:  # socket.timeout too: connecting, sending or reading
+            self._drop()
+            why = f"no answer from the downstream at {self._host}:{self._port} for {self.timeout:g} s"
+            self._silent.append(f"{why} (to {method} {path})")
+            lost = LostResponse(f"{method} {path}: {why}")
+            lost.silent = True  # type: ignore[attr-defined]  # not resent: a second wait as long
+            raise lost from e
         except (OSError, ValueError) as e:
             self._drop()
-            raise LostResponse(f"{method} {path}: {type(e).__name__}: {e}") from e
+            raise LostResponse(f"{method} {path}: {type(e).__name__}: {e} (the downstream at "
+                               f"{self._host}:{self._port})") from e
         if hdrs.get("connection", "").lower() == "close":
             self._drop()
         try:
@@ -202,7 +222,9 @@ class DownstreamClient:
         """A request that is safe to resend once, e.g. on a connection the server closed."""
         try:
             status, parsed, _ = self._request(method, path, body)
-        except LostResponse:
+        except LostResponse as exc:
+            if getattr(exc, "silent", False):
+                raise
             status, parsed, _ = self._request(method, path, body)
         return status, parsed
 
@@ -239,13 +261,22 @@ class DownstreamClient:
             headers = {"Fencing-Token": str(int(fence)), "Fencing-Scope": fence_scope}
         try:
             status, body, _ = self._request("GET", f"/receipts/{quote(key, safe='')}", headers=headers)
-        except LostResponse:
+        except LostResponse as exc:
+            if getattr(exc, "silent", False):
+                raise
             status, body, _ = self._request("GET", f"/receipts/{quote(key, safe='')}", headers=headers)
         if status == 404:
             return None
         if status != 200:
             raise RuntimeError(f"downstream receipt {key!r}: {status} {body}")
         return body
+
+    def health(self) -> None:
+        """Ask the downstream whether it answers (once, within the client's timeout): raises
+        :class:`LostResponse` naming it and the time waited when it does not."""
+        status, body, _ = self._request("GET", "/health", root=True)
+        if status != 200:
+            raise RuntimeError(f"downstream health: {status} {body}")
 
     def configure(self, config: Mapping[str, Any]) -> None:
         status, body = self._idempotent("PUT", "/config", dict(config))

@@ -32,17 +32,29 @@ META_HEADERS = {"Killpoint-Instance": "instance", "Killpoint-Step": "step",
                 "Killpoint-Worker": "worker", "Killpoint-Attempt": "attempt"}
 
 
+def header(headers: Any, name: str) -> str | None:
+    """A header's value as its sender wrote it: HTTP reads header bytes as Latin-1, and a client
+    that sends an id outside Latin-1 (``job-\u540d\u524d``) sends its UTF-8 bytes, read back here."""
+    value = headers.get(name)
+    if value is None:
+        return None
+    try:
+        return str(value).encode("latin-1").decode("utf-8")
+    except (UnicodeEncodeError, UnicodeDecodeError):
+        return str(value)
+
+
 def _header_meta(headers: Any) -> dict[str, Any]:
     meta: dict[str, Any] = {}
-    for header, name in META_HEADERS.items():
-        value = headers.get(header)
+    for header_name, name in META_HEADERS.items():
+        value: Any = header(headers, header_name)
         if value in (None, ""):
             continue
         if name == "attempt":
             try:
                 value = int(value)
             except ValueError:
-                raise BadRequest(f"{header} is not an integer: {value!r}") from None
+                raise BadRequest(f"{header_name} is not an integer: {value!r}") from None
         meta[name] = value
     return meta
 
@@ -77,7 +89,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.command = None  # type: ignore[assignment]  # as the standard library's: none read yet
         self.request_version = self.default_request_version
         self.close_connection = True
-        raw: bytes = getattr(self, "raw_requestline")  # set by handle_one_request, untyped there
+        raw: bytes = self.raw_requestline  # set by handle_one_request, untyped there
         self.requestline = str(raw, "iso-8859-1").rstrip("\r\n")
         words = self.requestline.split()
         if not words:
@@ -167,7 +179,7 @@ class _Handler(BaseHTTPRequestHandler):
         if method == "GET" and what == "ledger" and not rest:
             return Reply(200, {"rows": ledger.rows(run)})
         if method == "GET" and what == "receipts" and len(rest) == 1:
-            token, scope = self.headers.get("Fencing-Token"), self.headers.get("Fencing-Scope")
+            token, scope = header(self.headers, "Fencing-Token"), header(self.headers, "Fencing-Scope")
             if token is not None and scope:
                 try:
                     ledger.raise_fence(run, scope, int(token))
@@ -182,9 +194,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _resource(self, run: str, resource: str) -> Reply:
         ledger = self.server.ledger
-        key = self.headers.get("Idempotency-Key") or None
-        scope = self.headers.get("Fencing-Scope") or None
-        token = self.headers.get("Fencing-Token")
+        key = header(self.headers, "Idempotency-Key") or None
+        scope = header(self.headers, "Fencing-Scope") or None
+        token = header(self.headers, "Fencing-Token")
         params: Any = {}
         meta: Any = {}
         fence: int | None = None

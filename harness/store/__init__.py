@@ -6,8 +6,10 @@ import os
 import re
 import secrets
 
+from killpoint.errors import shown
 from killpoint.errors import InvalidStore, OutcomeUnknown, StoreError, StoreUnavailable, StoreUnreachable
 from killpoint.harness.store.base import Claim, Store
+from killpoint.harness.redact import redact
 from killpoint.harness.store.sqlite import SQLiteStore
 
 _PG_SCHEMES = ("postgresql://", "postgres://")
@@ -27,15 +29,19 @@ def schema_name(run_id: str, pid: int | None = None) -> str:
     return f"{SCHEMA_PREFIX}{slug[:63 - len(SCHEMA_PREFIX) - len(tail)]}{tail}"
 
 
-def open_store(spec: str, run_dir: str, run_id: str) -> Store:
-    """``sqlite`` (a file in the run's folder) or a ``postgresql://`` URL (a fresh schema)."""
+def open_store(spec: str, run_dir: str, run_id: str, *, io_timeout_s: float | None = None) -> Store:
+    """``sqlite`` (a file in the run's folder) or a ``postgresql://`` URL (a fresh schema), whose
+    every wait on the server lasts at most ``io_timeout_s`` real seconds (None: the default,
+    :data:`killpoint.harness.store.postgres.IO_TIMEOUT_S`)."""
     if spec in ("sqlite", "", None):
         return SQLiteStore(os.path.join(run_dir, f"{run_id}.sqlite"), harness_pid=os.getpid())
     if spec.startswith(_PG_SCHEMES):
         from killpoint.harness.store.postgres import PostgresStore
 
-        return PostgresStore(spec, schema_name(run_id))
-    raise InvalidStore(f"--store {spec!r}: expected 'sqlite' or a postgresql:// URL")
+        if io_timeout_s is None:
+            return PostgresStore(spec, schema_name(run_id))
+        return PostgresStore(spec, schema_name(run_id), io_timeout_s=io_timeout_s)
+    raise InvalidStore(f"--store {shown(redact(spec))}: expected 'sqlite' or a postgresql:// URL")
 
 
 def check_store(spec: str) -> None:
@@ -50,24 +56,22 @@ def check_store(spec: str) -> None:
     if spec in ("sqlite", "", None):
         return
     if not spec.startswith(_PG_SCHEMES):
-        raise InvalidStore(f"--store {spec!r}: expected 'sqlite' or a postgresql:// URL")
+        raise InvalidStore(f"--store {shown(redact(spec))}: expected 'sqlite' or a postgresql:// URL")
     import psycopg
     from psycopg import conninfo
 
-    from killpoint.harness.redact import redact
-
-    shown = redact(spec)
+    named = shown(redact(spec))
     try:
         params = conninfo.conninfo_to_dict(spec)
     except psycopg.Error as exc:
-        raise InvalidStore(f"--store {shown}: not a valid PostgreSQL URL ({redact(_first_line(exc))})") from None
+        raise InvalidStore(f"--store {named}: not a valid PostgreSQL URL ({redact(_first_line(exc))})") from None
     where = f"{params.get('host') or 'the local socket'}:{params.get('port') or 5432}"
     try:
         with psycopg.connect(spec, connect_timeout=2, autocommit=True) as conn:
             conn.execute("SELECT 1")
     except psycopg.Error as exc:
         reason = redact(_first_line(exc))
-        line = f"--store {shown}: cannot connect to {where} ({reason})"
+        line = f"--store {named}: cannot connect to {where} ({reason})"
         if any(words in reason.lower() for words in _UNREACHABLE):
             raise StoreUnreachable(line) from None
         raise InvalidStore(line) from None
@@ -92,11 +96,12 @@ def check_faults(spec: str | None, schedule) -> None:
         return
     for fault in schedule.faults:
         if any(term.action == "terminate" for term in fault.actions.terms):
-            raise InvalidStore(f"--store {spec or 'sqlite'}: fault {str(fault)!r} terminates the worker's "
-                               f"database backend, which only a postgresql:// store has")
+            raise InvalidStore(f"--store {shown(redact(spec or 'sqlite'))}: fault {str(fault)!r} terminates the "
+                               f"worker's database backend, which only a postgresql:// store has")
         if fault.point in DB_POINTS:
-            raise InvalidStore(f"--store {spec or 'sqlite'}: fault {str(fault)!r} is at {fault.point}, a "
-                               f"crash point inside the PostgreSQL store's COMMIT; use a postgresql:// store")
+            raise InvalidStore(f"--store {shown(redact(spec or 'sqlite'))}: fault {str(fault)!r} is at "
+                               f"{fault.point}, a crash point inside the PostgreSQL store's COMMIT; "
+                               f"use a postgresql:// store")
 
 
 def _first_line(exc: BaseException) -> str:

@@ -53,6 +53,7 @@ The protocol is :mod:`harness.store.sql`, shared with SQLite; this module is Pos
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import select
@@ -134,11 +135,80 @@ CREATE TABLE {s}.events (
 """
 
 
-def connect(dsn: str, **kw: Any) -> psycopg.Connection[Any]:
-    """A plain connection (autocommit off) with a bounded connect time unless the DSN sets one."""
-    if "connect_timeout" not in conninfo.conninfo_to_dict(dsn):
-        kw.setdefault("connect_timeout", 10)
-    return psycopg.connect(dsn, autocommit=kw.pop("autocommit", False), **kw)
+# How long any one wait on the server may last, in real seconds, unless the run says otherwise
+# (:attr:`killpoint.harness.run.RunConfig.io_bound_s`): connecting, a statement's answer, COMMIT's.
+IO_TIMEOUT_S = 10.0
+
+
+class NoAnswer(psycopg.OperationalError):
+    """The server did not answer within the connection's bound (sockets open, no bytes: a network
+    partition, a frozen proxy, a stalled server). No SQLSTATE: the server never said anything."""
+
+
+class _Bounded(psycopg.Connection[Any]):
+    """A connection whose every wait on the server is bounded: psycopg waits for an answer as long
+    as it takes, and a frozen peer that keeps the socket open (a proxy, a partition that drops
+    nothing the kernel sees) would hold the run for ever."""
+
+    io_timeout_s: float = IO_TIMEOUT_S
+    peer: str = "the PostgreSQL server"
+
+    def wait(self, gen: Any, interval: float | None = None, timeout: float | None = None) -> Any:
+        bound = self.io_timeout_s if timeout is None else timeout
+        kw: dict[str, Any] = {} if interval is None else {"interval": interval}
+        try:
+            return super().wait(gen, timeout=bound, **kw)
+        except psycopg.OperationalError as exc:
+            if timeout is None and type(exc).__name__ == "_WaitTimeout":  # psycopg's own, private
+                raise NoAnswer(f"no answer from {self.peer} for {bound:g} s") from exc
+            raise
+
+
+def peer(dsn: str) -> str:
+    """Where ``dsn`` points, as a message names it (host and port, never the password)."""
+    try:
+        params = conninfo.conninfo_to_dict(dsn)
+    except psycopg.Error:
+        return "the PostgreSQL server"
+    host = str(params.get("host") or params.get("hostaddr") or "the local socket")
+    return f"the PostgreSQL server at {host}:{params.get('port') or 5432}"
+
+
+def bounds(dsn: str, io_timeout_s: float = IO_TIMEOUT_S) -> dict[str, Any]:
+    """The libpq parameters that bound a connection's waits, each unless the DSN sets it:
+    ``connect_timeout``; TCP keepalives and ``tcp_user_timeout``, which end a connection whose
+    peer has gone silent on the network (packets unacknowledged) even while nothing waits on it;
+    and the server's ``statement_timeout``, so that a statement cut short here does not go on
+    there holding its locks."""
+    given = conninfo.conninfo_to_dict(dsn)
+    whole = max(1, math.ceil(io_timeout_s))
+    wanted: dict[str, Any] = {"connect_timeout": whole, "keepalives": 1,
+                              "keepalives_idle": max(1, whole // 3), "keepalives_interval": max(1, whole // 6),
+                              "keepalives_count": 3, "tcp_user_timeout": whole * 1000}
+    kw = {k: v for k, v in wanted.items() if k not in given}
+    options = str(given.get("options") or "")
+    if "statement_timeout" not in options:
+        kw["options"] = f"{options} -c statement_timeout={whole * 1000}".strip()
+    return kw
+
+
+def connect(dsn: str, io_timeout_s: float = IO_TIMEOUT_S, **kw: Any) -> psycopg.Connection[Any]:
+    """A plain connection (autocommit off) whose waits are bounded (:func:`bounds`): connecting,
+    and each answer of the server, within ``io_timeout_s`` real seconds, else :class:`NoAnswer`."""
+    for key, value in bounds(dsn, io_timeout_s).items():
+        kw.setdefault(key, value)
+    conn = _Bounded.connect(dsn, autocommit=kw.pop("autocommit", False), **kw)
+    conn.io_timeout_s = io_timeout_s
+    conn.peer = peer(dsn)
+    return conn
+
+
+def _operation(fn: Callable[..., Any]) -> str:
+    """The store method a transaction's function was written in (``instance()`` for a lambda in
+    ``SqlStore.instance``), to name what was waiting."""
+    name = getattr(fn, "__qualname__", "") or getattr(fn, "__name__", "")
+    outer = name.split(".<locals>", 1)[0].rsplit(".", 1)[-1]
+    return f"{outer}()" if outer and not outer.startswith("<") else "a transaction"
 
 
 def _reason(exc: BaseException) -> str:
@@ -163,13 +233,16 @@ class PostgresStore(SqlStore):
     SKIP_LOCKED = " FOR UPDATE SKIP LOCKED"
     PARAM = "%s"
 
-    def __init__(self, dsn: str, schema: str, *, idle_tx_timeout_ms: int = 1000):
+    def __init__(self, dsn: str, schema: str, *, idle_tx_timeout_ms: int = 1000,
+                 io_timeout_s: float = IO_TIMEOUT_S):
         if not _IDENT.match(schema):
             raise ValueError(f"schema {schema!r}: use a lowercase identifier of at most 63 characters")
         self.dsn = dsn
         self.schema = schema
         # Far above any of our transactions (sub-millisecond), far below a run's bound.
         self.idle_tx_timeout_ms = idle_tx_timeout_ms
+        # The most any one wait on the server lasts (connect, an answer, COMMIT's), in real seconds.
+        self.io_timeout_s = io_timeout_s
         self._s = f'"{schema}"'  # safe to format into SQL: checked against _IDENT above
         self._conn: psycopg.Connection[Any] | None = None
         self._inherited: psycopg.Connection[Any] | None = None
@@ -178,6 +251,7 @@ class PostgresStore(SqlStore):
         # Handles made by clone() in this process: a terminate ends the worker's every session.
         self._clones: list[PostgresStore] = []
         self._committing = False  # COMMIT sent and its answer not read yet
+        self.silent: str | None = None  # why the server was found silent in this process, if it was
 
     @property
     def url(self) -> str:
@@ -205,7 +279,7 @@ class PostgresStore(SqlStore):
                 # termination from a process that did not open the connection, but dropping it
                 # would still warn about an unclosed connection.
                 self._inherited = self._conn
-            c = connect(self.dsn, application_name=self.application_name, autocommit=True)
+            c = connect(self.dsn, self.io_timeout_s, application_name=self.application_name, autocommit=True)
             if os.getpid() != self._maker:  # a worker, which the harness may stop (SIGSTOP)
                 # Outside a transaction: a stall here must not meet the timeout it sets.
                 c.execute("SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
@@ -216,7 +290,8 @@ class PostgresStore(SqlStore):
 
     def clone(self) -> "PostgresStore":
         """A handle with a connection of its own (for the heartbeat thread)."""
-        other = PostgresStore(self.dsn, self.schema, idle_tx_timeout_ms=self.idle_tx_timeout_ms)
+        other = PostgresStore(self.dsn, self.schema, idle_tx_timeout_ms=self.idle_tx_timeout_ms,
+                              io_timeout_s=self.io_timeout_s)
         other._maker = self._maker  # a worker's heartbeat handle is a worker's
         self._clones.append(other)
         return other
@@ -227,9 +302,13 @@ class PostgresStore(SqlStore):
         self._conn = None
 
     def drop(self) -> None:
-        """Drop the run's schema and everything in it (from a fresh autocommit connection)."""
+        """Drop the run's schema and everything in it (from a fresh autocommit connection); refused
+        at once when the server already gave no answer in this process (another wait as long
+        would only delay saying so)."""
         self.close()
-        with connect(self.dsn, autocommit=True) as c:
+        if self.silent is not None and self._pid == os.getpid():
+            raise StoreUnavailable(self.silent)
+        with connect(self.dsn, self.io_timeout_s, autocommit=True) as c:
             c.execute(f"DROP SCHEMA IF EXISTS {self._s} CASCADE")
 
     def _write(self, fn: Callable[[psycopg.Cursor[Any]], T], *, points: bool = True) -> T:
@@ -238,16 +317,25 @@ class PostgresStore(SqlStore):
         A dead connection raises :class:`StoreUnavailable` or :class:`OutcomeUnknown` (see the
         module's "Connection faults") and is dropped. ``points``: pass the db crash points.
         """
+        asked = time.monotonic()
         try:
             c = self.conn()
         except psycopg.OperationalError as exc:
-            raise StoreUnavailable(f"cannot connect to the store: {_reason(exc)}") from exc
+            why = f"cannot connect to {peer(self.dsn)} in {_operation(fn)}: {_reason(exc)}"
+            if time.monotonic() - asked >= self.io_timeout_s * 0.9:  # silent, not refusing
+                why = self.silent = (f"no answer from {peer(self.dsn)} for {self.io_timeout_s:g} s while "
+                                     f"connecting in {_operation(fn)} (a network partition or a stalled server)")
+            raise StoreUnavailable(why) from exc
         try:
             with c.cursor() as cur:
                 result = fn(cur)
             if points:
                 chaos.point("before_db_commit")
         except BaseException as exc:
+            if isinstance(exc, NoAnswer):  # the connection is in no known state: drop it unread
+                self._lose(c)
+                self.silent = f"{exc} in {_operation(fn)} (a network partition or a stalled server)"
+                raise StoreUnavailable(f"{self.silent}; the transaction was not committed") from exc
             try:
                 c.rollback()
             except psycopg.Error:
@@ -257,14 +345,14 @@ class PostgresStore(SqlStore):
                 raise StoreUnavailable(f"the connection to the store died before COMMIT: "
                                        f"{_reason(exc)}") from exc
             raise
-        self._commit(c, points)
+        self._commit(c, points, fn)
         return result
 
     def _read(self, fn: Callable[[psycopg.Cursor[Any]], T]) -> T:
         """A read is a transaction too (it must not stay open), without the db crash points."""
         return self._write(fn, points=False)
 
-    def _commit(self, c: psycopg.Connection[Any], points: bool) -> None:
+    def _commit(self, c: psycopg.Connection[Any], points: bool, fn: Callable[..., Any]) -> None:
         """COMMIT with libpq's own calls, so that ``in_db_commit`` sits between sending it and
         reading its answer, and a connection lost on the way is told apart by when it was lost."""
         pg = c.pgconn
@@ -274,10 +362,18 @@ class PostgresStore(SqlStore):
             self._lose(c)
             raise StoreUnavailable("the store ended the session before COMMIT; the transaction "
                                    "was rolled back")
+        deadline = time.monotonic() + self.io_timeout_s
+
+        def silent(when: str) -> OutcomeUnknown:
+            self._lose(c)
+            self.silent = (f"no answer from {peer(self.dsn)} for {self.io_timeout_s:g} s {when} "
+                           f"in {_operation(fn)} (a network partition or a stalled server)")
+            return OutcomeUnknown(self.silent)
         try:
             pg.send_query(b"COMMIT")
             while pg.flush():  # the connection is non-blocking: 1 while bytes are left to write
-                select.select([], [pg.socket], [])
+                if not select.select([], [pg.socket], [], max(0.0, deadline - time.monotonic()))[1]:
+                    raise silent("while sending COMMIT")
         except psycopg.Error as exc:
             self._lose(c)
             raise OutcomeUnknown(f"the connection to the store died while sending COMMIT: "
@@ -296,11 +392,13 @@ class PostgresStore(SqlStore):
             raise OutcomeUnknown("the connection to the store was cut after COMMIT was sent; "
                                  "its answer was lost")
         try:
+            deadline = time.monotonic() + self.io_timeout_s  # from the end of a pause at in_db_commit
             while True:
                 pg.consume_input()
                 if not pg.is_busy():
                     break
-                select.select([pg.socket], [], [])
+                if not select.select([pg.socket], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                    raise silent("after COMMIT was sent")
             results = []
             while (r := pg.get_result()) is not None:
                 results.append(r)
@@ -357,7 +455,7 @@ class PostgresStore(SqlStore):
         awaiting = [int(p) for p in await_idle]
         deadline = time.monotonic() + timeout_s
         query = ("SELECT pid, state FROM pg_stat_activity WHERE pid = ANY(%s) AND application_name = %s")
-        with connect(self.dsn, autocommit=True) as admin:
+        with connect(self.dsn, self.io_timeout_s, autocommit=True) as admin:
             def sessions() -> dict[int, str | None]:
                 return dict(admin.execute(query, (pids, self.application_name)).fetchall())
 

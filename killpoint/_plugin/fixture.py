@@ -414,29 +414,15 @@ def _killpoint_session(pytestconfig: pytest.Config,
 
 @contextlib.contextmanager
 def _terminate_as_interrupt() -> Generator[None, None, None]:
-    """While this process has a killpoint session: SIGTERM and SIGHUP (a CI job's timeout, ``timeout``,
-    a closed terminal) raise as Ctrl-C does, so that pytest ends the run in hand (its workers, its
-    PostgreSQL schema) and the session (its folder) as it does on Ctrl-C, and exits interrupted.
-    Python's default for both ended pytest on the spot: the run's schema and the session's run folder
-    stayed behind. A handler someone else installed is left alone; the main thread only."""
-    import signal
-    import threading
+    """From this process's first killpoint session on: SIGTERM and SIGHUP (a CI job's timeout,
+    ``timeout``, a closed terminal) raise as Ctrl-C does and are remembered, so that pytest ends the
+    run in hand (its workers, its PostgreSQL schema) and the session (its folder) as it does on
+    Ctrl-C, prints its summary and exits interrupted (:mod:`killpoint._plugin.interrupt`; taken back
+    at pytest_unconfigure, so the summary can say what ended the session)."""
+    from killpoint._plugin import interrupt
 
-    from killpoint.harness.signals import Terminated
-
-    def handler(signum: int, frame: Any) -> None:
-        raise Terminated(signum)
-
-    installed: dict[int, Any] = {}
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGTERM, signal.SIGHUP):
-            if signal.getsignal(sig) == signal.SIG_DFL:
-                installed[sig] = signal.signal(sig, handler)
-    try:
-        yield
-    finally:
-        for number, previous in installed.items():
-            signal.signal(number, previous)
+    interrupt.install()
+    yield
 
 
 @pytest.fixture

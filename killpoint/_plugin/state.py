@@ -73,9 +73,17 @@ class _State:
                                 f"each test's own run pages stand")
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        if self.worker_id is not None or not self.records:
+        from killpoint._plugin.interrupt import received_line
+
+        if self.worker_id is not None:
             return
-        _summary(terminalreporter, self)
+        if self.records:
+            _summary(terminalreporter, self)
+        line = received_line()
+        if line is not None:  # a signal ended the session: said as the command line says it
+            if not self.records:
+                terminalreporter.write_sep("=", "killpoint")
+            terminalreporter.write_line(line)
 
 
 _STATE = pytest.StashKey[_State]()

@@ -1,0 +1,75 @@
+"""The pytest session under SIGTERM and SIGHUP: it ends as the command line does.
+
+A CI job's timeout or cancel sends SIGTERM (and a closed terminal SIGHUP) to pytest; Python's
+default for both ends the process on the spot, with no summary and, under pytest-xdist, with the
+workers' runs left to end on their own. From ``pytest_configure`` on, each signal raises as Ctrl-C
+does (:class:`~killpoint.harness.signals.Terminated`, a KeyboardInterrupt), so pytest ends the test
+in hand, its run (workers killed by PID, PostgreSQL schema dropped) and the session, prints its
+summary and exits interrupted (2). The signal is also *remembered* (:func:`signals.check`, at the
+top of every run and of every turn of its loop, raises again for one whose exception was swallowed
+where it landed), and the xdist controller passes it on to its workers, which end their runs the
+same way. A handler someone else installed is left alone; the main thread only.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from typing import Any
+
+__all__ = ["install", "uninstall", "worker_started", "received_line"]
+
+_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+_NAMES: dict[int, str] = {signal.SIGTERM: "terminated (SIGTERM)", signal.SIGHUP: "hung up (SIGHUP)",
+                          signal.SIGINT: "interrupted"}
+_installed: dict[int, Any] = {}
+_workers: set[int] = set()  # the controller's xdist workers, by PID
+
+
+def _handler(signum: int, frame: Any) -> None:
+    from killpoint.harness import signals
+
+    signals._received.append(signum)  # remembered: raised again at the next check if swallowed
+    for pid in list(_workers):  # each ends its run as this process does
+        try:
+            os.kill(pid, signum)
+        except OSError:
+            _workers.discard(pid)
+    raise signals.Terminated(signum)
+
+
+def install() -> None:
+    """From now on, SIGTERM and SIGHUP end the session as Ctrl-C does (see the module)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    from killpoint.harness import signals
+
+    signals._received.clear()
+    for sig in _SIGNALS:
+        if sig not in _installed and signal.getsignal(sig) == signal.SIG_DFL:
+            _installed[sig] = signal.signal(sig, _handler)
+
+
+def uninstall() -> None:
+    for sig, previous in list(_installed.items()):
+        if signal.getsignal(sig) is _handler:
+            signal.signal(sig, previous)
+        del _installed[sig]
+    _workers.clear()
+
+
+def worker_started(pid: Any) -> None:
+    """On the xdist controller: a worker's PID, to pass a signal on to."""
+    if isinstance(pid, int) and pid > 0 and pid != os.getpid():
+        _workers.add(pid)
+
+
+def received_line() -> str | None:
+    """The summary's line for a session a signal ended, or None."""
+    from killpoint.harness import signals
+
+    signum = signals.received()
+    if signum is None or not _installed:
+        return None
+    return f"killpoint: {_NAMES.get(signum, 'interrupted')}; every process it started has been ended"
