@@ -12,6 +12,9 @@ same order, everywhere (the role of a Jepsen generator; exploration draws from
   database sessions terminated at each point (in each write transaction at the store's own points);
 - :func:`double_crash_schedules` -- every ordered pair of crashes, each with the restart rule it needs;
 - :func:`matrix` -- one of those by depth, as :class:`Planned` runs;
+- :func:`hits_of` and :func:`path_schedules` -- the later hits a fault-free run of worker A really
+  reached (a retry, a compensation: a point passed again on one instance's step), and a crash at
+  each one that ends a path the first hits do not (path exploration, as failpoint tools do);
 - :func:`in_shard`, :func:`shard` and :func:`budget_share` -- the K-th of N deterministic shares.
 
 Pure: nothing here starts a process or reads a file.
@@ -26,9 +29,10 @@ from killpoint.chaos.actions import parse as parse_actions
 from killpoint.chaos.points import DB_POINTS
 from killpoint.chaos.schedule import Fault, Schedule
 
-__all__ = ["ACTIONS", "DB_HITS", "FORMS", "HIT_ORDER", "LEASE_HELD", "PAUSES", "Planned", "budget_share",
-           "double_crash_schedules", "hit_order", "in_shard", "matrix", "repeated_steps", "shard",
-           "single_crash_schedules", "single_fault_schedules"]
+__all__ = ["ACTIONS", "DB_HITS", "FORMS", "HIT_MODES", "HIT_ORDER", "LEASE_HELD", "PAUSES", "Hit", "Planned",
+           "budget_share", "double_crash_schedules", "hit_order", "hits_of", "in_shard", "later_hits",
+           "matrix", "path_schedules", "repeated_steps", "shard", "single_crash_schedules",
+           "single_fault_schedules"]
 
 FORMS = ("workers", "hits")
 # The order a worker hits the points of one attempt in (heartbeat right after the claim).
@@ -194,6 +198,77 @@ def matrix(step_names: Iterable[str], points: Iterable[str], *, depth: int = 1,
                 double_crash_schedules(step_names, points, forms=forms, cross_steps=cross_steps,
                                        order=order)]
     raise ValueError(f"depth {depth!r}: depth is 1 (single crashes) or 2 (pairs)")
+
+
+# What the matrix crashes beyond the first hit of each point: nothing (``first``), the hit that ends
+# each path a fault-free run took (``paths``, the default), or every hit it reached (``all``).
+HIT_MODES = ("first", "paths", "all")
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One hit of a point by worker A in a fault-free run.
+
+    ``hit`` is A's count of that point at that step, over every instance, as a fault's ``#hit``
+    counts it; ``path`` is every point A had passed on that step of that instance, this one last:
+    the first attempt, then a retry or a compensation passing the same points again (a hit outside
+    any instance, such as a queue's claim loop, is the path of its point alone).
+    """
+
+    step: str
+    point: str
+    hit: int
+    instance: str | None
+    path: tuple[str, ...]
+
+    def fault(self) -> Fault:
+        """A killed at this hit (hung, at the heartbeat)."""
+        return Fault("A", self.point, parse_actions(_action(self.point).removeprefix("1*")), self.step,
+                     self.hit)
+
+
+def hits_of(trace: Iterable[tuple[str | None, str | None, str]]) -> list[Hit]:
+    """Worker A's hits, from the (instance, step, point) of each, in the order it passed them; a
+    point passed outside any step (no fault with a step can land there) is left out."""
+    counts: dict[tuple[str, str], int] = {}
+    paths: dict[tuple[str | None, str], tuple[str, ...]] = {}
+    out = []
+    for instance, step, point in trace:
+        if step is None:
+            continue
+        n = counts[(step, point)] = counts.get((step, point), 0) + 1
+        # Outside any instance (a queue's claim loop) passes cannot be told apart: each is the path
+        # of its one point, and only --hits all crashes the later ones.
+        path = (point,) if instance is None else paths.get((instance, step), ()) + (point,)
+        paths[(instance, step)] = path
+        out.append(Hit(step, point, n, instance, path))
+    return out
+
+
+def later_hits(hits: Iterable[Hit], steps: Iterable[str], points: Iterable[str], mode: str) -> list[Hit]:
+    """The hits past the first of each point and step (which the matrix crashes anyway) that
+    ``mode`` crashes: with ``paths``, each hit whose path no earlier hit of that point and step took
+    (the same points passed on another instance are the same path); with ``all``, every one."""
+    if mode not in HIT_MODES:
+        raise ValueError(f"hits {mode!r}: use one of {', '.join(HIT_MODES)}")
+    if mode == "first":
+        return []
+    steps, points = set(steps), set(points)
+    seen: set[tuple[str, str, tuple[str, ...]]] = set()
+    out = []
+    for h in hits:
+        new = (h.step, h.point, h.path) not in seen
+        seen.add((h.step, h.point, h.path))
+        if h.hit > 1 and h.step in steps and h.point in points and (new or mode == "all"):
+            out.append(h)
+    return out
+
+
+def path_schedules(hits: Sequence[Hit], limit: int | None = None) -> tuple[list[Schedule], int]:
+    """A crash at each of ``hits``, at most ``limit`` of them (None: all), in the order a fault-free
+    run reached them, so that the first paths found are the first crashed; and how many were left."""
+    chosen = list(hits) if limit is None else list(hits)[:max(limit, 0)]
+    return [Schedule((h.fault(),)) for h in chosen], len(hits) - len(chosen)
 
 
 def in_shard(position: int, k: int, n: int) -> bool:

@@ -4,8 +4,9 @@ A search sees one run fail; a person given its replay line expects it to fail ag
 processes, so timing can make one run fail that the same schedule passes the next time. A
 counterexample is therefore *confirmed*: replayed :data:`REPLAYS` times, and kept only when every
 replay failed. Then each fault is dropped in turn, and a smaller schedule that still fails every
-replay replaces it, so what is printed is the smallest schedule that fails every time -- never one
-that failed once.
+replay replaces it, down to the schedule with no fault at all (a worker that fails with no fault
+needs none), so what is printed is the smallest schedule that fails every time -- never one that
+failed once, and never a fault the failure did not need.
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ def confirm(run: Callable[[RunConfig], RunResult], candidates: Iterable[RunConfi
         if tally is None or not tally.reliable or runs < replays:
             continue
         shrunk = True
-        while shrunk and len(tally.config.schedule.faults) > 1:
+        while shrunk and tally.config.schedule.faults:  # down to no fault at all
             shrunk = False
             for i in range(len(tally.config.schedule.faults)):
                 smaller = dataclasses.replace(tally.config, schedule=without(tally.config.schedule, i))

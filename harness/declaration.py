@@ -27,6 +27,11 @@ the worker that replaces a dead one):
 ``teardown(run)``      drop what ``setup`` made (always called, also after a failed run)
 ``restart(run)``       restart the server the target's state lives in (a workflow server), when a
                        fault ``RunConfig.restarts`` maps to ``"target"`` fires
+``intent(instance, step)``  the parameters the target means to send for ``step`` (a
+                       :class:`~killpoint.harness.workload.StepSpec`) of ``instance`` (an
+                       ``InstanceSpec``), when they are not the workload's ``step.params``; None:
+                       no declared intent. ``effects_match_intent`` judges every applied effect
+                       against it (a compensation against it plus ``"undo"``: the key it undoes)
 
 Only the harness calls hooks; none is required.
 """
@@ -46,7 +51,7 @@ if TYPE_CHECKING:
 
 __all__ = ["InvalidPoint", "InvalidTarget", "Target", "TargetRun", "target"]
 
-HOOKS = ("setup", "done", "final_states", "history", "recover", "teardown", "restart")
+HOOKS = ("setup", "done", "final_states", "history", "recover", "teardown", "restart", "intent")
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 
 
@@ -147,6 +152,10 @@ class Target:
     def restart(self, fn: Callable[[TargetRun], None]) -> Callable[[TargetRun], None]:
         return self._hook("restart", fn)
 
+    def intent(self, fn: Callable[[Any, Any], Mapping[str, Any] | None]
+               ) -> Callable[[Any, Any], Mapping[str, Any] | None]:
+        return self._hook("intent", fn)
+
     def hook(self, name: str) -> Callable[..., Any] | None:
         return self.hooks.get(name)
 
@@ -163,7 +172,8 @@ def target(fn: None = None, *, points: Sequence[str] | None = None,
            final_states: Callable[[TargetRun], Any] | None = None,
            history: Callable[[TargetRun], Any] | None = None,
            recover: Callable[["WorkerContext", str], None] | None = None,
-           teardown: Callable[[TargetRun], None] | None = None
+           teardown: Callable[[TargetRun], None] | None = None,
+           intent: Callable[[Any, Any], Mapping[str, Any] | None] | None = None
            ) -> Callable[[Callable[["WorkerContext"], None]], "Target"]: ...
 
 
@@ -174,7 +184,8 @@ def target(fn: Callable[["WorkerContext"], None] | None = None, *, points: Seque
            final_states: Callable[[TargetRun], Any] | None = None,
            history: Callable[[TargetRun], Any] | None = None,
            recover: Callable[["WorkerContext", str], None] | None = None,
-           teardown: Callable[[TargetRun], None] | None = None
+           teardown: Callable[[TargetRun], None] | None = None,
+           intent: Callable[[Any, Any], Mapping[str, Any] | None] | None = None
            ) -> "Target | Callable[[Callable[[WorkerContext], None]], Target]":
     """Declare a target: ``@killpoint.target`` or ``@killpoint.target(points=..., owns_state=True)``.
 
@@ -194,7 +205,7 @@ def target(fn: Callable[["WorkerContext"], None] | None = None, *, points: Seque
         return Target(f, points=points, owns_state=owns_state, workload=workload, sometimes=sometimes,
                       run_clock=run_clock, setup=setup,
                       done=done, final_states=final_states, history=history, recover=recover,
-                      teardown=teardown)
+                      teardown=teardown, intent=intent)
 
     return wrap if fn is None else wrap(fn)
 

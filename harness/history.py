@@ -125,6 +125,10 @@ class StepConfig:
     legacy: bool = False
     max_attempts: int = 3
     compensation_key: str | None = None
+    # The intent the step declares (the workload's parameters, or the target's ``intent`` hook's),
+    # forward and for its compensation; None or empty: it declares none (effects_match_intent).
+    params: Mapping[str, Any] | None = None
+    compensation_params: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)

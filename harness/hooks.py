@@ -202,6 +202,18 @@ class Hooks:
     def teardown(self) -> None:
         self._call("teardown", None, self.run)
 
+    def intent(self, instance: Any, step: Any) -> Mapping[str, Any] | None:
+        """The parameters the target declares for ``step`` of ``instance``: its ``intent`` hook's
+        answer, else the workload's ``step.params``; None (or empty) declares none."""
+        if self.target.hook("intent") is None:
+            return dict(step.params) or None
+        raw = self._call("intent", None, instance, step)
+        if raw is None or isinstance(raw, Mapping):
+            return None if raw is None else dict(raw)
+        self.errors.append(f"the target's intent() hook gave {raw!r:.200} for {instance.id}/{step.name}: "
+                           f"give a mapping of the step's parameters, or None for none")
+        return None
+
     def restart(self) -> bool:
         """Restart the target's own server; False when it has no ``restart`` hook or the hook raised."""
         if self.target.hook("restart") is None:

@@ -82,14 +82,21 @@ def gathering(*, workload: Workload, store: Store, client: ds.DownstreamClient,
     yield
     ledger = client.ledger()
     yield
-    steps = tuple(hist.StepConfig(inst.id, s.name, s.resource, s.key(inst.id), not s.retry_safe,
-                                  s.max_attempts, s.compensation_key(inst.id))
-                  for inst in workload.instances for s in inst.steps)
+    steps = tuple(_step_config(inst, s, hooks) for inst in workload.instances for s in inst.steps)
     return (yield from hist.merging(journals, store_events, ledger, list(harness_events),
                                     dead=dead, steps=steps, final=final, checkpoints=checkpoints,
                                     owns_state=owns, schedule=str(schedule), quiescent=quiescent,
                                     bound_hit=bound_hit, stuck_bound_ms=timing.stuck_bound_ms,
                                     stuck_slack_ms=timing.stuck_slack_ms, at=at))
+
+
+def _step_config(inst: Any, spec: Any, hooks: "Hooks | None") -> hist.StepConfig:
+    """What the checkers know of one step, its declared intent included (the target's ``intent``
+    hook's, else the workload's parameters)."""
+    params = hooks.intent(inst, spec) if hooks is not None else (dict(spec.params) or None)
+    return hist.StepConfig(inst.id, spec.name, spec.resource, spec.key(inst.id), not spec.retry_safe,
+                           spec.max_attempts, spec.compensation_key(inst.id), params,
+                           spec.compensation_params(inst.id, params) if params else None)
 
 
 def _untold(events: Sequence[Mapping[str, Any]], final: Sequence[Mapping[str, Any]]) -> list[str]:

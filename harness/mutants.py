@@ -545,6 +545,30 @@ class NoHeartbeatProgress(ReferenceWorker):
         return None
 
 
+class FreshCompensationKey(ReferenceWorker):
+    """Undoes a step under a new idempotency key on each retry of the compensation (a refund path
+    that builds its key from the attempt): the first attempt's key is the stable one, so only a
+    compensation retried after a crash sends another."""
+
+    def key(self, inst: InstanceSpec, spec: StepSpec, claim: Claim, compensation: bool) -> str | None:
+        key = super().key(inst, spec, claim, compensation)
+        if compensation and key is not None and claim.attempt > 1:
+            return f"{key}:retry-{claim.attempt}"
+        return key
+
+
+class RepriceOnRecovery(ReferenceWorker):
+    """Prices the charge again when it recovers a step (the amount plus a 4% surcharge, as a
+    worker that reads the current price list on a retry): the replayed call carries another amount
+    than the step's, under the right key."""
+
+    def call(self, inst: InstanceSpec, spec: StepSpec, claim: Claim, resource: str, key: str | None,
+             params: dict[str, Any], ihash: str, compensation: bool) -> Answer | None:
+        if claim.attempt > 1 and isinstance(params.get("amount"), int):
+            params = {**params, "amount": params["amount"] * 104 // 100}
+        return super().call(inst, spec, claim, resource, key, params, ihash, compensation)
+
+
 def _runner(cls: type[ReferenceWorker]) -> Target:
     def target(ctx: WorkerContext) -> None:
         cls(ctx).run()
@@ -642,6 +666,17 @@ _ZOO = (
            "commits a step's outcome before recording its receipt, so a crash in between leaves "
            "a success that no receipt explains; every keyed success shows it, no fault needed",
            "receipt_first", _runner(CommitBeforeReceipt), ""),
+    Mutant("fresh-compensation-key",
+           "retries a compensation under a new idempotency key (built from the attempt), so a "
+           "release whose first attempt was applied before its worker died is applied again; "
+           "the schedule kills A after the call of the declined order's compensation, the third "
+           "hit of reserve.after_call, which only the matrix's path exploration (or --depth 2) "
+           "reaches",
+           "no_duplicate_effects", _runner(FreshCompensationKey), "A@reserve.after_call#3:kill"),
+    Mutant("reprice-on-recovery",
+           "prices the charge again when it recovers it: the replayed call carries the amount "
+           "plus 4% under the step's own key, so the effect applied differs from the step's intent",
+           "effects_match_intent", _runner(RepriceOnRecovery), "A@charge.before_call:kill"),
 )
 
 # name -> mutant; read-only so no caller can change the zoo for others.

@@ -381,7 +381,7 @@ class ReferenceWorker:
         if resource is None:  # a pure step: nothing outside to establish, just run it again
             self.commit(claim, done_state)
             return
-        key = spec.compensation_key(inst.id) if compensation else spec.key(inst.id)
+        key = self.key(inst, spec, claim, compensation)
         receipt_key = key or idempotency_key(inst.id, spec.name, resource, spec.version)
         params = self.params(inst, spec, compensation)
         ihash = intent_hash(params)
@@ -418,9 +418,14 @@ class ReferenceWorker:
                         reason=answer.body.get("error") or answer.body.get("status"))
         chaos.point("after_commit")
 
+    def key(self, inst: InstanceSpec, spec: StepSpec, claim: Claim, compensation: bool) -> str | None:
+        """The step's stable idempotency key (its compensation's, when undoing it): the same on
+        every attempt, so that the downstream can tell a retry from a new request."""
+        return spec.compensation_key(inst.id) if compensation else spec.key(inst.id)
+
     def params(self, inst: InstanceSpec, spec: StepSpec, compensation: bool) -> dict[str, Any]:
         if compensation:
-            return {"undo": spec.key(inst.id), **spec.params}
+            return spec.compensation_params(inst.id) or {}
         return dict(spec.params)
 
     def decide(self, inst: InstanceSpec, spec: StepSpec, claim: Claim, key: str | None,

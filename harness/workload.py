@@ -62,6 +62,13 @@ class StepSpec:
             return None
         return idempotency_key(instance, self.name, self.compensation, self.version)
 
+    def compensation_params(self, instance: str, params: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+        """What undoing this step asks of its compensation resource: the forward intent
+        (``params``, default the step's own) and the key of the effect it undoes."""
+        if self.compensation is None:
+            return None
+        return {"undo": self.key(instance), **(self.params if params is None else params)}
+
 
 @dataclass(frozen=True)
 class InstanceSpec:

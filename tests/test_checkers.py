@@ -1,4 +1,4 @@
-"""The fourteen invariant checkers, judged on small hand-written histories (no processes, no clock).
+"""The fifteen invariant checkers, judged on small hand-written histories (no processes, no clock).
 
 Each invariant gets a history where it holds, one where it is violated (naming the right step and
 the proving events) and, where it matters, one with nothing to judge.
@@ -570,11 +570,11 @@ def test_checkpoints_honoured_has_nothing_to_judge_when_every_checkpoint_was_rea
 # check_all, ALL and ranking
 
 
-def test_all_lists_the_fourteen_invariants_in_design_order():
+def test_all_lists_the_fifteen_invariants_in_design_order():
     assert list(ALL) == ["no_duplicate_effects", "effects_accounted", "stale_writes_rejected",
                          "version_chain", "legal_transitions", "manual_stable", "intent_conflict",
                          "retry_budget", "terminates", "stuck_detected", "checkpoints_honoured",
-                         "lease_fenced", "fence_rises", "receipt_first"]
+                         "lease_fenced", "fence_rises", "receipt_first", "effects_match_intent"]
     assert all(ALL[name].__name__ == name for name in ALL)
 
 
@@ -582,7 +582,7 @@ def test_an_empty_history_is_judged_by_nobody_so_its_verdict_is_unknown_never_va
     verdict = check_all(build([]))
     assert verdict.valid is None
     assert not any(r.checked for r in verdict.results) and verdict.judged == 0
-    assert len(verdict.results) == 14
+    assert len(verdict.results) == 15
     assert any("no invariant had anything to judge" in r for r in verdict.unknown_reasons)
 
 

@@ -41,7 +41,7 @@ def declared_points(folder: str, module: str) -> set[str]:
 
 def assert_valid_everywhere(code: int, out: dict, points: set[str]) -> None:
     assert (code, out["valid"], out["unknown"]) == (0, True, []), out["unknown"]
-    fired = {fault.split(":")[0].split("@")[1].split(".")[-1]
+    fired = {fault.split(":")[0].split("#")[0].split("@")[1].split(".")[-1]
              for r in out["results"] for fault, n in r["fired"].items() if n}
     assert fired == points  # every declared point fired, and no other was scheduled
     assert all(not r["unfired"] for r in out["results"])

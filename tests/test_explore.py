@@ -329,3 +329,30 @@ def test_confirmation_keeps_only_a_schedule_that_fails_every_replay_and_shrinks_
     side, tried_side = confirm(run, [reliable], run_many=run_many)
     assert str(side.config.schedule) == "B@charge.after_call:1*pause" and side.failed == side.replays == 5
     assert asked and set(asked) == {5}
+
+
+def test_confirmation_drops_every_fault_a_failure_does_not_need_down_to_none():
+    """A run that fails whatever its schedule (a worker that fails with no fault at all) is
+    confirmed as the empty schedule, never as the one fault the search happened to draw."""
+    from killpoint import chaos
+    from killpoint.harness.checkers.base import Verdict
+    from killpoint.harness.confirm import confirm
+    from killpoint.harness.history import History
+    from killpoint.harness.run import RunConfig, RunResult
+
+    def run(config: RunConfig) -> RunResult:
+        return RunResult(config, "r", History(()), Verdict(False), {}, (), 1, 0.0, "")
+
+    best, _ = confirm(run, [RunConfig(schedule=chaos.parse("A@charge.after_claim:kill"))])
+    assert best is not None and str(best.config.schedule) == "" and best.failed == best.replays == 5
+
+
+def test_explore_reports_a_worker_that_fails_with_no_fault_as_the_empty_schedule(capsys, in_tmp):
+    code, out, err = cli(capsys, "explore", "--target", "mutant:commit-before-receipt", "--budget", "3",
+                         "--json")
+    report = json.loads(out)
+    assert code == 1
+    minimal = report["minimal"]
+    assert (minimal["schedule"], minimal["faults"], minimal["confirmed"]) == ("", 0, True)
+    assert "receipt_first" in minimal["violated"]
+    assert minimal["reproduce"].startswith("killpoint replay '' --target mutant:commit-before-receipt")

@@ -50,7 +50,7 @@ def declared_points(target: str) -> set[str]:
 
 
 def fired_points(out: dict) -> set[str]:
-    return {fault.split(":")[0].split("@")[1].split(".")[-1]
+    return {fault.split(":")[0].split("#")[0].split("@")[1].split(".")[-1]
             for r in out["results"] for fault, n in r["fired"].items() if n}
 
 
@@ -95,9 +95,9 @@ def test_dbos_naive_matrix_exits_1_on_the_duplicate_a_rerun_step_applies():
     # DBOS re-runs a step killed before its output was recorded, never one whose output was; a
     # worker frozen before its call that comes back after another worker recovered the workflow
     # (started once its lease would have lapsed) may make its stale call too
-    kills = {v["schedule"].split(":")[0].split(".")[-1] for v in out["violations"] if "pause" not in v["schedule"]}
+    kills = {v["schedule"].split(":")[0].split("#")[0].split(".")[-1] for v in out["violations"] if "pause" not in v["schedule"]}
     assert kills == {"after_call"}
-    assert {v["schedule"].split(":")[0].split(".")[-1] for v in out["violations"]} <= {"after_call", "before_call"}
+    assert {v["schedule"].split(":")[0].split("#")[0].split(".")[-1] for v in out["violations"]} <= {"after_call", "before_call"}
     # DBOS's operation outputs (history()) and workflow statuses (final_states()) let more judge
     for name in ("version_chain", "legal_transitions", "effects_accounted", "terminates"):
         assert out["invariants"][name]["checked"] == out["runs"], name
@@ -212,11 +212,12 @@ def test_procrastinate_history_lets_the_chain_invariants_judge_its_job_events(pg
                        env={"KILLPOINT_PG_DSN": pg_dsn})
     assert_naive_caught(code, out, same_step=False)
     judged = {name for name, n in out["invariants"].items() if n["checked"]}
-    # without history() only no_duplicate_effects, effects_accounted and terminates judged (3 of 14);
-    # procrastinate records no fence, so stale_writes_rejected has nothing to compare
+    # without history() only no_duplicate_effects, effects_accounted, terminates and (the ledger's
+    # parameters against the workload's) effects_match_intent judged (4 of 15); procrastinate records
+    # no fence, so stale_writes_rejected has nothing to compare
     assert judged == {"no_duplicate_effects", "effects_accounted", "terminates", "version_chain",
-                      "legal_transitions"}, judged
-    assert out["judged"] == 5 and out["runs"] == 1
+                      "legal_transitions", "effects_match_intent"}, judged
+    assert out["judged"] == 6 and out["runs"] == 1
 
 
 def _procrastinate_schemas(pg_dsn: str) -> set[str]:

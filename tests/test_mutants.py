@@ -19,7 +19,7 @@ REQUIRED = {"random-request-id", "no-fence-check", "local-clock-lease", "retry-u
             "auto-resolve-manual", "commit-before-call", "no-cas", "unbounded-retry",
             "downstream-ignores-intent", "no-heartbeat-progress", "trust-checkpoint",
             "renew-by-instance", "fence-reset", "commit-before-receipt", "state-guarded-commit",
-            "gives-up-on-held-lease"}
+            "gives-up-on-held-lease", "fresh-compensation-key", "reprice-on-recovery"}
 
 
 @pytest.fixture(scope="module")

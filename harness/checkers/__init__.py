@@ -18,13 +18,14 @@ from killpoint.harness.checkers.invariants import (CHECKERS, checkpoints_honoure
                                          no_duplicate_effects, retry_budget, stale_writes_rejected,
                                          stuck_detected, terminates, version_chain, lease_fenced,
                                          fence_rises, receipt_first)
+from killpoint.harness.checkers.intent_match import effects_match_intent
 from killpoint.harness.checkers.replay import replay_compatible
 from killpoint.harness.history import History, drained
 
 # name -> checker, in the order of DESIGN section 7, then checkpoints_honoured (section 3), then
-# lease_fenced, fence_rises and receipt_first (section 7's bug classes);
-# read-only so no caller can change it for others.
-ALL: Mapping[str, Checker] = MappingProxyType({c.__name__: c for c in CHECKERS})
+# lease_fenced, fence_rises and receipt_first (section 7's bug classes), then effects_match_intent
+# (what an effect did); read-only so no caller can change it for others.
+ALL: Mapping[str, Checker] = MappingProxyType({c.__name__: c for c in (*CHECKERS, effects_match_intent)})
 # Invariants of what only some targets have, each judged (and reported, in the same table and JSON
 # as the others) in a run whose history has its evidence: ``replay_compatible`` where the target
 # replayed a workflow's recorded histories (the Temporal targets), and nowhere else.
@@ -132,4 +133,4 @@ __all__ = ["ALL", "OPTIONAL", "NEEDS_CHECKPOINTS", "NEEDS_FINAL_STATES", "NEEDS_
            "no_duplicate_effects", "effects_accounted", "stale_writes_rejected", "version_chain",
            "legal_transitions", "manual_stable", "intent_conflict", "retry_budget", "terminates",
            "stuck_detected", "checkpoints_honoured", "lease_fenced", "fence_rises", "receipt_first",
-           "replay_compatible"]
+           "effects_match_intent", "replay_compatible"]

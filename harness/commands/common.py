@@ -375,6 +375,8 @@ class Summary:
     report: str | None = None
     report_error: str | None = None  # why the reports asked for could not be written
     junit_error: str | None = None  # why the --junit-xml file could not be written
+    # The matrix's path exploration (harness.paths.Exploration): the later hits it found and crashed.
+    exploration: Any = None
     # The point statistics of runs whose events were let go (see add), by the result's id.
     _points: dict[int, PointStats] = field(default_factory=dict, repr=False)
 
@@ -471,6 +473,7 @@ class Summary:
             "report": self.report,
             **({"report_error": self.report_error} if self.report_error else {}),
             **({"junit_error": self.junit_error} if self.junit_error else {}),
+            **({"hits": self.hits()} if self.exploration is not None else {}),
             "unknown": [{"schedule": str(r.config.schedule), "reasons": list(r.verdict.unknown_reasons)}
                         for r in self.results if r.valid is None],
             "unknown_reasons": list(dict.fromkeys([*self.reasons(), *(
@@ -488,6 +491,14 @@ class Summary:
             **({"infrastructure_failure": self.infrastructure, "not_run": self.not_run}
                if self.infrastructure is not None else {}),
         }
+
+    def hits(self) -> dict[str, Any]:
+        """The path exploration's counts: the hits the fault-free run reached, the later ones
+        crashed (``explored``), those the bound left, and those a run never reached (``never_fired``:
+        each of those runs is unknown)."""
+        crashed = {str(s) for s in self.exploration.schedules}
+        never = sum(1 for r in self.results if str(r.config.schedule) in crashed and r.unfired)
+        return self.exploration.to_json(never)
 
     def point_stats(self) -> list[PointStats]:
         """The crash points each run reached and fired (see :mod:`harness.stats`)."""
@@ -717,8 +728,14 @@ def finish(args: argparse.Namespace, summary: Summary, title: str, lines: Sequen
     if tally.line():
         print(f"\nexercised: {tally.line()}")
     brief = tally.brief()
+    hits = ""
+    if summary.exploration is not None:
+        h = summary.hits()
+        hits = (f", {h['explored']} later hits explored ({h['mode']}; {h['left']} left"
+                + (f", {h['never_fired']} never fired" if h["never_fired"] else "")
+                + ("; --hits all kills every hit reached" if h["mode"] == "paths" else "") + ")")
     print(f"\n{len(summary.results)} runs, {fired}/{scheduled} scheduled faults fired"
-          + (f" ({brief})" if brief else "")
+          + (f" ({brief})" if brief else "") + hits
           + f", {judged} of {total} invariants judged: {verdict}"
           + (f"; report: {summary.report}" if summary.report else ""))
     return summary.exit_code()

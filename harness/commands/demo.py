@@ -1,7 +1,7 @@
 """``killpoint demo``: a short tour of the main job on the embedded SQLite store.
 
 Five schedules, each a crash at a telling moment of the order workflow; for each, what was killed
-where, what recovery did, and what the fourteen invariants concluded.
+where, what recovery did, and what the fifteen invariants concluded.
 """
 
 from __future__ import annotations

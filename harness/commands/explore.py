@@ -175,7 +175,7 @@ def _report(args: argparse.Namespace, search: Exploration) -> int:
     if minimal.confirmed:
         print(f"\ncounterexample found ({search.failures} failing run(s) in all), shrunk and confirmed: "
               f"{found['faults']} fault(s), failed {minimal.replays_failed}/{minimal.replays} replays: "
-              f"{experiment.schedule}{restart}")
+              f"{experiment.schedule or 'no fault at all (the worker fails without one)'}{restart}")
     else:
         print(f"\nviolation found ({search.failures} failing run(s) in all), but no schedule failed "
               f"every one of its replays (the best failed {found['replays_failed']}/{found['replays']}): "

@@ -8,6 +8,13 @@ the store's own ``before_db_commit`` and ``in_db_commit`` in each write transact
 (claim, receipt, commit): there a lost connection leaves the transaction rolled back, or committed
 without A knowing, and recovery must settle it.
 
+Beyond the first hit of each point, the matrix explores paths (``--hits``, default ``paths``): it
+first makes one fault-free run with worker A alone, reads every point A passed, and kills A at each
+later hit that ends a path no earlier hit took -- the compensation after a declined charge, the
+second and third attempts after transient errors (:mod:`killpoint.harness.paths`). ``--hits all``
+kills every hit that run reached, ``--hits first`` only the first ones, ``--max-hits N`` bounds the
+later hits crashed; the JSON's ``hits`` says how many were reached, explored and left.
+
 ``--depth 2`` runs every ordered pair of faults instead: A crashes at one point, then a second
 crash lands either on worker B (``workers``: the worker that recovers dies too) or on A again after
 it restarted under its own identity (``hits``: the same identity crashes twice). By default both
@@ -21,13 +28,17 @@ on the default workload, about two and a half minutes on two cores).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 from killpoint.chaos import generator
 from killpoint.chaos.generator import ACTIONS, FORMS
+from killpoint.chaos.schedule import Schedule
 from killpoint.chaos.points import DB_POINTS
 from killpoint.harness.commands.common import (declared_target, jobs_of, Summary, until_broken, add_common, finish,
                                                parse_steps, progress_for, run_config, target_points, whole, workload_of)
+from killpoint.harness.paths import (discovery, explore_hits, explore_recovery, kills, points_only,
+                                     recovery_probe)
 from killpoint.harness.run import Session
 
 HELP = ("run every single-fault schedule (each point x each step, killed or paused past its lease), "
@@ -51,6 +62,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--forms", default=None,
                    help="with --depth 2 only: workers (A then B), hits (A twice, restarted under its "
                         "own identity), or both (default)")
+    p.add_argument("--hits", choices=generator.HIT_MODES, default=None,
+                   help="with --depth 1: which hits past the first of each point to kill, after a "
+                        "fault-free run with worker A alone shows which it reaches: paths (default: "
+                        "each hit that ends a path no earlier one took, as a retry or a "
+                        "compensation), all (every hit reached, on every instance) or first (none)")
+    p.add_argument("--max-hits", type=whole("--max-hits"), default=None, metavar="N",
+                   help="with --depth 1: kill at most N of those later hits (default: no bound); "
+                        "the JSON's hits.left says how many were left")
+    p.add_argument("--recovery-paths", action="store_true",
+                   help="with --depth 1: also run each kill of A again with A alone, restarted under "
+                        "its own identity, and kill it a second time at each hit of its recovery that "
+                        "ends a path not seen before (several times the runs of the default matrix)")
     p.add_argument("--cross-steps", action="store_true",
                    help="with --depth 2 only: pair faults on different steps too (workers form only)")
 
@@ -65,7 +88,20 @@ def run(args: argparse.Namespace) -> int:
         if args.cross_steps:
             raise BadInput("--cross-steps: pairs of crashes on different steps are run only with "
                            "--depth 2; add --depth 2, or leave --cross-steps out")
+    elif args.hits is not None or args.max_hits is not None or args.recovery_paths:
+        option = "--hits" if args.hits is not None else "--max-hits" if args.max_hits is not None \
+            else "--recovery-paths"
+        raise BadInput(f"{option}: later hits are explored "
+                       f"by the single-fault matrix; leave it out with --depth 2, whose pairs put "
+                       f"their second crash on the hit after the first")
+    if args.max_hits is not None and args.max_hits < 0:
+        raise BadInput(f"--max-hits {args.max_hits}: give a whole number of at least 0")
+    hits_mode = "first" if args.depth != 1 else (args.hits or "paths")
+    if args.recovery_paths and hits_mode == "first":
+        raise BadInput("--recovery-paths --hits first: recovery paths are found by the fault-free "
+                       "run that --hits first leaves out; use --hits paths or all")
     points = target_points(args, args.points)
+    actions: tuple[str, ...] = ()
     workload = workload_of(args)
     steps = parse_steps(args.steps, workload.step_names)
     if args.steps is None and args.depth == 2:
@@ -108,11 +144,44 @@ def run(args: argparse.Namespace) -> int:
               f"{' x ' + str(len(steps)) + ' steps' if args.cross_steps else ''}, forms "
               f"{', '.join(forms)}); choose with --steps, --points or --forms", file=sys.stderr)
     summary = args._summary = Summary(planned=len(configs))  # what _broken prints, if it comes to that
-    progress = progress_for(args, len(configs), f"killpoint matrix{' --depth 2' if args.depth == 2 else ''}")
+    explore = hits_mode != "first" and "kill" in actions
+    if hits_mode != "first" and not explore and (args.hits or args.max_hits is not None or args.recovery_paths):
+        raise BadInput(f"--actions {shown(','.join(actions))}: later hits are explored with kills; add "
+                       f"kill to --actions, or leave --hits, --max-hits and --recovery-paths out")
+    progress = progress_for(args, len(configs),
+                            f"killpoint matrix{' --depth 2' if args.depth == 2 else ''}")
+    drawn = bool(args.report_dir) and args.report != "never"  # reports draw every run's events
     with Session(real_time=args.real_time) as session:
+        if explore:
+            # The fault-free run with A alone, whose hits tell which later ones to crash. Judged
+            # as every run is, and shown among the results when it is not valid: a worker that
+            # fails with no fault at all fails here, and that is never hidden.
+            probe = discovery(run_config(args, Schedule()))
+            progress.step("finding the hits a fault-free run reaches (worker A alone)")
+            found = session.run(probe)
+            exploration = dataclasses.replace(explore_hits(found, steps, points, hits_mode, args.max_hits),
+                                              discovery=found.verdict.valid)
+            if found.valid is not True:
+                summary.add(found, keep_events=drawn)
+                progress.step("no faults, worker A alone", found)
+            if args.recovery_paths:
+                # Each kill again, A alone and restarted as itself: what its recovery passes.
+                killed = kills([c.schedule for c in configs] + list(exploration.schedules))
+                probes = [recovery_probe(run_config(args, s)) for s in killed]
+                progress.display.total = progress.display.done + len(configs) + len(exploration.plans) + len(probes)
+                seen = []
+                for result in session.run_many(probes, jobs=jobs_of(args)):
+                    seen.append(points_only(result))  # all explore_recovery reads of it
+                    summary.add(result, keep_events=drawn)
+                    progress.step(f"{result.config.schedule} (A alone, restarted as itself)", result)
+                exploration = explore_recovery(exploration, seen, steps, points, args.max_hits)
+                del seen
+            configs += [run_config(args, p.schedule, **p.overrides()) for p in exploration.plans]
+            summary.exploration = exploration
+            summary.planned = len(summary.results) + len(configs)
+            progress.display.total = progress.display.done + len(configs)
         if configs:
             progress.step(str(configs[0].schedule))  # at once: the first result may take a while
-        drawn = bool(args.report_dir) and args.report != "never"  # reports draw every run's events
         for i, result in enumerate(until_broken(session.run_many(configs, jobs=jobs_of(args)))):
             summary.add(result, keep_events=drawn)
             progress.step(str(result.config.schedule), result)

@@ -5,9 +5,13 @@ lease table of ours. LangGraph has no owner for a thread: two workers that resum
 id both run it. So a worker takes the thread's lease first (a fencing counter raised on every take,
 an expiry in database time, renewed by a heartbeat thread while it works) and then resumes the thread
 the way LangGraph does, by its thread id (``graph.invoke(None, config)`` once a checkpoint exists).
-The checkpointer is fenced: every checkpoint write first checks, in the same SQLite transaction,
-that the lease is still this worker's, and each node calls the downstream with the lease's fence,
-so a worker that was paused past its lease can neither write a checkpoint nor apply an effect.
+The lease is the driver's, not LangGraph's: LangGraph gives a node no fencing token. So ``naive``
+calls the downstream as plain LangGraph code does -- a fresh key per call and no fence -- and writes
+checkpoints through the plain ``SqliteSaver``. ``keyed`` shows the fix: a key stable across attempts
+(``thread:step``), and a fenced driver besides: every checkpoint write first checks, in the same
+SQLite transaction, that the lease is still this worker's, and each node calls the downstream with
+the lease's fence, so a worker that was paused past its lease can neither write a checkpoint nor
+apply an effect.
 
 The checkpointer serializes its writes on its own lock; a pause takes that lock first (it is one of
 the failpoints' pause locks), so a frozen worker never holds the SQLite file's write lock.
@@ -119,8 +123,10 @@ def _node(step: str) -> Any:
 
 def _call(ctx: Any, spec: Any, key: str, instance: str, step: str, lease: "Lease") -> tuple[int, dict[str, Any]]:
     for _ in range(200):
+        fenced = _worker["keyed"]  # plain LangGraph code has no fencing token to send
         status, body = _worker["http"].post(spec.resource, spec.params, key=key, instance=instance, step=step,
-                                            fence=lease.fence, scope=lease.thread_id)
+                                            fence=lease.fence if fenced else None,
+                                            scope=lease.thread_id if fenced else None)
         if status == 409 and body.get("error") == "stale_fence":
             raise LeaseLost(f"thread {lease.thread_id}: the downstream has seen a newer fence than {lease.fence}")
         if status == 409 and body.get("error") == "in_flight":
@@ -213,7 +219,8 @@ def _work(ctx: Any, keyed: bool, durability: str) -> None:
             time.sleep(TIMING.poll_ms / 1000.0)
             continue
         _worker["lease"] = lease
-        saver.holding = (lease.thread_id, lease.owner, lease.fence)
+        # The plain SqliteSaver for naive: no lease check on a checkpoint write.
+        saver.holding = (lease.thread_id, lease.owner, lease.fence) if keyed else None
         config: Any = {"configurable": {"thread_id": lease.thread_id}}
         try:
             started = saver.get_tuple(config) is not None

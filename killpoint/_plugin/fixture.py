@@ -78,12 +78,17 @@ class Killpoint:
     def matrix(self, *, target: "str | Callable[..., None]" = "reference",
                points: Sequence[str] | None = None, steps: Sequence[str] | None = None, depth: int = 1,
                workload: "str | Workload | None" = None, workers: int = 2, seed: int | None = None,
-               actions: "Sequence[str] | str" = ("kill", "pause"), **config: Any) -> CrashVerdict:
+               actions: "Sequence[str] | str" = ("kill", "pause"), hits: str = "paths",
+               max_hits: int | None = None, **config: Any) -> CrashVerdict:
         """The schedules ``killpoint matrix`` runs for the same arguments, in its order: worker A
         killed at each point of each step (hung at the heartbeat) and, with ``actions`` (as
         ``--actions``; default kill and pause), frozen past its lease at each point where it holds
         one; with ``depth=2`` every ordered pair of crashes on a step, by default on the steps
         more than one instance runs (``killpoint matrix --depth 2``).
+
+        ``hits`` and ``max_hits`` are ``--hits`` and ``--max-hits`` (depth 1 with kills): after a
+        fault-free run with worker A alone, A is also killed at each later hit that ends a new path
+        (``paths``, the default), at every later hit (``all``), or at none (``first``).
 
         Points default to all the target declares (narrowed by ``--killpoint-points``); under
         ``--killpoint-shard K/N`` this runs the K-th share of the list, which is the same in every job.
@@ -116,13 +121,28 @@ class Killpoint:
         if not plans:
             _fail(f"killpoint.matrix(points={asked['points']!r}, actions={actions!r}): no run to make: "
                   f"a pause is scheduled only where a lease is held ({', '.join(generator.LEASE_HELD)})")
+        if hits not in generator.HIT_MODES:
+            _fail(f"killpoint.matrix(hits={hits!r}): use one of {', '.join(generator.HIT_MODES)}")
+        if max_hits is not None and (type(max_hits) is not int or max_hits < 0):
+            _fail(f"killpoint.matrix(max_hits={max_hits!r}): give a whole number of at least 0, or None")
+        found = None
+        if depth == 1 and hits != "first" and "kill" in _actions(actions):
+            # The fault-free run with A alone (in every shard: each needs the same list), then a
+            # kill at each later hit it shows, as killpoint matrix runs them.
+            from killpoint.chaos.schedule import Schedule
+            from killpoint.harness.paths import explore_hits
+
+            probe = self._config(Schedule(), target, workload, 1, seed, dict(config))
+            found = self._session_getter().run(probe)
+            plans = plans + list(explore_hits(found, tuple(steps), tuple(chosen), hits, max_hits).plans)
         k, n = self.settings.shard
         mine = generator.shard(plans, k, n)
         if plans and not mine:
             pytest.skip(f"shard {k}/{n} has no share of this matrix of {len(plans)} schedules")
         # Each pair of depth 2 comes with the restart rule its second fault needs.
         return self._judge([self._config(p.schedule, target, workload, workers, seed,
-                                         {**p.overrides(), **config}) for p in mine])
+                                         {**p.overrides(), **config}) for p in mine],
+                           before=[found] if found is not None and found.valid is not True and k == 1 else [])
 
     def explore(self, *, target: "str | Callable[..., None]" = "reference", budget: int | None = None,
                 seed: int | None = None, workload: str | None = None, workers: int = 2) -> CrashVerdict:
@@ -212,9 +232,12 @@ class Killpoint:
 
         return self.settings.jobs or (1 if self._state.worker_id else default_jobs())
 
-    def _judge(self, configs: Sequence["RunConfig"]) -> CrashVerdict:
+    def _judge(self, configs: Sequence["RunConfig"], before: Sequence["RunResult"] = ()) -> CrashVerdict:
+        """Run ``configs`` and judge them; ``before``: runs made already that belong to the verdict
+        (a matrix's fault-free run that was not valid)."""
         session = self._session_getter()
-        results, runs = [], []
+        results: list[Any] = list(before)
+        runs = [self._keep(r) for r in before]
         self._guard()
         jobs = self._jobs()
         from killpoint.errors import InvalidTarget
