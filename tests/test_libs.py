@@ -95,9 +95,12 @@ def test_dbos_naive_matrix_exits_1_on_the_duplicate_a_rerun_step_applies():
     # DBOS re-runs a step killed before its output was recorded, never one whose output was; a
     # worker frozen before its call that comes back after another worker recovered the workflow
     # (started once its lease would have lapsed) may make its stale call too
-    kills = {v["schedule"].split(":")[0].split("#")[0].split(".")[-1] for v in out["violations"] if "pause" not in v["schedule"]}
+    def point(v):
+        return v["schedule"].split(":")[0].split("#")[0].split(".")[-1]
+
+    kills = {point(v) for v in out["violations"] if "pause" not in v["schedule"]}
     assert kills == {"after_call"}
-    assert {v["schedule"].split(":")[0].split("#")[0].split(".")[-1] for v in out["violations"]} <= {"after_call", "before_call"}
+    assert {point(v) for v in out["violations"]} <= {"after_call", "before_call"}
     # DBOS's operation outputs (history()) and workflow statuses (final_states()) let more judge
     for name in ("version_chain", "legal_transitions", "effects_accounted", "terminates"):
         assert out["invariants"][name]["checked"] == out["runs"], name

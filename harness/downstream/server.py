@@ -89,7 +89,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.command = None  # type: ignore[assignment]  # as the standard library's: none read yet
         self.request_version = self.default_request_version
         self.close_connection = True
-        raw: bytes = self.raw_requestline  # set by handle_one_request, untyped there
+        raw: bytes = getattr(self, "raw_requestline")  # noqa: B009 (set by handle_one_request, unknown to the stubs)
         self.requestline = str(raw, "iso-8859-1").rstrip("\r\n")
         words = self.requestline.split()
         if not words:
