@@ -39,6 +39,17 @@ def clock_note(virtual: bool) -> str:
             if virtual else "run time with the clock off (--real-time): wall time")
 
 
+def clock_legend(virtual: bool) -> str:
+    """The line that says once, before a command's stories, what their times are."""
+    return f"Times are {clock_note(virtual)}; \u22ee marks such a wait."
+
+
+def _known(text: str, *values: Any) -> str:
+    """``text`` formatted with ``values``, or "" when any of them is missing: a printed field is
+    filled or left out, never "None"."""
+    return "" if any(x is None for x in values) else text.format(*values)
+
+
 def _ms(e: Event, t0: int) -> str:
     return f"{run_time(e.time - t0):>10}"
 
@@ -110,31 +121,38 @@ def _store(e: Event) -> str:
     fence = f" with fence {d['fence']}" if d.get("fence") is not None else ""
     # A target's own records may not say who wrote a change (procrastinate's job events do not).
     who = d.get("worker") or "a worker"
+    moved = _known("{} -> {}", d.get("from_state"), d.get("to_state"))
     if e.kind == v.CLAIMED:
-        return (f"{who} claimed {where}{fence} "
-                f"(attempt {d.get('attempt')}, {d.get('from_state')} -> {d.get('to_state')})")
+        told = ", ".join(x for x in (_known("attempt {}", d.get("attempt")), moved) if x)
+        return f"{who} claimed {where}{fence}" + (f" ({told})" if told else "")
     if e.kind == v.COMMITTED:
         why = f"; reason: {d['reason']}" if d.get("reason") else ""
         whose = f"{d['worker']}'s commit" if d.get("worker") else "a commit"
-        return (f"accepted {whose}{fence}: {where} "
-                f"{d.get('from_state')} -> {d.get('to_state')} (state version {d.get('state_version')}"
-                f"{why})")
+        told = _known("state version {}", d.get("state_version")) + why
+        return (f"accepted {whose}{fence}: {where}" + (f" {moved}" if moved else "")
+                + (f" ({told.lstrip('; ')})" if told else ""))
     if e.kind == v.COMMIT_REJECTED:
-        return (f"REFUSED {d.get('worker')}'s commit{fence}: the lease "
-                f"is at fence {d.get('lease_version')}, state version {d.get('state_version')} "
-                f"(expected {d.get('expected_state_version')})")
+        now = ", ".join(x for x in (_known("fence {}", d.get("lease_version")),
+                                    _known("state version {}", d.get("state_version"))) if x)
+        expected = _known(" (expected {})", d.get("expected_state_version")) if now else ""
+        whose = f"{d['worker']}'s commit" if d.get("worker") else "a commit"
+        return (f"REFUSED {whose}{fence}: the lease is at {now}{expected}" if now else
+                f"REFUSED {whose}{fence} on {where}: a stale write")
     if e.kind == v.STUCK_FLAGGED:
-        return (f"{d.get('worker')} flagged {d.get('stuck_owner')} stuck on {where}: heartbeat "
-                f"alive, no progress for {d.get('idle_ms')} ms; lease freed")
+        owner = f" {d['stuck_owner']}" if d.get("stuck_owner") is not None else ""
+        idle = _known(" for {} ms", d.get("idle_ms"))
+        return f"{who} flagged{owner} stuck on {where}: heartbeat alive, no progress{idle}; lease freed"
     if e.kind == v.RECEIPT_RECORDED:
-        return f"{d.get('worker')} recorded receipt {d.get('key')} = {d.get('status')}"
+        what = f"receipt {d['key']}" if d.get("key") is not None else f"a receipt for {where}"
+        return f"{who} recorded {what}" + _known(" = {}", d.get("status"))
     if e.kind == v.OPERATOR_RESOLVED:
-        return (f"operator {d.get('actor')} moved {where} to {d.get('to_state')} "
-                f"(evidence: {d.get('evidence')})")
+        actor = f"operator {d['actor']}" if d.get("actor") is not None else "an operator"
+        return (f"{actor} moved {where}" + _known(" to {}", d.get("to_state"))
+                + _known(" (evidence: {})", d.get("evidence")))
     if e.kind == v.CREATED:
-        return f"created {where} ({d.get('to_state')})"
+        return f"created {where}" + _known(" ({})", d.get("to_state"))
     if e.kind in (v.RENEWED, v.RELEASED):
-        return f"{d.get('worker')} {e.kind} its lease on {where}{fence}"
+        return f"{who} {e.kind} its lease on {where}{fence}"
     return f"{e.kind} {where}" + (f" by {d['worker']}" if d.get("worker") else "")
 
 
@@ -142,8 +160,10 @@ def _request(e: Event) -> str:
     d = e.data
     key = d.get("key") or "(no key: legacy)"
     fence = f" fence {d['fence']}" if d.get("fence") is not None else ""
-    return (f"{e.meta.get('worker')} -> {d.get('resource')} key {key}{fence}: "
-            f"{d.get('status')} {d.get('outcome')}" + (" (a new effect)" if d.get("applied") else ""))
+    who = e.meta.get("worker") or "a client"
+    answer = " ".join(str(x) for x in (d.get("status"), d.get("outcome")) if x is not None)
+    return (f"{who} -> {d.get('resource')} key {key}{fence}: {answer or 'no answer'}"
+            + (" (a new effect)" if d.get("applied") else ""))
 
 
 def _worker(e: Event) -> str:
@@ -155,9 +175,11 @@ def _worker(e: Event) -> str:
         return f"passed {d.get('step')}.{d.get('point')} (hit {d.get('hit')}; nothing fired)"
     if e.kind == v.RECOVER:
         source = f" (from the {d['source']})" if d.get("source") else ""
-        return (f"recovery evidence: receipt {d.get('receipt')}{source}, retry-safe "
-                f"{d.get('retry_safe')}, {d.get('attempts')}/{d.get('max_attempts')} attempts "
-                f"-> {d.get('action')}")
+        receipt = f"receipt {d['receipt']}{source}" if d.get("receipt") is not None else "no receipt"
+        safe = {True: "retry-safe", False: "not retry-safe"}.get(d.get("retry_safe"), "")
+        attempts = _known("{}/{} attempts", d.get("attempts"), d.get("max_attempts"))
+        told = ", ".join(x for x in (receipt, safe, attempts) if x)
+        return f"recovery evidence: {told}" + _known(" -> {}", d.get("action"))
     if e.kind == v.CALL and e.type == v.INFO:
         return f"call outcome unknown ({'it died first' if d.get('indeterminate') else d.get('error')})"
     if e.kind in v.OP_KINDS:
@@ -170,7 +192,7 @@ def _worker(e: Event) -> str:
     if e.kind == v.CHECKPOINT:
         return f"checkpoint of {d.get('instance')} {d.get('outcome')}: {d.get('reason')}"
     if e.kind == v.HEARTBEAT_LOST:
-        return f"heartbeat found the lease on {where} gone (fence {d.get('fence')})"
+        return f"heartbeat found the lease on {where} gone" + _known(" (fence {})", d.get("fence"))
     if e.kind == v.STORE_UNAVAILABLE:
         how = "outcome unknown" if d.get("outcome_unknown") else "rolled back"
         return f"store connection lost ({how}): {d.get('error')}"
@@ -260,13 +282,17 @@ def story(result: RunResult) -> list[str]:
         effects = history.applied(instance=instance, step=step)
         out.append(f"=> {instance}:{step} ended {history.final_state(instance, step)} with "
                    f"{len(effects)} applied effect(s) in the downstream ledger")
-    judged = [r for r in result.verdict.results if r.checked]
-    word = {True: "valid", False: "VIOLATED", None: "unknown"}[result.valid]
-    out.append(f"verdict: {word} ({len(judged)} of {len(result.verdict.results)} invariants had "
-               f"something to judge; {result.duration_s * 1000:.0f} ms)")
-    out.append(f"times: {clock_note(result.config.virtual_time)}; "
-               f"{run_time(span(history))} of run time in {result.duration_s * 1000:.0f} ms of wall time")
+    out.append(verdict_line(result))
     return out
+
+
+def verdict_line(result: RunResult) -> str:
+    """A run's verdict, as a story ends: the word, how many invariants judged it, its times. What the
+    times are is said once per command (:func:`clock_legend`), not under every run."""
+    judged = sum(1 for r in result.verdict.results if r.checked)
+    word = v.VERDICT_WORDS[result.valid]
+    return (f"verdict: {word} ({judged} of {len(result.verdict.results)} invariants judged; "
+            f"{run_time(span(result.history))} of run time in {result.duration_s * 1000:.0f} ms)")
 
 
 def span(history: History) -> int:

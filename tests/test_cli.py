@@ -99,12 +99,34 @@ def test_json_mode_prints_exactly_one_object_on_stdout_progress_on_stderr_and_qu
     assert code == 0 and json.loads(out)["runs"] == 2 and err == ""
 
 
-def test_demo_tells_the_story_and_exits_0(capsys):
+def test_demo_tells_the_story_ends_with_one_caught_bug_and_exits_0(capsys):
+    """Protects the first screen a new user sees: the five valid runs, then one violation (a mutant
+    under the lease takeover) with its reproduce line; the exit code is the reference's verdict."""
     code, out, err = run_cli(capsys, "demo")
     assert code == 0
     assert "REFUSED A's commit with fence 1" in out
     assert "manual_intervention" in out and "flagged A stuck" in out
     assert out.strip().splitlines()[-1].endswith("valid")
+    shown = out.split("6. A@charge.after_call:1*pause on mutant:no-fence-check")[1]
+    assert "VIOLATED stale_writes_rejected at order-1:charge" in shown
+    assert "reproduce: killpoint replay 'A@charge.after_call:1*pause' --target mutant:no-fence-check" in shown
+    assert "=> caught" in shown
+    # One vocabulary: one verdict word, no empty field printed as None, what the times are said once.
+    assert "INVALID" not in out and "None" not in out
+    assert out.count("run time on the virtual clock") == 1
+    assert "had something to judge" not in out and "invariants judged;" in out
+
+
+def test_demo_fails_when_the_bug_it_shows_is_not_caught(capsys, monkeypatch):
+    """Protects the demo's promise: the mutant it shows must be caught. Shown under a schedule where
+    its invariant has nothing to catch (a kill, where no stale commit happens), the demo exits 1."""
+    from killpoint.harness.commands import demo
+
+    monkeypatch.setattr(demo, "MUTANT", ("mutant:no-fence-check", "A@charge.after_call:kill",
+                                         "stale_writes_rejected", "a bug under a schedule that cannot show it"))
+    code, out, err = run_cli(capsys, "demo")
+    assert code == 1
+    assert "=> NOT caught" in out and "was NOT caught by stale_writes_rejected" in out
 
 
 def test_the_same_seed_fires_the_same_probabilistic_faults_in_every_process():
@@ -632,7 +654,7 @@ def test_replay_narrates_the_run_and_a_failure_without_report_dir_says_how_to_ge
     assert "accepted A's commit with fence 1" in out  # the stale write, told as it happened
     # The 30 s lease, skipped by the virtual clock, is told as run time that passed, not wall time.
     assert re.search(r"\u22ee \+(29|30)\.\d s of run time\n.*B claimed order-1:charge", out)
-    assert "times: run time on the virtual clock" in out and "of wall time" in out
+    assert out.count("Times are run time on the virtual clock") == 1 and "of run time in" in out
     assert "add --report-dir DIR" in out
 
 

@@ -9,8 +9,9 @@ import os
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from killpoint import vocab
 from killpoint.chaos.points import DB_POINTS, DEFAULT_POINTS, ORDERED_POINTS, POINTS
 from killpoint.errors import SHOWN_LIMIT, BadInput, shown
 from killpoint.harness.colour import Colour
@@ -608,11 +609,12 @@ def print_judgement(summary: Summary, results: Sequence[RunResult], *, reproduce
                 print(f"\n{paint.verdict('UNKNOWN')} {where}: {reason}")
 
 
-def finish(args: argparse.Namespace, summary: Summary, title: str, lines: Sequence[str] = ()) -> int:
-    """Print the outcome (text or JSON) and return the exit code."""
+def finish(args: argparse.Namespace, summary: Summary, title: str, lines: Sequence[str] = (),
+           extra_json: Mapping[str, Any] | None = None) -> int:
+    """Print the outcome (text or JSON, with ``extra_json``'s fields added) and return the exit code."""
     write_reports(args, summary, title)
     if args.json:
-        print(json.dumps(summary.to_json(), indent=2))
+        print(json.dumps({**summary.to_json(), **(extra_json or {})}, indent=2))
         print_json_hint(args, summary)
         return summary.exit_code()
     for line in lines:
@@ -624,7 +626,7 @@ def finish(args: argparse.Namespace, summary: Summary, title: str, lines: Sequen
     if hint:
         print(f"\n{hint}")
     paint = Colour.for_stream(sys.stdout)
-    verdict = paint.verdict({True: "valid", False: "INVALID", None: "unknown"}[summary.valid])
+    verdict = paint.verdict(vocab.VERDICT_WORDS[summary.valid])
     fired = sum(1 for r in summary.results for n in r.fired.values() if n)
     scheduled = sum(len(r.fired) for r in summary.results)
     judged, total = summary.judged()
