@@ -176,7 +176,7 @@ def _worker(e: Event) -> str:
     if e.kind == v.RECOVER:
         source = f" (from the {d['source']})" if d.get("source") else ""
         receipt = f"receipt {d['receipt']}{source}" if d.get("receipt") is not None else "no receipt"
-        safe = {True: "retry-safe", False: "not retry-safe"}.get(d.get("retry_safe"), "")
+        safe = "retry-safe" if d.get("retry_safe") is True else "not retry-safe" if d.get("retry_safe") is False else ""
         attempts = _known("{}/{} attempts", d.get("attempts"), d.get("max_attempts"))
         told = ", ".join(x for x in (receipt, safe, attempts) if x)
         return f"recovery evidence: {told}" + _known(" -> {}", d.get("action"))

@@ -9,7 +9,8 @@ POINTS = ("before_claim", "after_claim", "before_call", "in_call", "after_call",
           "before_receipt", "after_receipt", "before_commit", "after_commit")
 
 
-def next_steps(ctx: WorkerContext, rows: list) -> Iterator[tuple[dict, StepSpec]]:
+def next_steps(ctx: WorkerContext,
+               rows: list[dict[str, Any]]) -> Iterator[tuple[dict[str, Any], StepSpec]]:
     """Each instance's first unfinished step: steps run in order, a failed one ends its instance."""
     state = {(row["instance"], row["step"]): row for row in rows}
     for instance in ctx.workload.instances:
@@ -36,7 +37,7 @@ def worker(ctx: WorkerContext) -> None:
             continue
         row, step = free[0]
         instance = row["instance"]
-        with ctx.at(instance, step.name):           # schedules can name the step: A@charge...
+        with ctx.at(instance, step.name):           # schedules can name the step: A@reserve.after_call
             ctx.point("before_claim")
             claim = ctx.store.claim(instance, step.name, ctx.worker_id,
                                     expected_state_version=row["state_version"],
@@ -48,6 +49,7 @@ def worker(ctx: WorkerContext) -> None:
             ctx.heartbeat.hold(claim)               # renews the lease while we work
             try:
                 key = step.key(instance)            # the same key on every retry
+                assert key and step.resource, "every step of 'plain' calls out with a key"
                 ctx.point("before_call")
                 answer = ctx.downstream.call(
                     step.resource, key=key, params=step.params, fence=claim.fence,
