@@ -860,3 +860,44 @@ def test_the_console_script_is_the_one_that_ends_a_ctrl_c_at_start_in_one_line()
 
     [script] = [e for e in entry_points(group="console_scripts") if e.name == "killpoint"]
     assert script.value == "killpoint._main:main"
+
+
+def test_a_valid_matrix_with_report_dir_writes_the_index_and_says_so(capsys, tmp_path):
+    """Protects: --report-dir on a valid matrix (--report on-failure, the default) left a folder
+    holding only a marker, and said nothing. Now the index, its rows linking no page, and a line."""
+    import os
+
+    where = tmp_path / "rep"
+    code, out, err = run_cli(capsys, "matrix", "--steps", "charge", "--points", "after_call,before_commit",
+                             "--report-dir", str(where), "--json")
+    report = json.loads(out)
+    assert code == 0 and report["valid"] is True and report["report"] == str(where / "index.html")
+    assert sorted(p for p in os.listdir(where) if p.endswith(".html")) == ["index.html"]
+    index = (where / "index.html").read_text(encoding="utf-8")
+    assert index.count("no page") == report["runs"] == 4 and "run-0001.html" not in index
+    assert "wrote the index only (every run valid; --report always writes a page for each run)" in err
+
+
+def test_report_pages_are_announced_and_their_run_ids_are_unique_and_match_the_file_names(capsys, tmp_path):
+    """Protects: with --jobs, each runner numbered its runs from 1, so the index showed two
+    different run0001-... ids, neither matching its page's file name. Now a run's number is its
+    position, its page is named after it, and the index links each page by that name."""
+    import os
+    import re
+
+    where = tmp_path / "rep"
+    code, out, err = run_cli(capsys, "matrix", "--steps", "charge", "--points", "after_call,before_commit",
+                             "--target", "mutant:no-fence-check", "--jobs", "2", "--report", "always",
+                             "--report-dir", str(where), "--json")
+    results = json.loads(out)["results"]
+    assert code == 1 and len(results) == 4
+    ids = [r["run_id"] for r in results]
+    assert len(set(ids)) == 4
+    assert [int(re.match(r"run(\d+)-", i)[1]) for i in ids] == [1, 2, 3, 4]
+    assert sorted(p for p in os.listdir(where) if p.startswith("run-")) == [f"run-000{n}.html" for n in (1, 2, 3, 4)]
+    for n, run_id in enumerate(ids, start=1):
+        assert run_id in (where / f"run-000{n}.html").read_text(encoding="utf-8")
+    index = (where / "index.html").read_text(encoding="utf-8")
+    assert all(f'>run-000{n}.html</a>' in index for n in (1, 2, 3, 4))
+    assert "killpoint: writing 4 report pages and the index to" in err
+    assert "killpoint: wrote 4 report page(s) and the index to" in err

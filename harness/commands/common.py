@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 import sys
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -339,6 +340,7 @@ class Summary:
     results: list[RunResult] = field(default_factory=list)
     report: str | None = None
     report_error: str | None = None  # why the reports asked for could not be written
+    report_pages: bool = True  # False: the index alone was written (every run valid, --report on-failure)
     junit_error: str | None = None  # why the --junit-xml file could not be written
     # The point statistics of runs whose events were let go (see add), by the result's id.
     _points: dict[int, PointStats] = field(default_factory=dict, repr=False)
@@ -460,7 +462,7 @@ def write_junit(args: argparse.Namespace, summary: Summary, title: str) -> None:
     from killpoint.reports import run_report_name
 
     reports = None
-    if summary.report:
+    if summary.report and summary.report_pages:
         where = os.path.dirname(summary.report)
         reports = [os.path.join(where, run_report_name(n)) for n in range(1, len(summary.results) + 1)]
     summary.junit_error = write_junit_file(path, summary.results, suite=title, reproduce=replay_command,
@@ -568,13 +570,19 @@ def write_html(args: argparse.Namespace, summary: Summary, title: str) -> None:
     goes on to print its verdict and exit with its code."""
     if args.report == "never" or args.report_dir is None:
         return
-    if args.report == "on-failure" and summary.valid is True:
-        return
+    # Every run valid and pages only on failure: the index alone, which says what ran and how each
+    # verdict came out (a folder holding only a marker said nothing).
+    pages = not (args.report == "on-failure" and summary.valid is True)
     from killpoint.reports import write_reports as write
 
+    progress = _PageProgress(len(summary.results) if pages else 0, args.report_dir,
+                             quiet=bool(getattr(args, "quiet", False)))
     try:
         prepare_report_dir(args)  # done already where the command's runs started
-        summary.report = write(summary.results, args.report_dir, title=title)
+        summary.report = write(summary.results, args.report_dir, title=title, pages=pages,
+                               on_page=progress.page)
+        summary.report_pages = pages
+        progress.done()
     except BadInput as exc:  # the directory went away or bad since the command started
         summary.report_error = str(exc)
         print(f"killpoint: warning: {summary.report_error}; the verdict stands", file=sys.stderr)
@@ -582,6 +590,32 @@ def write_html(args: argparse.Namespace, summary: Summary, title: str) -> None:
         summary.report_error = (f"cannot write reports to {shown(args.report_dir)} "
                                 f"({exc.strerror or exc})")
         print(f"killpoint: warning: {summary.report_error}; the verdict stands", file=sys.stderr)
+
+
+class _PageProgress:
+    """Progress of the report pages on stderr, as the runs' progress: a line when writing starts (when
+    there is more than one page), then every 3 s, then one saying what was written; off with --quiet."""
+
+    def __init__(self, total: int, where: str, *, quiet: bool) -> None:
+        self.total, self.where, self.quiet = total, where, quiet
+        self.started = time.monotonic()
+        self.last = self.started
+        if not quiet and total > 1:
+            print(f"killpoint: writing {total} report pages and the index to {where}", file=sys.stderr)
+
+    def page(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if not self.quiet and now - self.last >= 3.0 and done < total:
+            print(f"killpoint: {done}/{total} report pages written, {now - self.started:.1f} s", file=sys.stderr)
+            self.last = now
+
+    def done(self) -> None:
+        if self.quiet:
+            return
+        took = time.monotonic() - self.started
+        what = (f"{self.total} report page(s) and the index" if self.total else
+                "the index only (every run valid; --report always writes a page for each run)")
+        print(f"killpoint: wrote {what} to {self.where} in {took:.1f} s", file=sys.stderr)
 
 
 def print_judgement(summary: Summary, results: Sequence[RunResult], *, reproduce: bool = True) -> None:
