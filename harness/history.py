@@ -11,7 +11,9 @@ is one clock for every process on a Linux machine):
   nothing fired), ``recover`` (type ``event``: evidence and the action decided), ``heartbeat_lost``,
   ``checkpoint`` (type ``event``: instance, outcome, reason, fingerprint; written when a worker
   did not read an instance's checkpoint as is: migrated or refused), ``raised`` (type ``event``:
-  error, exception, where, traceback -- the target raised an exception nobody injected).
+  error, exception, where, traceback -- the target raised an exception nobody injected),
+  ``library_error`` (procrastinate: error) and ``lease_lost`` (langgraph: instance, fence, error).
+  A kind a target journals for itself is kept and judged by no checker.
   ``call`` invoke data: instance, step, resource, key, intent_hash, fence, attempt, direction.
 * **store events** (``process`` = ``"store"``, type ``event``): the append-only event table.
   ``kind`` is one of ``created``, ``claimed``, ``committed``, ``commit_rejected``,
@@ -38,7 +40,11 @@ is one clock for every process on a Linux machine):
   acts before judging), ``terminate_backend`` (worker, pid, point, instance, step, fault,
   backend_pids: the worker's PostgreSQL sessions ended by ``pg_terminate_backend``, states: the
   state each was in -- ``idle`` at ``in_db_commit`` means its COMMIT had been processed),
-  ``replacements_stopped`` (worker, error: the target raised the same exception again).
+  ``replacements_stopped`` (worker, error: the target raised the same exception again),
+  ``target_restart`` (fault, ok: the target's own server restarted by its ``restart()`` hook).
+
+Each :class:`Event` keeps what was written; ``Event.typed`` is its family's typed form
+(:mod:`killpoint.harness.events`), parsed once, with a named error for an event not in the vocabulary.
 
 Checkers only ever see a :class:`History`; they never do I/O.
 """
@@ -52,6 +58,7 @@ from functools import cached_property
 from typing import Any, Callable, Generator, Iterable, Iterator, Mapping, TypeVar, cast
 
 from killpoint import vocab as v
+from killpoint.harness.events import TypedEvent, parse
 # Re-exported: the names the checkers and reports have always imported from here.
 from killpoint.vocab import ACCEPTED_TRANSITIONS as ACCEPTED_TRANSITIONS
 from killpoint.vocab import NON_WORKERS as NON_WORKERS
@@ -69,6 +76,12 @@ class Event:
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.data.get(key, default)
+
+    @cached_property
+    def typed(self) -> TypedEvent:
+        """The event in its family's typed form (:mod:`killpoint.harness.events`), parsed on first
+        use; :class:`~killpoint.errors.InvalidEvent` when it is not in the vocabulary."""
+        return parse(self)
 
     @property
     def meta(self) -> Mapping[str, Any]:

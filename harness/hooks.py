@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
 from killpoint import vocab
-from killpoint.errors import InvalidTarget, shown
+from killpoint.errors import InvalidEvent, InvalidTarget, shown
 from killpoint.chaos.journal import Journal
 from killpoint.harness.declaration import Target, TargetRun, normalize_final_states
+from killpoint.harness.events import parse_store_row
 
 # The journal kind, and the key of a worker's message to the harness, when its target raised.
 RAISED = vocab.RAISED
@@ -158,10 +159,15 @@ class Hooks:
             if "kind" not in e:
                 self.errors.append(f"the target's history() hook gave an event without a kind: {e!r:.200}")
                 continue
-            if e["kind"] not in vocab.STORE_KINDS:
-                # An event the invariants would pass over without a word: a misspelt kind
-                # ('claim' for 'claimed') once turned a caught stale write into a valid run.
-                unknown[str(e["kind"])] = unknown.get(str(e["kind"]), 0) + 1
+            try:
+                parse_store_row(e, index=n)
+            except InvalidEvent as exc:
+                if exc.field == "kind":
+                    # An event the invariants would pass over without a word: a misspelt kind
+                    # ('claim' for 'claimed') once turned a caught stale write into a valid run.
+                    unknown[str(e["kind"])] = unknown.get(str(e["kind"]), 0) + 1
+                else:
+                    self.errors.append(f"the target's history() hook gave a bad {exc}")
                 continue
             events.append({**e, "t": int(e.get("t") or end + n + 1)})
         if unknown:

@@ -633,7 +633,7 @@ class Supervisor:
                 # The target's own server (its restart() hook), e.g. a Restate server killed and
                 # started again on the same data.
                 ok = self.restart_target() if self.restart_target is not None else False
-                self.note("target_restart", fault=fault, ok=ok)
+                self.note(vocab.TARGET_RESTART, fault=fault, ok=ok)
                 continue
             killed = self.live()
             for w in killed:

@@ -16,6 +16,7 @@ __all__ = [
     "InfrastructureError",
     "InvalidAction",
     "InvalidConfig",
+    "InvalidEvent",
     "InvalidSchedule",
     "InvalidStore",
     "InvalidPoint",
@@ -72,6 +73,20 @@ class InvalidTarget(KillpointError, ValueError):
 
 class InvalidPoint(KillpointError, ValueError):
     """A crash point the target did not declare (``ctx.point`` raises it at once, naming the declared ones)."""
+
+
+class InvalidEvent(KillpointError, ValueError):
+    """An event of a history (a journal entry, a store event, a target's ``history()`` row) that is
+    not in the vocabulary: an unknown kind, a field of the wrong type. The message names the event,
+    its kind and the field; so do the attributes."""
+
+    def __init__(self, message: str, *, index: int | None = None, process: str | None = None,
+                 kind: str | None = None, field: str | None = None) -> None:
+        super().__init__(message)
+        self.index = index
+        self.process = process
+        self.kind = kind
+        self.field = field
 
 
 class InvalidWorkload(KillpointError, ValueError):

@@ -49,6 +49,9 @@ RAISED = "raised"  # the target raised (error, exception, where, traceback): a f
 # Written by the Temporal targets.
 ACTIVITY = "activity"  # a Temporal activity began
 REPLAYED = "replay"  # a workflow history replayed against the code (``outcome``, ``detail``)
+# Written by the library targets.
+LIBRARY_ERROR = "library_error"  # procrastinate: the library failed a job (error)
+LEASE_LOST = "lease_lost"  # langgraph: the thread's lease was taken over (instance, fence, error)
 
 # -- store event kinds ---------------------------------------------------------------------------------
 CREATED = "created"
@@ -90,6 +93,7 @@ CONT = "cont"
 EXIT = "exit"
 BOUND_HIT = "bound_hit"
 DOWNSTREAM_RESTART = "downstream_restart"
+TARGET_RESTART = "target_restart"  # fault, ok: the target's own server restarted by its restart() hook
 STORE_RESTART = "store_restart"
 AFTER_QUIESCENT = "after_quiescent"
 TERMINATE_BACKEND = "terminate_backend"
@@ -99,3 +103,7 @@ REPLACEMENTS_STOPPED = "replacements_stopped"  # worker, error: the target raise
 # workers, seconds, wall_s, capped: resumed workers still running that long after done() in time they
 # could run (waits for a CPU not counted), wall_s on the clock; capped: starved until the wall-time cap
 LATE_GRACE_OVER = "late_grace_over"
+# Every kind a harness action may have.
+HARNESS_KINDS = frozenset({SPAWN, KILL, STOP, CONT, EXIT, BOUND_HIT, DOWNSTREAM_RESTART, TARGET_RESTART,
+                           STORE_RESTART, AFTER_QUIESCENT, TERMINATE_BACKEND, INFRASTRUCTURE_FAILURE,
+                           STARVED, REPLACEMENTS_STOPPED, LATE_GRACE_OVER})

@@ -12,6 +12,7 @@ import xml.etree.ElementTree as ET
 from typing import Any
 
 import pytest
+from hang import HANG_S
 
 yaml = pytest.importorskip("yaml")
 
@@ -57,7 +58,7 @@ def test_workflow_killpoint_commands_run_here_and_write_what_the_uploads_collect
     assert [s["run"].split()[1] for s in steps] == ["--version", "matrix", "replay", "explore"]
     for step in steps:
         proc = subprocess.run(["bash", "-e", "-c", step["run"]], cwd=tmp_path, env=env,
-                              capture_output=True, text=True, timeout=600)
+                              capture_output=True, text=True, timeout=HANG_S)
         assert proc.returncode == 0, (step["name"], shlex.quote(step["run"]), proc.stdout[-2000:],
                                       proc.stderr[-2000:])
         assert "\x1b[" in proc.stdout + proc.stderr or step["run"].split()[1] == "--version"  # FORCE_COLOR

@@ -17,6 +17,7 @@ from killpoint.chaos.points import DEFAULT_POINTS, POINTS
 from killpoint.harness.checkers import ALL
 from killpoint.harness.cli import main
 from killpoint.harness.commands.common import redact
+from hang import HANG_S
 
 
 def run_cli(capsys, *argv):
@@ -142,7 +143,7 @@ def test_the_same_seed_fires_the_same_probabilistic_faults_in_every_process():
         proc = subprocess.run(
             [sys.executable, "-m", "killpoint.harness.cli", "replay", "A@before_claim:50%sleep(1)",
              "--workers", "1", "--seed", "7", "--json"],
-            capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONHASHSEED": salt})
+            capture_output=True, text=True, timeout=HANG_S, env={**os.environ, "PYTHONHASHSEED": salt})
         assert proc.returncode == 0, proc.stderr
         counts.append(json.loads(proc.stdout)["results"][0]["fired"]["A@before_claim:50%sleep(1)"])
     assert len(set(counts)) == 1 and 0 < counts[0], counts
@@ -268,18 +269,13 @@ def test_a_user_workload_by_pkg_module_function_on_the_reference(capsys, user_pr
     assert code == 0 and json.loads(out)["valid"] is True
 
 
-def test_a_target_that_raises_on_start_exits_3_within_seconds_naming_the_exception(capsys):
-    import time
-
-    started = time.monotonic()
+def test_a_target_that_raises_on_start_exits_3_naming_the_exception_not_at_its_bound(capsys):
     code, out, err = run_cli(capsys, "replay", "", "--target", "os:getcwd", "--json")
-    elapsed = time.monotonic() - started
     report = json.loads(out)
     assert code == 3 and report["valid"] is None
     reasons = " ".join(r for u in report["unknown"] for r in u["reasons"])
     assert "TypeError" in reasons and "replacements stopped" in reasons and "bound" not in reasons
     assert report["results"][0]["workers_spawned"] <= 3
-    assert elapsed < 20  # a few seconds; generous for a loaded machine
 
 
 BIG = "x" * 10_000
@@ -535,8 +531,8 @@ def test_matrix_into_a_pipe_shows_progress_lines_on_stderr_while_it_runs_and_a_c
         first = proc.stderr.readline()
         waited = time.monotonic() - started
         assert proc.poll() is None, "the first progress line came only at the end"
-        assert first.startswith("killpoint matrix: 0/17 runs") and waited < 5, (first, waited)
-        out, err = proc.communicate(timeout=300)
+        assert first.startswith("killpoint matrix: 0/17 runs"), (first, waited)
+        out, err = proc.communicate(timeout=HANG_S)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -552,11 +548,11 @@ def test_matrix_into_a_pipe_shows_progress_lines_on_stderr_while_it_runs_and_a_c
 def test_no_color_output_has_no_escape_codes_and_force_color_colours_a_pipe():
     plain = _killpoint("replay", "A@charge.after_call:1*pause", "--target", "mutant:no-fence-check",
                        env={"NO_COLOR": "1", "FORCE_COLOR": "1"})
-    out, err = plain.communicate(timeout=120)
+    out, err = plain.communicate(timeout=HANG_S)
     assert plain.returncode == 1 and "VIOLATED stale_writes_rejected" in out and "\x1b" not in out + err
     forced = _killpoint("replay", "A@charge.after_call:1*pause", "--target", "mutant:no-fence-check",
                         env={"NO_COLOR": "", "FORCE_COLOR": "1"})
-    out, err = forced.communicate(timeout=120)
+    out, err = forced.communicate(timeout=HANG_S)
     assert forced.returncode == 1 and "\x1b[1;31mVIOLATED\x1b[0m stale_writes_rejected" in out
     assert "\x1b[1;31m1 violated\x1b[0m" in err
 

@@ -28,6 +28,7 @@ from killpoint.harness.settings import InvalidSettings, find, load, parse, parse
 from killpoint.harness.stats import PointStats, brief, total
 from killpoint.errors import BadInput
 from killpoint.reports import junit
+from hang import HANG_S
 
 MS = 1_000_000
 
@@ -294,7 +295,7 @@ def test_every_command_json_has_the_fields_the_readme_lists(argv, own, tmp_path)
     if argv[0] == "report":
         argv = [*argv, "--report-dir", str(tmp_path / "pages")]
     done = subprocess.run([sys.executable, "-m", "killpoint.harness.cli", *argv, "--json"], capture_output=True,
-                          text=True, timeout=300, cwd=tmp_path, env={**os.environ, "PYTHONPATH": ROOT})
+                          text=True, timeout=HANG_S, cwd=tmp_path, env={**os.environ, "PYTHONPATH": ROOT})
     assert done.returncode == 0, done.stderr[-2000:]
     fields = set(json.loads(done.stdout))
     assert everywhere | own <= fields, (everywhere | own) - fields

@@ -22,6 +22,7 @@ from killpoint.harness.clock import BUSY, FREE, WAIT, RunClock
 from killpoint.harness.run import RunConfig, Session
 from killpoint.harness.store import open_store
 from killpoint.harness.worker import _EXPIRY_MARGIN_S, REAL_TIME_TIMING, Timing
+from hang import HANG_S
 
 INSTANCES = [{"id": "order-1", "format_version": 1, "fingerprint": "fp", "data": "{}", "integrity": "ih",
               "steps": ["charge"]}]
@@ -97,7 +98,7 @@ def test_autojump_ends_a_30_s_wait_without_waiting_it_out_and_moves_the_store_wi
         t = _waiter(clock, 30.0, seen)
         _serve(run_clock, index, lambda: not t.is_alive())
         assert seen["waited"] >= 30.0
-        assert time.monotonic() - wall < 15.0  # far less than 30 s, with room for a loaded machine
+        assert time.monotonic() - wall < 30.0  # not waited out (autojump), however loaded the machine
         # The store's time moved with the offset, to within its clock's resolution (SQLite's
         # julianday('now') ticks in milliseconds and a double of days holds tens of microseconds).
         assert store.now() - db_before >= 30.0 - _EXPIRY_MARGIN_S
@@ -135,7 +136,7 @@ def test_a_clock_event_wakes_its_waiter_and_marks_it_busy_first(tmp_path):
         got: dict = {}
         t = threading.Thread(target=lambda: got.setdefault("set", event.wait()), daemon=True)
         t.start()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + HANG_S
         while run_clock.board.state(index, 1)[0] != WAIT:
             assert time.monotonic() < deadline
             time.sleep(0.001)
@@ -163,7 +164,7 @@ def test_a_hang_with_production_timings_is_flagged_in_run_time_at_no_wall_cost()
     flags = result.history.of("store", "stuck_flagged")
     hang = next(e for e in result.history.of("A", "point") if e.get("action") == "hang")
     assert flags and 60e9 <= flags[0].time - hang.time <= 100e9  # flagged past the bound, in time
-    assert wall < 20.0  # not the minute of the bound (a loaded machine has plenty of room)
+    assert wall < 60.0  # less than the minute of the bound: it was never waited out
 
 
 def test_real_time_runs_use_the_short_timings_and_take_over_in_real_time():

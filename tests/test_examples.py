@@ -15,6 +15,7 @@ import subprocess
 import sys
 
 import pytest
+from hang import HANG_S
 
 pytest_plugins = ["pytester"]
 
@@ -26,7 +27,7 @@ def matrix(folder: str, target: str, env: dict[str, str] | None = None, *more: s
     """``killpoint matrix --target TARGET --json`` in the example's folder, as a user would run it."""
     done = subprocess.run([sys.executable, "-m", "killpoint.harness.cli", "matrix", "--target", target, "--json",
                            *more],
-                          cwd=os.path.join(EXAMPLES, folder), capture_output=True, text=True, timeout=300,
+                          cwd=os.path.join(EXAMPLES, folder), capture_output=True, text=True, timeout=HANG_S,
                           env={**os.environ, **(env or {})})
     assert done.stdout, done.stderr[-2000:]
     return done.returncode, json.loads(done.stdout)
@@ -34,7 +35,7 @@ def matrix(folder: str, target: str, env: dict[str, str] | None = None, *more: s
 
 def declared_points(folder: str, module: str) -> set[str]:
     found = subprocess.run([sys.executable, "-c", f"import {module}; print(','.join({module}.POINTS))"],
-                           cwd=os.path.join(EXAMPLES, folder), capture_output=True, text=True, timeout=60)
+                           cwd=os.path.join(EXAMPLES, folder), capture_output=True, text=True, timeout=HANG_S)
     return set(found.stdout.strip().split(","))
 
 
@@ -92,7 +93,7 @@ def run_example_suite(pytester: pytest.Pytester, folder: str) -> pytest.RunResul
         if name.endswith(".py"):
             shutil.copy(os.path.join(EXAMPLES, folder, name), pytester.path / name)
     return pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-v",
-                                         timeout=300)
+                                         timeout=HANG_S)
 
 
 def test_pg_queue_example_suite_passes_through_the_pytest_fixture(pytester, pg_dsn, monkeypatch):

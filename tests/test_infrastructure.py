@@ -23,6 +23,7 @@ from killpoint import chaos
 from killpoint.harness.run import RunConfig, Session
 
 from test_processes import ROOT, children_of, wait_until_gone
+from hang import HANG_S
 
 
 def _cli(*argv: str, marker: str, tmpdir: str) -> subprocess.Popen:
@@ -65,7 +66,7 @@ def test_a_store_lost_mid_run_is_exit_3_with_the_json_and_the_cause_and_no_trace
         admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                       "WHERE application_name = %s", (f"killpoint {schema}"[:63],))
         admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-    out, err = cli.communicate(timeout=300)
+    out, err = cli.communicate(timeout=HANG_S)
     text = err.decode(errors="replace")
     assert cli.returncode == 3, text[-3000:]
     report = json.loads(out)
@@ -126,7 +127,7 @@ def tiny_disk(tmp_path):
 def test_a_full_disk_is_exit_3_naming_it_with_the_json_and_no_traceback(tiny_disk):
     marker = f"kp-{uuid.uuid4().hex}"
     cli = _cli("replay", "A@charge.after_call:kill", "--json", marker=marker, tmpdir=tiny_disk)
-    out, err = cli.communicate(timeout=300)
+    out, err = cli.communicate(timeout=HANG_S)
     text = err.decode(errors="replace")
     assert cli.returncode == 3, text[-3000:]
     report = json.loads(out)
@@ -178,7 +179,7 @@ def test_sigterm_ends_like_ctrl_c_exit_143_with_no_process_folder_or_schema_left
     _wait(lambda: len(children_of(cli.pid)) >= 2 and _schemas_of(pg_dsn, cli.pid), 60,
           "a worker and a schema", cli)
     cli.send_signal(sig)
-    out, err = cli.communicate(timeout=60)
+    out, err = cli.communicate(timeout=HANG_S)
     assert cli.returncode == code, err.decode(errors="replace")[-2000:]
     assert said in err.decode()
     assert wait_until_gone(marker) == []
@@ -319,7 +320,7 @@ def test_sigterm_ends_jobs_runners_whose_runs_are_long_leaving_no_schema(pg_dsn,
     runners = children_of(proc.pid)
     proc.send_signal(signal.SIGTERM)
     try:
-        out, err = proc.communicate(timeout=120)
+        out, err = proc.communicate(timeout=HANG_S)
         text = err.decode(errors="replace")
         assert proc.returncode != 0 and "Terminated" in text, text[-2000:]  # the script's own end
         assert "Process killpoint-runner" not in text, text[-3000:]  # no runner's traceback

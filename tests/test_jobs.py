@@ -10,6 +10,7 @@ from killpoint import chaos
 from killpoint.harness.cli import main
 from killpoint.harness.jobs import JobFailed
 from killpoint.harness.run import RunConfig, Session
+from hang import HANG_S
 
 SCHEDULES = ["A@charge.after_call:kill", "A@charge.before_claim:kill", "A@charge.after_claim:1*pause",
              "A@charge.before_commit:kill", "A@charge.after_commit:kill"]
@@ -137,12 +138,14 @@ def test_a_run_prepared_while_a_long_one_went_has_its_whole_bound():
     """Protects the bound of a run prepared ahead (``--jobs 1``): it is prepared while the run before
     goes, but its bound counts from its own start. Counted from its preparation, a run after one
     that took longer than the bound would be cut off at once and reported unknown (bound hit)."""
-    slow = RunConfig(schedule=chaos.parse("A@charge.after_call:sleep(1500)"), workload="single",
-                     virtual_time=False)  # 1.5 s of real time, whatever the clock
-    quick = RunConfig(schedule=chaos.parse("A@charge.after_call:kill"), workload="single", bound_s=1.0)
+    # The quick run's bound is 100 times what it needs on a quiet machine (a loaded one has room),
+    # and still shorter than the slow run it is prepared beside.
+    slow = RunConfig(schedule=chaos.parse("A@charge.after_call:sleep(5000)"), workload="single",
+                     virtual_time=False)  # 5 s of real time, whatever the clock
+    quick = RunConfig(schedule=chaos.parse("A@charge.after_call:kill"), workload="single", bound_s=4.0)
     with Session() as session:
         first, second = session.run_many([slow, quick], jobs=1)
-    assert first.duration_s >= 1.5
+    assert first.duration_s >= 5.0
     assert second.valid is True and not second.history.bound_hit, second.verdict
 
 
@@ -171,7 +174,7 @@ def test_a_second_sigterm_to_a_two_job_matrix_ends_it_quietly_and_every_process_
                            env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                            start_new_session=True)  # its own group, as under timeout
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + HANG_S
         while sum(1 for c in children_of(cli.pid) if children_of(c)) < 2:  # both runners running
             assert cli.poll() is None and time.monotonic() < deadline, cli.stderr.read().decode()[-2000:]
             time.sleep(0.01)
@@ -181,7 +184,7 @@ def test_a_second_sigterm_to_a_two_job_matrix_ends_it_quietly_and_every_process_
             cli.send_signal(signal.SIGTERM)
         else:
             os.killpg(cli.pid, signal.SIGTERM)
-        err = cli.communicate(timeout=60)[1].decode(errors="replace")
+        err = cli.communicate(timeout=HANG_S)[1].decode(errors="replace")
     finally:
         if cli.poll() is None:
             cli.kill()

@@ -14,6 +14,7 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
+from hang import HANG_S
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = "s3cret"
@@ -192,7 +193,7 @@ def test_replay_on_a_store_url_with_a_password_prints_and_writes_it_nowhere(pg_d
     report_dir = tmp_path / "reports"
     proc = subprocess.run([sys.executable, "-m", "killpoint.harness.cli", "replay", "A@charge.after_call:kill",
                            "--store", store, "--json", "--report", "always", "--report-dir", str(report_dir)],
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+                          capture_output=True, text=True, timeout=HANG_S, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout)
     assert out["valid"] is True and out["report"], out
@@ -209,7 +210,7 @@ def test_replay_on_a_store_url_with_a_password_prints_and_writes_it_nowhere(pg_d
 def test_an_unreachable_store_with_a_password_is_refused_without_showing_it(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "killpoint.harness.cli", "replay", "A@charge.after_call:kill",
                            "--store", f"postgresql://postgres:{SECRET}@127.0.0.1:1/test?password={SECRET}"],
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+                          capture_output=True, text=True, timeout=HANG_S, cwd=tmp_path)
     assert proc.returncode == 3  # nobody answers on port 1: the infrastructure's failure
     assert "127.0.0.1:1" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     assert SECRET not in proc.stdout + proc.stderr
@@ -244,7 +245,7 @@ def test_loading_the_package_or_its_pytest_plugin_imports_nothing_heavy(statemen
     # A fresh interpreter, as pytest's entry point loading sees it: pytest loads killpoint.plugin
     # in every session of an environment that has killpoint installed.
     code = f"import json, sys\n{statement}\nprint(json.dumps(sorted(sys.modules)))"
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_S,
                           cwd=ROOT.parent)
     assert proc.returncode == 0, proc.stderr
     loaded = json.loads(proc.stdout)
@@ -260,7 +261,7 @@ def test_a_public_name_is_looked_up_on_first_use_and_a_missing_one_is_a_named_er
             "assert 'killpoint.chaos' in sys.modules and 'killpoint.harness' not in sys.modules\n"
             "print(s)\n"
             "try:\n    killpoint.no_such_name\nexcept AttributeError as e:\n    print(e)\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_S,
                           cwd=ROOT.parent)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == ["A@charge.after_call:kill",
@@ -277,7 +278,7 @@ def test_a_command_running_one_job_at_a_time_never_loads_multiprocess_or_dill(ar
             f"code = main({argv!r})\n"
             "print(json.dumps([code, sorted(m for m in sys.modules if m.split('.')[0] in "
             "('multiprocess', 'dill'))]))")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_S,
                           cwd=ROOT.parent)
     assert proc.returncode == 0, proc.stderr
     code, loaded = json.loads(proc.stdout.splitlines()[-1])

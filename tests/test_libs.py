@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from killpoint.harness.libs.common import PauseGuard
+from hang import HANG_S
 
 if TYPE_CHECKING:
     from killpoint.harness.history import History
@@ -37,7 +38,7 @@ def need(library: str) -> None:
 
 def matrix(target: str, *extra: str, env: dict[str, str] | None = None) -> tuple[int, dict]:
     done = subprocess.run([sys.executable, "-m", "killpoint.harness.cli", "matrix", "--target", target, "--json",
-                           *extra], capture_output=True, text=True, timeout=600, env={**os.environ, **(env or {})})
+                           *extra], capture_output=True, text=True, timeout=HANG_S, env={**os.environ, **(env or {})})
     assert done.stdout, done.stderr[-3000:]
     return done.returncode, json.loads(done.stdout)
 
@@ -169,7 +170,7 @@ def test_procrastinate_without_postgresql_is_one_line_of_bad_input_not_a_matrix_
     env = {k: v for k, v in os.environ.items() if k != "KILLPOINT_PG_DSN"}
     done = subprocess.run([sys.executable, "-m", "killpoint.harness.cli", "matrix", "--target",
                            "procrastinate:keyed", "--jobs", jobs, "-q"],
-                          capture_output=True, text=True, timeout=120, env=env)
+                          capture_output=True, text=True, timeout=HANG_S, env=env)
     assert done.returncode == 2 and done.stdout == "", (done.stdout, done.stderr)
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("killpoint: error: procrastinate needs PostgreSQL"), lines
@@ -225,7 +226,7 @@ def test_procrastinate_refused_stale_finish_is_journalled_not_printed(pg_dsn):
     user's terminal, and the verdict is the duplicate as before."""
     need("procrastinate")
     done = subprocess.run([sys.executable, "-m", "killpoint.harness.cli", "replay", "A@reserve.before_call:1*pause",
-                           "--target", "procrastinate:naive", "--json"], capture_output=True, text=True, timeout=300,
+                           "--target", "procrastinate:naive", "--json"], capture_output=True, text=True, timeout=HANG_S,
                           env={**os.environ, "KILLPOINT_PG_DSN": pg_dsn})
     out = json.loads(done.stdout)
     assert (done.returncode, out["valid"]) == (1, False), done.stderr[-3000:]
@@ -306,7 +307,7 @@ def test_a_library_target_without_its_extra_names_the_extra_to_install():
     code = ("import sys; sys.modules['dbos'] = None\n"
             "from killpoint.harness.targets import resolve\n"
             "try:\n    resolve('dbos:naive')\nexcept Exception as e:\n    print(type(e).__name__, e)\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_S)
     assert done.stdout.startswith("InvalidTarget "), done.stderr[-2000:]
     assert "pip install 'killpoint[dbos]'" in done.stdout
 
@@ -323,7 +324,7 @@ def test_an_unknown_library_variant_is_refused_with_the_known_names():
 def test_loading_the_targets_module_imports_no_library():
     code = ("import sys, killpoint.harness.targets, killpoint.harness.libs\n"
             "print(sorted(m for m in ('dbos', 'langgraph', 'procrastinate') if m in sys.modules))")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_S)
     assert done.stdout.strip() == "[]", done.stderr[-2000:]
 
 

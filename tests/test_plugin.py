@@ -42,6 +42,7 @@ REFERENCE_SUITE = '''
 import os
 
 import pytest
+from hang import HANG_S
 
 
 def test_one_run(killpoint):
@@ -119,7 +120,7 @@ def runpytest(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
     The inner suites use no Hypothesis, whose pytest plugin alone costs most of a second per process.
     """
     return pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:hypothesispytest", *args,
-                                         timeout=120)
+                                         timeout=HANG_S)
 
 
 def inprocess(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
@@ -515,7 +516,7 @@ def test_slow(killpoint):
     worker = folder = None
     pattern = f"killpoint%\\_p{proc.pid}\\_%"  # the schemas the pytest process made (schema_name)
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + HANG_S
         while not started.exists():  # no timing assumed: the worker says when the run is in hand
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
             time.sleep(0.05)
@@ -525,7 +526,7 @@ def test_slow(killpoint):
         own = os.path.basename(os.path.dirname(run_dir)).startswith("killpoint-")
         folder = os.path.dirname(run_dir) if own else None
         proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=120)
+        out, _ = proc.communicate(timeout=HANG_S)
         assert proc.returncode == pytest.ExitCode.INTERRUPTED, out
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
             left = conn.execute("select nspname from pg_namespace where nspname like %s", (pattern,)).fetchall()
@@ -535,7 +536,7 @@ def test_slow(killpoint):
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.wait(timeout=60)
+            proc.wait(timeout=HANG_S)
         if worker is not None and _comm(worker) == "kp-worker":  # never a PID reused since
             os.kill(worker, signal.SIGKILL)
         if folder is not None:

@@ -13,6 +13,7 @@ import pytest
 
 from killpoint import chaos
 from killpoint.harness.run import RunConfig, Session
+from hang import HANG_S
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -86,7 +87,7 @@ def _cli(marker: str, tmpdir: str) -> subprocess.Popen:
 
 def _wait_for_workers(marker: str, cli: subprocess.Popen) -> None:
     """Wait until the CLI has a worker besides the downstream (two children at once)."""
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + HANG_S
     while time.monotonic() < deadline and cli.poll() is None:
         if len(children_of(cli.pid)) >= 2:
             return

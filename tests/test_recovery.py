@@ -10,6 +10,7 @@ from killpoint.harness import recovery, states
 from killpoint.harness.recovery import Evidence, recover
 from killpoint.harness.worker import DONE, WAIT, plan
 from killpoint.harness.workload import default_workload
+from hang import HANG_S
 
 
 def test_the_four_cases_of_the_source_document():
@@ -127,7 +128,7 @@ def test_the_heartbeat_survives_a_dead_store_connection_and_keeps_renewing(tmp_p
     beat = Heartbeat(DropsOnce(store), journal, Timing(lease_ttl_ms=500, heartbeat_ms=10,
                                                        stuck_bound_ms=1000, poll_ms=1))
     beat.hold(claim)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + HANG_S
     renewals: list = []
     while time.monotonic() < deadline and len(renewals) < 3:
         time.sleep(0.02)

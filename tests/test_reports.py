@@ -29,6 +29,7 @@ from killpoint.harness.worker import ReferenceWorker
 from killpoint.reports import run_report_name, write_reports, write_run_report
 from killpoint.reports.model import build_index, build_run, build_timeline
 from killpoint.reports.render import CSP, LABEL_CHARS, MAX_GAP, ROW_H, WIDTH, layout, time_axis
+from hang import HANG_S
 
 MS = 1_000_000
 TAKEOVER = "A@charge.after_call:1*pause"
@@ -547,7 +548,7 @@ def dump_dom(chromium: str, path: str, profile: str) -> str:
         [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={profile}",
          "--dump-dom", "file://" + os.path.abspath(path)],
-        capture_output=True, text=True, timeout=120)
+        capture_output=True, text=True, timeout=HANG_S)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc.stdout
 
@@ -575,7 +576,7 @@ def _probed(tmp_path, probe: str, page: str) -> str:
         [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
          "--allow-file-access-from-files", "--virtual-time-budget=10000", "--window-size=1300,900",
          f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", (tmp_path / "probe.html").as_uri()],
-        capture_output=True, text=True, timeout=120)
+        capture_output=True, text=True, timeout=HANG_S)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return re.search(r'<pre id="out">(.*?)</pre>', proc.stdout, re.S).group(1)
 

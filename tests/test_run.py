@@ -249,7 +249,7 @@ def test_a_target_that_raises_once_is_replaced_and_the_run_still_cannot_be_valid
             return
         raise TypeError("first start only")
 
-    result = run(session, target=flaky, bound_s=20)
+    result = run(session, target=flaky)
     assert result.valid is None
     assert result.history.quiescent  # the replacement finished the work
     assert [r for r in result.verdict.unknown_reasons if "TypeError: first start only" in r]
@@ -385,11 +385,10 @@ def test_workers_that_serve_forever_are_ended_once_the_targets_done_says_so(sess
     target = killpoint.target(serve, points=("before_charge", "after_charge"), owns_state=True, done=done,
                               final_states=lambda run: {("order-1", "charge"): "succeeded" if done(run) else "running"})
     schedule = chaos.parse("A@charge.after_charge:kill", points=frozenset(target.points))
-    result = session.run(RunConfig(schedule=schedule, target=target, workload="single", bound_s=20))
+    result = session.run(RunConfig(schedule=schedule, target=target, workload="single"))
     assert result.valid is True and result.history.quiescent and not result.history.bound_hit
     assert result.fired == {"A@charge.after_charge:kill": 1}
     assert any("done() says" in (e.get("reason") or "") for e in result.history.of("harness", "kill"))
-    assert result.duration_s < 10
 
 
 def _slow_charge(resumed: bool):
@@ -443,7 +442,7 @@ def test_a_paused_worker_of_an_owned_target_gets_its_late_say_before_done_ends_t
     not end A before its late call (it used to, within 50 ms: a false valid). A exits by itself."""
     target = _late_charger(serve_forever=False)
     schedule = chaos.parse("A@charge.before_charge:1*pause", points=frozenset(target.points))
-    result = session.run(RunConfig(schedule=schedule, target=target, workload="single", bound_s=20))
+    result = session.run(RunConfig(schedule=schedule, target=target, workload="single"))
     assert result.fired == {"A@charge.before_charge:1*pause": 1}
     assert result.valid is False, result.verdict.unknown_reasons
     assert {v.invariant for v in result.verdict.violations} == {"no_duplicate_effects"}
@@ -595,7 +594,7 @@ def test_a_late_worker_that_serves_forever_is_ended_a_grace_after_done(session):
 
     target = _late_charger(serve_forever=True)
     schedule = chaos.parse("A@charge.before_charge:1*pause", points=frozenset(target.points))
-    result = session.run(RunConfig(schedule=schedule, target=target, workload="single", bound_s=20))
+    result = session.run(RunConfig(schedule=schedule, target=target, workload="single"))
     assert result.valid is False and not result.history.bound_hit
     assert {v.invariant for v in result.verdict.violations} == {"no_duplicate_effects"}
     [over] = result.history.of("harness", "late_grace_over")
@@ -603,7 +602,6 @@ def test_a_late_worker_that_serves_forever_is_ended_a_grace_after_done(session):
     from killpoint.harness.narrate import describe
 
     assert describe(over).startswith("A resumed late and still running 1 s after the target's done()")
-    assert result.duration_s < 10
 
 
 def _busy_loops(cpu: int, n: int) -> list:

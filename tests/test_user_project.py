@@ -32,6 +32,7 @@ import chaos
 import harness
 import reports
 import scenarios
+from hang import HANG_S
 
 
 def test_the_projects_own_packages_are_its_own():
@@ -65,7 +66,7 @@ def run_user_suite(python: str, project: Path, env: dict[str, str] | None = None
     report_dir = project / "kp-reports"
     proc = subprocess.run([python, "-m", "pytest", "-q", "-p", "no:xdist", "--killpoint-report-dir",
                            str(report_dir), "test_user.py"],
-                          cwd=project, capture_output=True, text=True, timeout=240,
+                          cwd=project, capture_output=True, text=True, timeout=HANG_S,
                           env={**os.environ, **(env or {})})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "2 passed" in proc.stdout
@@ -92,15 +93,15 @@ def test_a_wheel_install_has_only_killpoint_at_top_level_and_runs_a_user_project
                                                              "killpoint-report", "node_modules"))
     wheels = tmp_path / "wheels"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
-                    "-w", str(wheels), str(src)], check=True, capture_output=True, text=True, timeout=180)
+                    "-w", str(wheels), str(src)], check=True, capture_output=True, text=True, timeout=HANG_S)
     (wheel,) = wheels.glob("killpoint-*.whl")
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=HANG_S)
     python = str(venv / "bin" / "python")
     purelib = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                              check=True, capture_output=True, text=True).stdout.strip()
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
-                    "--target", purelib, str(wheel)], check=True, capture_output=True, text=True, timeout=120)
+                    "--target", purelib, str(wheel)], check=True, capture_output=True, text=True, timeout=HANG_S)
     Path(purelib, "killpoint_test_dependencies.pth").write_text("\n".join(_dev_site_packages()) + "\n")
 
     installed = sorted(p.name for p in Path(purelib).iterdir())
@@ -109,12 +110,12 @@ def test_a_wheel_install_has_only_killpoint_at_top_level_and_runs_a_user_project
     empty.mkdir()
     probe = subprocess.run([python, "-c", "import json, killpoint.harness.run, killpoint.reports; "
                             "print(json.dumps(killpoint.harness.run.__file__))"],
-                           cwd=empty, capture_output=True, text=True, timeout=60)
+                           cwd=empty, capture_output=True, text=True, timeout=HANG_S)
     assert probe.returncode == 0, probe.stderr
     assert json.loads(probe.stdout).startswith(purelib)  # from the wheel, not from this checkout
     for name in NAMES:
         gone = subprocess.run([python, "-c", f"import {name}"], cwd=empty, capture_output=True, text=True,
-                              timeout=60)
+                              timeout=HANG_S)
         assert gone.returncode != 0 and f"No module named '{name}'" in gone.stderr, (name, gone.stderr)
 
     project = make_project(tmp_path / "project")

@@ -34,6 +34,7 @@ from datetime import datetime
 from typing import Annotated, Any, Iterator, TypedDict
 
 import killpoint
+from killpoint import vocab
 from killpoint.harness.libs.common import TIMING, Downstream, monotonic_ns, order_workload
 
 # Imported in the parent, before any fork: LangGraph costs about a second to import.
@@ -220,7 +221,7 @@ def _work(ctx: Any, keyed: bool, durability: str) -> None:
             graph.invoke(None if started else {"instance": lease.thread_id}, config, durability=durability)
             finished = not graph.get_state(config).next
         except LeaseLost as exc:
-            ctx.journal.write("lease_lost", instance=lease.thread_id, fence=lease.fence, error=str(exc))
+            ctx.journal.write(vocab.LEASE_LOST, instance=lease.thread_id, fence=lease.fence, error=str(exc))
             saver.holding = None
             lease.release(done=False)  # a no-op: the lease is another worker's now
             continue

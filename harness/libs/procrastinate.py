@@ -39,6 +39,7 @@ import time
 from typing import Any, Iterable, Mapping, Sequence
 
 import killpoint
+from killpoint import vocab
 from killpoint.harness.jobs import at_exit
 from killpoint.harness.libs.common import (TIMING, Downstream, PauseGuard, install_guard, monotonic_ns,
                                            order_workload)
@@ -156,7 +157,7 @@ def _work(ctx: Any, keyed: bool) -> None:
         # is refused by procrastinate_finish_job. Journalled, not printed over the user's terminal.
         exc = context.get("exception")
         cause = exc.__cause__ if exc is not None and exc.__cause__ is not None else exc
-        ctx.journal.write("library_error", error=f"{type(cause).__name__}: {cause}" if cause is not None
+        ctx.journal.write(vocab.LIBRARY_ERROR, error=f"{type(cause).__name__}: {cause}" if cause is not None
                           else str(context.get("message")))
 
     async def main() -> None:
