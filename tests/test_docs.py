@@ -15,6 +15,7 @@ import subprocess
 import sys
 
 import pytest
+from hang import HANG_S
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUICKSTART = os.path.join(ROOT, "examples", "quickstart")
@@ -28,7 +29,7 @@ def _read(*parts: str) -> str:
 def _matrix(folder: str) -> tuple[int, dict]:
     done = subprocess.run([sys.executable, "-m", "killpoint.harness.cli", "matrix", "--target", "my_worker:worker",
                            "--json", "--quiet"], cwd=folder, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": ROOT})
+                          timeout=HANG_S, env={**os.environ, "PYTHONPATH": ROOT})
     return done.returncode, json.loads(done.stdout)
 
 

@@ -14,6 +14,7 @@ import shlex
 import xml.etree.ElementTree as ET
 
 import pytest
+from hang import HANG_S
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -372,7 +373,8 @@ def _explore_in(folder, *argv: str) -> tuple[int, dict]:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     done = subprocess.run([sys.executable, "-m", "killpoint.harness.cli", "explore", "--target",
                            "mutant:no-fence-check", "--workload", "single", "--json", "--quiet", *argv],
-                          cwd=folder, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": root})
+                          cwd=folder, capture_output=True, text=True, timeout=HANG_S,
+                          env={**os.environ, "PYTHONPATH": root})
     assert done.returncode in (0, 1), done.stderr[-2000:]
     return done.returncode, json.loads(done.stdout)
 
@@ -441,10 +443,11 @@ def test_drawn(killpoint):
     verdict = killpoint.explore(target="mutant:no-fence-check", workload="single", budget=2)
     assert verdict.runs >= 2
 """)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--killpoint-database", "none")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--killpoint-database", "none", timeout=HANG_S)
     result.assert_outcomes(passed=1)
     assert not (pytester.path / ".killpoint").exists() and not (pytester.path / ".hypothesis").exists()
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--killpoint-database", "http://x/y")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--killpoint-database", "http://x/y",
+                                           timeout=HANG_S)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--killpoint-database 'http://x/y': a database is a folder, a redis:// URL or 'none'*"])
 
