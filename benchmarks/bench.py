@@ -30,7 +30,6 @@ import multiprocess  # noqa: E402
 from killpoint import chaos  # noqa: E402
 from killpoint.harness import downstream as ds  # noqa: E402
 from killpoint.harness.run import RunConfig, Session  # noqa: E402
-from killpoint.harness.store.base import Claim  # noqa: E402
 from killpoint.harness.store import InvalidStore, check_store, open_store  # noqa: E402
 from killpoint.harness.worker import Timing  # noqa: E402
 from killpoint.harness.workload import single_step_workload  # noqa: E402

@@ -64,7 +64,7 @@ def generate(events: int) -> History:
         refused = n % 31 == 0
         checkpoints.append({"instance": inst, "outcome": "refused" if refused else "ok",
                             "reason": "integrity hash mismatch" if refused else None})
-        for idx, step in enumerate(STEPS):
+        for step in STEPS:
             resource = RESOURCES[step]
             key = f"{inst}:{step}:{resource}-v1"
             steps.append(StepConfig(inst, step, resource, key, max_attempts=3))

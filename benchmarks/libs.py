@@ -8,7 +8,8 @@ judged. For each target it prints the median and the 90th percentile of the wall
 the median CPU time a run costs (the harness and every worker process it reaped), which does not
 grow with the machine's load as the wall time does. The reference worker on the ``single``
 workload runs interleaved with them, so the ratio to it holds on a loaded machine too. procrastinate
-needs PostgreSQL (``--store`` or ``KILLPOINT_PG_DSN``); a library that is not installed is skipped.
+needs PostgreSQL (``--store`` or ``KILLPOINT_PG_DSN``), the task queues a Redis broker
+(``KILLPOINT_REDIS_URL``); a library that is not installed is skipped. ``--only`` picks targets.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from killpoint.harness.run import RunConfig, Session
 
 SCHEDULE = "A@charge.after_call:kill"
 TARGETS = (("reference", "single", None), ("dbos:keyed", None, "dbos"), ("langgraph:keyed", None, "langgraph"),
-           ("langgraph:keyed:sync", None, "langgraph"), ("procrastinate:keyed", None, "procrastinate"))
+           ("langgraph:keyed:sync", None, "langgraph"), ("procrastinate:keyed", None, "procrastinate"),
+           ("celery:keyed", None, "celery"), ("dramatiq:keyed", None, "dramatiq"), ("arq:keyed", None, "arq"), ("rq:keyed", None, "rq"))
 
 
 def cpu() -> float:
@@ -37,8 +39,11 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=20)
     p.add_argument("--store", default="sqlite")
+    p.add_argument("--only", default="", help="comma-separated targets (the reference always runs)")
     args = p.parse_args()
-    targets = [(t, w) for t, w, lib in TARGETS if lib is None or importlib.util.find_spec(lib) is not None]
+    only = set(filter(None, args.only.split(",")))
+    targets = [(t, w) for t, w, lib in TARGETS if (lib is None or importlib.util.find_spec(lib) is not None)
+               and (not only or t in only or t == "reference")]
     if not (args.store.startswith("postgres") or os.environ.get("KILLPOINT_PG_DSN")):
         targets = [(t, w) for t, w in targets if not t.startswith("procrastinate")]
     from killpoint.harness.targets import declared

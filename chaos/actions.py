@@ -63,11 +63,6 @@ class Chain:
                 return term
         return None
 
-    @property
-    def fires(self) -> bool:
-        """Whether any term of the chain can do something (a chain of ``off`` never fires)."""
-        return any(t.action != "off" for t in self.terms)
-
 
 # ASCII digits only: a count, percentage or sleep written in other scripts' digits is refused
 # rather than read one way here and shown another in the reproduce line.

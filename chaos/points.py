@@ -82,7 +82,7 @@ class Failpoints:
         # A@charge.after_call#2:kill fired the second at the third hit, not the second.
         matching = [(index, fault) for index, fault in self.faults if fault.matches(name, step)]
         counts: dict[int, int] = {}
-        for index, fault in matching:
+        for index, _ in matching:
             counts[index] = self.hits[index] = self.hits.get(index, 0) + 1
             self._tell(hit=index)
         for index, fault in matching:

@@ -71,11 +71,6 @@ def _split(text: str) -> list[str]:
     return parts
 
 
-def parse_fault(text: str, *, points: frozenset[str] | None = None) -> Fault:
-    """One fault's text (``A@charge.after_call:kill``); an error names the fault."""
-    return _parse_fault(text, points=points, named=True)
-
-
 def _parse_fault(text: str, *, points: frozenset[str] | None, named: bool) -> Fault:
     """One fault. ``named``: the messages say which fault the bad part is in; in a schedule of one
     fault that is the schedule, which whoever reports the error names already (a long bad value

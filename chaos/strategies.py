@@ -14,8 +14,8 @@ Actions are chosen so that a correct worker stays correct and the verdict stays 
   and the run could never finish);
 * ``1*sleep(MS)`` -- a stall of the business thread while the heartbeat goes on. Given the run's
   lease TTL and stuck bound (:func:`stall_durations`), stalls are drawn below the lease, past it
-  but short of the stuck bound, and well past the stuck bound: the long ones are what leases and the stuck-worker monitor exist
-  for (the monitor frees the lease, another worker takes over, the sleeper wakes up stale).
+  but short of the stuck bound, and well past the stuck bound: the long ones are what leases and the
+  stuck-worker monitor exist for (the monitor frees the lease, another worker takes over, the sleeper wakes up stale).
   Without them, a short delay of at most :data:`MAX_SLEEP_MS`.
 """
 

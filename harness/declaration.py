@@ -37,7 +37,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence, overload
 
-from killpoint.chaos.points import DEFAULT_POINTS, ORDERED_POINTS
+from killpoint.chaos.points import DEFAULT_POINTS
 from killpoint.errors import InvalidPoint, InvalidTarget
 
 if TYPE_CHECKING:
@@ -139,10 +139,6 @@ class Target:
 
     def hook(self, name: str) -> Callable[..., Any] | None:
         return self.hooks.get(name)
-
-    @property
-    def custom_points(self) -> tuple[str, ...]:
-        return tuple(p for p in self.points if p not in ORDERED_POINTS)
 
 
 @overload

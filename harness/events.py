@@ -26,12 +26,15 @@ of :class:`HarnessAction` registered in :data:`HARNESS_CLASSES`. Fields a family
 stay in ``extra``, so nothing written is lost.
 
 This module imports only the vocabulary and the errors: the history imports it, not the reverse.
+It is one module, over 500 lines, on purpose: the families and the one function that makes them
+are read together (a field added to a family is parsed by its annotation, nothing else).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import types
+from collections import abc
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping, Protocol, TypeVar, Union, get_args
@@ -52,6 +55,10 @@ HarnessKind = Literal["spawn", "kill", "stop", "cont", "exit", "bound_hit", "dow
                       "infrastructure_failure", "starved", "replacements_stopped", "late_grace_over"]
 
 
+FORWARD = "forward"
+COMPENSATION = "compensation"
+
+
 class RawEvent(Protocol):
     """An event as the history stores it (:class:`killpoint.harness.history.Event`)."""
 
@@ -70,15 +77,16 @@ class RawEvent(Protocol):
 
 
 # Every typed event starts with where it stands in the history (index, time) and keeps the fields
-# its family does not name in ``extra``. kw_only: the families add fields with defaults freely.
-@dataclass(frozen=True, slots=True, kw_only=True)
+# its family does not name in ``extra``. kw_only: the families add fields with defaults freely. No
+# slots: an event holds only the fields it was given, the rest are the class's defaults (see _made).
+@dataclass(frozen=True, kw_only=True)
 class _Typed:
     index: int
     time: int
     extra: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True)
 class StoreEvent(_Typed):
     """A store event: ``fence`` is the lease version its writer held, ``lease_version`` and
     ``state_version`` the step's after it."""
@@ -95,6 +103,13 @@ class StoreEvent(_Typed):
     attempt: int | None = None
     actor: str | None = None  # operator events
     evidence: Any = None  # operator events
+    key: str | None = None  # receipt_recorded: the key and the status recorded under it
+    status: str | int | None = None  # (a commit's detail may carry the HTTP status that caused it)
+    reason: Any = None  # commit_rejected: what its writer said
+    expected_state_version: int | None = None  # commit_rejected
+    current_owner: str | None = None  # commit_rejected
+    stuck_owner: str | None = None  # stuck_flagged: the worker whose lease was freed
+    idle_ms: float | None = None  # stuck_flagged: how long its step had made no progress
     seq: int | None = None
 
     process: typing.ClassVar[str] = v.STORE
@@ -106,7 +121,7 @@ class StoreEvent(_Typed):
         return self.kind in v.ACCEPTED_TRANSITIONS
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True)
 class RequestMeta:
     """What a worker sent with a downstream request to say which step it is for."""
 
@@ -118,7 +133,7 @@ class RequestMeta:
     extra: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True)
 class Request(_Typed):
     """One request the downstream received, applied or not (``applied``: a new effect happened;
     ``dropped`` is applied without an answer sent)."""
@@ -139,13 +154,18 @@ class Request(_Typed):
     process: typing.ClassVar[str] = v.DOWNSTREAM
     type: typing.ClassVar[str] = v.EVENT
 
+    @property
+    def direction(self) -> str:
+        """forward or compensation, as the worker said; forward when it did not say."""
+        return self.meta.direction or FORWARD
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+
+@dataclass(frozen=True, kw_only=True)
 class _OfWorker(_Typed):
     process: str  # the worker incarnation ("A", "B", "A.2")
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True)
 class WorkerOp(_OfWorker):
     """An operation of a worker; an ``invoke`` and its completion share ``op``. ``indeterminate``:
     the worker died before the answer, and the history closed the operation ``info``."""
@@ -162,12 +182,14 @@ class WorkerOp(_OfWorker):
     attempt: int | None = None
     direction: str | None = None
     to_state: str | None = None
+    expected_state_version: int | None = None  # commit
     status: Any = None  # an HTTP code for a call, a receipt's status for a receipt
+    replay: bool | None = None  # call: the downstream answered from its record of the key
     error: str | None = None
     indeterminate: bool = False
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True)
 class PointHit(_OfWorker):
     """A failpoint hit; ``action`` is the action that fired, ``None`` when nothing did."""
 
@@ -182,7 +204,7 @@ class PointHit(_OfWorker):
     type: typing.ClassVar[str] = v.EVENT
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True)
 class WorkerEvent(_OfWorker):
     """A worker's plain fact other than a point hit; which fields it has depends on its kind
     (harness/history.py's docstring lists them)."""
@@ -195,13 +217,26 @@ class WorkerEvent(_OfWorker):
     pid: int | None = None
     action: str | None = None  # recover: what it decided
     outcome: str | None = None  # checkpoint, replay
-    reason: str | None = None  # checkpoint
+    reason: Any = None  # checkpoint
     error: str | None = None  # raised, store_unavailable, library_error, lease_lost
+    # recover: the evidence
+    receipt: str | None = None
+    source: str | None = None
+    retry_safe: bool | None = None
+    attempts: int | None = None
+    max_attempts: int | None = None
+    outcome_unknown: bool | None = None  # store_unavailable: COMMIT was sent, its answer lost
+    exception: str | None = None  # raised: the exception's type, where, and its traceback
+    where: str | None = None
+    traceback: str | None = None
+    history: str | None = None  # replay: the recorded history, the workflow it was replayed against
+    workflow: str | None = None
+    detail: str | None = None  # replay: what went wrong
 
     type: typing.ClassVar[str] = v.EVENT
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True)
 class TargetEvent(_OfWorker):
     """An entry a target journaled under a kind killpoint does not know (its own): kept so the
     report shows it, judged by no checker."""
@@ -209,8 +244,22 @@ class TargetEvent(_OfWorker):
     kind: str
     type: str
 
+    # What the target wrote is not checked; where it names a step as killpoint's events do, a
+    # narration follows it with that step.
+    @property
+    def instance(self) -> Any:
+        return self.extra.get("instance")
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+    @property
+    def step(self) -> Any:
+        return self.extra.get("step")
+
+    @property
+    def fence(self) -> Any:
+        return self.extra.get("fence")
+
+
+@dataclass(frozen=True, kw_only=True)
 class HarnessAction(_Typed):
     """What the harness did. The fields most kinds share are named; the rest of a kind's detail is
     in ``extra`` unless the kind has a class of its own in :data:`HARNESS_CLASSES`."""
@@ -218,17 +267,80 @@ class HarnessAction(_Typed):
     kind: HarnessKind
     worker: str | None = None
     pid: int | None = None
-    signal: str | None = None
+    signal: str | int | None = None  # the harness writes its name (SIGKILL); a number is taken too
     reason: str | None = None
     code: int | None = None  # exit
     error: str | None = None  # replacements_stopped, infrastructure_failure
+    instance: str | None = None  # stop, terminate_backend: the step the worker was at
+    step: str | None = None
 
     process: typing.ClassVar[str] = v.HARNESS
     type: typing.ClassVar[str] = v.EVENT
 
 
-# A harness kind whose detail deserves fields of its own maps to a subclass of HarnessAction here.
-HARNESS_CLASSES: dict[str, type[HarnessAction]] = {}
+@dataclass(frozen=True, kw_only=True)
+class Spawn(HarnessAction):
+    identity: str | None = None  # the identity the store sees (a replacement may reuse the dead one's)
+
+
+@dataclass(frozen=True, kw_only=True)
+class BoundHit(HarnessAction):
+    seconds: float | None = None  # the bound hit (reason says why when it was not time)
+    clock: str | None = None  # "run": the run clock's bound, else the wall clock's
+
+
+@dataclass(frozen=True, kw_only=True)
+class DownstreamRestart(HarnessAction):
+    fault: str | None = None
+    pid_before: int | None = None
+    address: Any = None  # the same address it served before
+
+
+@dataclass(frozen=True, kw_only=True)
+class TargetRestart(HarnessAction):
+    fault: str | None = None
+    ok: bool | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class StoreRestart(HarnessAction):
+    fault: str | None = None
+    killed: tuple[str, ...] | list[str] = ()  # the workers killed with their connections
+
+
+@dataclass(frozen=True, kw_only=True)
+class TerminateBackend(HarnessAction):
+    point: str | None = None
+    fault: Any = None
+    backend_pids: Any = ()  # the worker's PostgreSQL sessions ended
+    states: Any = None  # pid -> the state each was in
+
+
+@dataclass(frozen=True, kw_only=True)
+class Starved(HarnessAction):
+    ms: float | None = None  # how far the harness's own wait overran
+
+
+@dataclass(frozen=True, kw_only=True)
+class LateGraceOver(HarnessAction):
+    workers: tuple[str, ...] | list[str] = ()
+    seconds: float | None = None
+    wall_s: float | None = None
+    capped: bool | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class InfrastructureFailure(HarnessAction):
+    phase: str | None = None
+
+
+# A harness kind whose detail deserves fields of its own maps to its subclass of HarnessAction.
+HARNESS_CLASSES: dict[str, type[HarnessAction]] = {
+    v.SPAWN: Spawn, v.BOUND_HIT: BoundHit, v.DOWNSTREAM_RESTART: DownstreamRestart,
+    v.TARGET_RESTART: TargetRestart, v.STORE_RESTART: StoreRestart,
+    v.TERMINATE_BACKEND: TerminateBackend, v.STARVED: Starved, v.LATE_GRACE_OVER: LateGraceOver,
+    v.INFRASTRUCTURE_FAILURE: InfrastructureFailure,
+}
 
 TypedEvent = Union[StoreEvent, Request, WorkerOp, PointHit, WorkerEvent, TargetEvent, HarnessAction]
 
@@ -250,6 +362,8 @@ def _accepts(annotation: Any) -> tuple[type, ...] | None:
         return tuple(t for p in parts if p is not None for t in p)
     if origin is Literal:
         return (str,)
+    if origin in (list, tuple, dict):
+        return (origin,)
     if annotation is type(None):
         return (_NONE,)
     if annotation is float:
@@ -259,54 +373,96 @@ def _accepts(annotation: Any) -> tuple[type, ...] | None:
     return None  # Mapping, RequestMeta...: checked where they are built
 
 
+# A field's check: the exact types it accepts (the fast path: JSON and database values come in
+# these), the types a subclass of which it accepts too (None: anything), and, for a Literal, its strings.
+_Check = tuple[frozenset[type], "tuple[type, ...] | None", "frozenset[str] | None"]
+
+
 @dataclass(frozen=True)
 class _Spec:
-    """How to fill one family's class from an event's data: its fields, and what each accepts."""
+    """How to fill one family's class from an event's data: a check per field, the fields an event
+    must have, and every name the class has (the rest of the data goes to ``extra``)."""
 
-    cls: type
-    fields: tuple[tuple[str, tuple[type, ...] | None, tuple[str, ...] | None], ...]
+    checks: dict[str, _Check]
+    required: tuple[str, ...]
+    named: frozenset[str]
 
     @classmethod
     def of(cls, family: type) -> _Spec:
         hints = typing.get_type_hints(family)
-        out = []
-        for f in dataclasses.fields(family):
-            if f.name in ("index", "time", "extra", "process", "kind", "type", "meta"):
+        fields = dataclasses.fields(family)
+        checks: dict[str, _Check] = {}
+        for f in fields:
+            if f.name in _GIVEN:
                 continue
             hint = hints[f.name]
-            literal = tuple(get_args(hint)) if typing.get_origin(hint) is Literal else None
-            out.append((f.name, _accepts(hint), literal))
-        return cls(family, tuple(out))
+            accepts = _accepts(hint)
+            literal = frozenset(get_args(hint)) if typing.get_origin(hint) is Literal else None
+            checks[f.name] = (frozenset(accepts or ()), accepts, literal)
+        required = tuple(f.name for f in fields if f.name not in _GIVEN and f.default is dataclasses.MISSING
+                         and f.default_factory is dataclasses.MISSING)
+        return cls(checks, required, frozenset(f.name for f in fields))
 
 
-def _check(raw: RawEvent, family: str, name: str, value: Any, accepts: tuple[type, ...] | None,
-           literal: tuple[str, ...] | None) -> None:
-    if accepts is not None and (not isinstance(value, accepts) or
-                                (isinstance(value, bool) and bool not in accepts)):
+# Fields the parse fills from the event itself, never from its data.
+_GIVEN = frozenset({"index", "time", "extra", "process", "kind", "type", "meta"})
+
+
+def _checked(raw: RawEvent, family: str, name: str, value: Any, check: _Check) -> None:
+    exact, accepts, literal = check
+    if accepts is not None and type(value) not in exact and (
+            not isinstance(value, accepts) or isinstance(value, bool)):  # a bool is no int here
         want = " or ".join("None" if t is _NONE else t.__name__ for t in accepts)
         raise _bad(raw, name, f"{family} event's {name} is {shown(value)} ({type(value).__name__}); "
-                           f"it must be {want}")
+                              f"it must be {want}")
     if literal is not None and value not in literal:
         raise _bad(raw, name, f"{family} event's {name} is {shown(value)}; it is one of "
-                           f"{', '.join(literal)}")
+                              f"{', '.join(sorted(literal))}")
+
+
+def _fields(spec: _Spec, raw: RawEvent, family: str,
+            data: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The values of the family's fields in ``data``, checked, and the rest (its ``extra``)."""
+    checks = spec.checks
+    values: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    named = spec.named
+    for name, value in data.items():
+        check = checks.get(name)
+        if check is None:
+            if name not in named:
+                extra[name] = value
+            continue
+        if type(value) not in check[0] or check[2] is not None:  # else it is surely good
+            _checked(raw, family, name, value, check)
+        values[name] = value
+    for name in spec.required:
+        if name not in values:
+            raise _bad(raw, name, f"{family} event has no {name}")
+    return values, extra
 
 
 _T = TypeVar("_T", bound=_Typed)
+_U = TypeVar("_U")
+
+
+_new = object.__new__
 
 
 def _fill(cls: type[_T], raw: RawEvent, family: str, data: Mapping[str, Any], **given: Any) -> _T:
-    spec = _spec(cls)
-    values: dict[str, Any] = {}
-    for name, accepts, literal in spec.fields:
-        if name in data:
-            value = data[name]
-            _check(raw, family, name, value, accepts, literal)
-            values[name] = value
-        elif name in _REQUIRED.get(spec.cls, ()):
-            raise _bad(raw, name, f"{family} event has no {name}")
-    named = _NAMED[spec.cls]
-    extra = {k: x for k, x in data.items() if k not in named}
-    return cls(index=raw.index, time=raw.time, extra=extra, **values, **given)
+    values, extra = _fields(_SPECS.get(cls) or _spec(cls), raw, family, data)
+    values.update(given, index=raw.index, time=raw.time, extra=extra)
+    return _made(cls, values)
+
+
+def _made(cls: type[_U], values: dict[str, Any]) -> _U:
+    """An instance of a family's frozen class from checked values, without its ``__init__``: a
+    frozen dataclass sets each of its twenty-odd fields through ``object.__setattr__``, which made
+    parsing a history cost seven times what judging it did. Only the fields given are stored; the
+    others read the class's defaults (every field without a plain default is always given)."""
+    made = _new(cls)
+    made.__dict__.update(values)
+    return made
 
 
 def _bad(raw: RawEvent, name: str, problem: str) -> InvalidEvent:
@@ -327,20 +483,12 @@ _OP_TYPES = get_args(OpType)
 _WORKER_KINDS = get_args(WorkerKind)
 _HARNESS_KINDS = get_args(HarnessKind)
 _SPECS: dict[type, _Spec] = {}
-_NAMED: dict[type, frozenset[str]] = {}
-# Fields without a default: an event of the family must have them.
-_REQUIRED: dict[type, frozenset[str]] = {}
 
 
 def _spec(family: type) -> _Spec:
     spec = _SPECS.get(family)
     if spec is None:
         spec = _SPECS[family] = _Spec.of(family)
-        _NAMED[family] = frozenset(f.name for f in dataclasses.fields(family))
-        _REQUIRED[family] = frozenset(
-            f.name for f in dataclasses.fields(family)
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-            and f.name not in ("index", "time", "process", "kind", "type"))
     return spec
 
 
@@ -348,15 +496,11 @@ def _meta(raw: RawEvent, data: Mapping[str, Any]) -> RequestMeta:
     meta = data.get("meta")
     if meta is None:
         return RequestMeta()
-    if not isinstance(meta, Mapping):
+    if type(meta) is not dict and not isinstance(meta, abc.Mapping):
         raise _bad(raw, "meta", f"request's meta is {shown(meta)}; it must be a mapping")
-    values: dict[str, Any] = {}
-    for name, accepts, literal in _spec(RequestMeta).fields:
-        if name in meta:
-            _check(raw, "request meta", name, meta[name], accepts, literal)
-            values[name] = meta[name]
-    named = _NAMED[RequestMeta]
-    return RequestMeta(extra={k: x for k, x in meta.items() if k not in named}, **values)
+    values, extra = _fields(_spec(RequestMeta), raw, "request meta", meta)
+    values["extra"] = extra
+    return _made(RequestMeta, values)
 
 
 def parse(raw: RawEvent) -> TypedEvent:

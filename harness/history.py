@@ -58,11 +58,14 @@ from functools import cached_property
 from typing import Any, Callable, Generator, Iterable, Iterator, Mapping, TypeVar, cast
 
 from killpoint import vocab as v
-from killpoint.harness.events import TypedEvent, parse
+from killpoint.errors import InvalidEvent
+from killpoint.harness.events import Request, StoreEvent, TypedEvent, parse
 # Re-exported: the names the checkers and reports have always imported from here.
 from killpoint.vocab import ACCEPTED_TRANSITIONS as ACCEPTED_TRANSITIONS
 from killpoint.vocab import NON_WORKERS as NON_WORKERS
 from killpoint.vocab import OP_KINDS as OP_KINDS
+
+_F = TypeVar("_F")  # a family of typed events
 
 
 @dataclass(frozen=True)
@@ -149,10 +152,44 @@ class History:
         in history order."""
         return [e for e in self._worker_events if kind is None or e.kind == kind]
 
-    def store_by_step(self) -> Mapping[tuple[Any, Any], list[Event]]:
-        """The store's events grouped by (instance, step), each group in history order.
+    def store_by_step(self) -> Mapping[tuple[Any, Any], list[StoreEvent]]:
+        """The store's events, typed, grouped by (instance, step), each group in history order.
         Shared by every checker that follows one step's chain (read it, never change it)."""
-        return self._store_by_step
+        return self._typed_store_by_step
+
+    # -- the typed events (killpoint.harness.events): what checkers, narration and reports read ---
+    def typed(self, family: type[_F]) -> list[_F]:
+        """Every event of one family (``StoreEvent``, ``Request``, ``WorkerOp``, ``PointHit``,
+        ``WorkerEvent``, ``HarnessAction`` or one of its kinds...), typed, in history order.
+        Shared (read it, never change it); the first call parses the whole history. An event not
+        in the vocabulary is in no family: it is in :attr:`invalid`, which makes a verdict unknown."""
+        return self._parsed[0].get(family, [])  # type: ignore[return-value]
+
+    @property
+    def typed_events(self) -> list[TypedEvent]:
+        """Every event of the history, typed, in order (those in :attr:`invalid` left out)."""
+        return self._parsed[0].get(object, [])
+
+    @property
+    def invalid(self) -> tuple[InvalidEvent, ...]:
+        """What is wrong with each event that is not in the vocabulary, in history order."""
+        return self._parsed[1]
+
+    def parsing(self) -> Generator[None, None, None]:
+        """Parse every event into its typed form a piece at a time (a harness with workers to
+        answer looks at them in between); :meth:`typed` then only gathers them."""
+        events = self.events
+        for start in range(0, len(events), _PARSE_PIECE):
+            for e in events[start:start + _PARSE_PIECE]:
+                try:
+                    _ = e.typed
+                except InvalidEvent:
+                    pass  # gathered into invalid
+            yield
+
+    def effects(self) -> list[Request]:
+        """The ledger's requests where a new effect really happened (``dropped`` included)."""
+        return self._effects
 
     def step_config(self, instance: str, step: str) -> StepConfig | None:
         return self._step_configs.get((instance, step))
@@ -246,6 +283,33 @@ class History:
         return index
 
     @cached_property
+    def _parsed(self) -> tuple[dict[type, list[TypedEvent]], tuple[InvalidEvent, ...]]:
+        """The typed events by family (each under its class, the families above it and object),
+        and what is wrong with each event that could not be typed."""
+        families: dict[type, list[TypedEvent]] = {}
+        invalid: list[InvalidEvent] = []
+        for e in self.events:
+            try:
+                t = e.typed
+            except InvalidEvent as exc:
+                invalid.append(exc)
+                continue
+            for cls in type(t).__mro__:
+                families.setdefault(cls, []).append(t)
+        return families, tuple(invalid)
+
+    @cached_property
+    def _typed_store_by_step(self) -> dict[tuple[Any, Any], list[StoreEvent]]:
+        index: dict[tuple[Any, Any], list[StoreEvent]] = {}
+        for e in self.typed(StoreEvent):
+            index.setdefault((e.instance, e.step), []).append(e)
+        return index
+
+    @cached_property
+    def _effects(self) -> list[Request]:
+        return [r for r in self.typed(Request) if r.applied]
+
+    @cached_property
     def _step_configs(self) -> dict[tuple[str, str], StepConfig]:
         index: dict[tuple[str, str], StepConfig] = {}
         for s in self.steps:
@@ -322,6 +386,7 @@ def drained(pieces: Generator[None, None, _T]) -> _T:
 
 
 _PIECE = 400  # events per piece of merging (about a quarter of a millisecond)
+_PARSE_PIECE = 400  # events per piece of parsing (about a millisecond)
 
 
 def merging(journals: Mapping[str, list[dict[str, Any]]], store_events: Iterable[Mapping[str, Any]],
@@ -346,7 +411,7 @@ def merging(journals: Mapping[str, list[dict[str, Any]]], store_events: Iterable
                 open_ops.pop(e.get("op"), None)
         if worker in dead:
             end = death.get(worker, max((e["t"] for e in entries), default=0) + 1)
-            for op, e in open_ops.items():
+            for e in open_ops.values():
                 data = {k: x for k, x in e.items() if k not in ("t", "kind", "type")}
                 data["indeterminate"] = True
                 raw.append((end, worker, e["kind"], v.INFO, data))

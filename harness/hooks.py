@@ -163,8 +163,8 @@ class Hooks:
                 parse_store_row(e, index=n)
             except InvalidEvent as exc:
                 if exc.field == "kind":
-                    # An event the invariants would pass over without a word: a misspelt kind
-                    # ('claim' for 'claimed') once turned a caught stale write into a valid run.
+                    # No invariant reads a kind outside the vocabulary: a misspelt one ('claim' for
+                    # 'claimed') would hide what it records, and the run could come out valid.
                     unknown[str(e["kind"])] = unknown.get(str(e["kind"]), 0) + 1
                 else:
                     self.errors.append(f"the target's history() hook gave a bad {exc}")

@@ -181,7 +181,7 @@ def _end(runners: Sequence[tuple[Any, Any]]) -> None:
     """End every runner: told there is no other run, an idle one ends; one still busy after 0.5 s
     is sent SIGTERM, which stops its run in hand at the next check and cleans it up (see
     :func:`_runner`); one still alive 10 s later is SIGKILLed."""
-    for proc, conn in runners:
+    for _, conn in runners:
         try:
             conn.send(None)
         except (OSError, ValueError):

@@ -8,6 +8,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Iterable
 
 from killpoint import vocab as v
+from killpoint.errors import InvalidEvent
+from killpoint.harness.events import (BoundHit, DownstreamRestart, HarnessAction, LateGraceOver, PointHit, Request,
+                                      Spawn, StoreEvent, StoreRestart, TerminateBackend, WorkerEvent,
+                                      WorkerOp)
 from killpoint.harness.history import Event, History
 
 if TYPE_CHECKING:
@@ -63,158 +67,168 @@ def _pid(pid: Any, form: str = " (pid {})") -> str:
     return "" if pid is None else form.format(pid)
 
 
-def _harness(e: Event) -> str:
-    d = e.data
-    worker, pid = d.get("worker"), d.get("pid")
-    if e.kind == v.SPAWN:
-        same = " (same identity)" if d.get("identity") not in (None, worker) else ""
+def _harness(h: HarnessAction) -> str:
+    worker, pid = h.worker, h.pid
+    if isinstance(h, Spawn):
+        same = " (same identity)" if h.identity not in (None, worker) else ""
         return f"started worker {worker}{_pid(pid, ' as pid {}')}{same}"
-    if e.kind == v.KILL:
-        return f"{d.get('signal') or 'SIGKILL'} to {worker}{_pid(pid)}: {d.get('reason')}"
-    if e.kind == v.STOP:
+    if h.kind == v.KILL:
+        return f"{h.signal or 'SIGKILL'} to {worker}{_pid(pid)}: {h.reason}"
+    if h.kind == v.STOP:
         return f"SIGSTOP to {worker}{_pid(pid)}, frozen with its heartbeat"
-    if e.kind == v.CONT:
-        if d.get("signal") is None:
-            return f"released {worker}{_pid(pid)}: {d.get('reason')}"
-        return f"SIGCONT to {worker}{_pid(pid)}: {d.get('reason')}"
-    if e.kind == v.DOWNSTREAM_RESTART:
-        return (f"restarted the downstream: pid {d.get('pid_before')} killed, pid "
-                f"{d.get('pid')} serves the same ledger at the same address {d.get('address')}")
-    if e.kind == v.STORE_RESTART:
-        killed = ", ".join(d.get("killed") or ()) or "no worker"
+    if h.kind == v.CONT:
+        if h.signal is None:
+            return f"released {worker}{_pid(pid)}: {h.reason}"
+        return f"SIGCONT to {worker}{_pid(pid)}: {h.reason}"
+    if isinstance(h, DownstreamRestart):
+        return (f"restarted the downstream: pid {h.pid_before} killed, pid "
+                f"{pid} serves the same ledger at the same address {h.address}")
+    if isinstance(h, StoreRestart):
+        killed = ", ".join(h.killed or ()) or "no worker"
         return (f"restarted the store: every connection to it cut ({killed} killed with "
                 f"theirs), its own handle closed and reopened")
-    if e.kind == v.BOUND_HIT:
-        why = f"{d['seconds']:g} s" if d.get("seconds") is not None else d.get("reason")
+    if isinstance(h, BoundHit):
+        why = f"{h.seconds:g} s" if h.seconds is not None else h.reason
         return f"the run hit its bound ({why}); what is still running is ended"
-    if e.kind == v.TERMINATE_BACKEND:
-        states = d.get("states") or {}
-        ended = ", ".join(f"{p} ({states.get(str(p))})" for p in d.get("backend_pids") or ()) or "none"
+    if isinstance(h, TerminateBackend):
+        states = h.states or {}
+        ended = ", ".join(f"{p} ({states.get(str(p))})" for p in h.backend_pids or ()) or "none"
         return (f"pg_terminate_backend for {worker}'s database sessions at "
-                f"{d.get('step')}.{d.get('point')}: {ended}")
-    if e.kind == v.AFTER_QUIESCENT:
+                f"{h.step}.{h.point}: {ended}")
+    if h.kind == v.AFTER_QUIESCENT:
         return "the run is quiescent; an outside actor acts before the history is judged"
-    if e.kind == v.REPLACEMENTS_STOPPED:
-        return f"no more replacements: the target raised {d.get('error')} again (in {worker})"
-    if e.kind == v.LATE_GRACE_OVER:
+    if h.kind == v.REPLACEMENTS_STOPPED:
+        return f"no more replacements: the target raised {h.error} again (in {worker})"
+    if isinstance(h, LateGraceOver):
         # seconds: the grace, in time the workers could run; wall_s: what it took on the clock
         # (absent from histories written before the grace left out the wait for a CPU).
-        workers, wall = ", ".join(d.get("workers") or ()), d.get("wall_s")
-        if d.get("capped"):
+        workers, wall = ", ".join(h.workers or ()), h.wall_s
+        if h.capped:
             return (f"{workers} resumed late and still running {wall:.1f} s after the target's done() said "
-                    f"yes, most of it waiting for a CPU (the cap on the {d.get('seconds'):g} s grace): "
+                    f"yes, most of it waiting for a CPU (the cap on the {h.seconds:g} s grace): "
                     f"ended as workers that serve forever")
         waited = ""
-        if wall is not None and round(wall, 1) > d.get("seconds"):
+        if wall is not None and h.seconds is not None and round(wall, 1) > h.seconds:
             waited = f" (in {wall:.1f} s of wall time: time spent waiting for a CPU does not count)"
-        return (f"{workers} resumed late and still running {d.get('seconds'):g} s after the target's done() "
+        return (f"{workers} resumed late and still running {h.seconds:g} s after the target's done() "
                 f"said yes{waited}: ended as workers that serve forever")
-    if e.kind == v.EXIT:
-        how = f"killed by {d['signal']}" if d.get("signal") else f"exit code {d.get('code')}"
+    if h.kind == v.EXIT:
+        how = f"killed by {h.signal}" if h.signal else f"exit code {h.code}"
         return f"worker {worker}{_pid(pid)} ended, {how}"
-    return e.kind
+    return h.kind
 
 
-def _store(e: Event) -> str:
-    d = e.data
-    where = f"{d.get('instance')}:{d.get('step')}"
-    fence = f" with fence {d['fence']}" if d.get("fence") is not None else ""
+def _store(e: StoreEvent) -> str:
+    where = f"{e.instance}:{e.step}"
+    fence = f" with fence {e.fence}" if e.fence is not None else ""
     # A target's own records may not say who wrote a change (procrastinate's job events do not).
-    who = d.get("worker") or "a worker"
-    moved = _known("{} -> {}", d.get("from_state"), d.get("to_state"))
+    who = e.worker or "a worker"
+    moved = _known("{} -> {}", e.from_state, e.to_state)
     if e.kind == v.CLAIMED:
-        told = ", ".join(x for x in (_known("attempt {}", d.get("attempt")), moved) if x)
+        told = ", ".join(x for x in (_known("attempt {}", e.attempt), moved) if x)
         return f"{who} claimed {where}{fence}" + (f" ({told})" if told else "")
     if e.kind == v.COMMITTED:
-        why = f"; reason: {d['reason']}" if d.get("reason") else ""
-        whose = f"{d['worker']}'s commit" if d.get("worker") else "a commit"
-        told = _known("state version {}", d.get("state_version")) + why
+        why = f"; reason: {e.reason}" if e.reason else ""
+        whose = f"{e.worker}'s commit" if e.worker else "a commit"
+        told = _known("state version {}", e.state_version) + why
         return (f"accepted {whose}{fence}: {where}" + (f" {moved}" if moved else "")
                 + (f" ({told.lstrip('; ')})" if told else ""))
     if e.kind == v.COMMIT_REJECTED:
-        now = ", ".join(x for x in (_known("fence {}", d.get("lease_version")),
-                                    _known("state version {}", d.get("state_version"))) if x)
-        expected = _known(" (expected {})", d.get("expected_state_version")) if now else ""
-        whose = f"{d['worker']}'s commit" if d.get("worker") else "a commit"
+        now = ", ".join(x for x in (_known("fence {}", e.lease_version),
+                                    _known("state version {}", e.state_version)) if x)
+        expected = _known(" (expected {})", e.expected_state_version) if now else ""
+        whose = f"{e.worker}'s commit" if e.worker else "a commit"
         return (f"REFUSED {whose}{fence}: the lease is at {now}{expected}" if now else
                 f"REFUSED {whose}{fence} on {where}: a stale write")
     if e.kind == v.STUCK_FLAGGED:
-        owner = f" {d['stuck_owner']}" if d.get("stuck_owner") is not None else ""
-        idle = _known(" for {} ms", d.get("idle_ms"))
+        owner = f" {e.stuck_owner}" if e.stuck_owner is not None else ""
+        idle = _known(" for {} ms", e.idle_ms)
         return f"{who} flagged{owner} stuck on {where}: heartbeat alive, no progress{idle}; lease freed"
     if e.kind == v.RECEIPT_RECORDED:
-        what = f"receipt {d['key']}" if d.get("key") is not None else f"a receipt for {where}"
-        return f"{who} recorded {what}" + _known(" = {}", d.get("status"))
+        what = f"receipt {e.key}" if e.key is not None else f"a receipt for {where}"
+        return f"{who} recorded {what}" + _known(" = {}", e.status)
     if e.kind == v.OPERATOR_RESOLVED:
-        actor = f"operator {d['actor']}" if d.get("actor") is not None else "an operator"
-        return (f"{actor} moved {where}" + _known(" to {}", d.get("to_state"))
-                + _known(" (evidence: {})", d.get("evidence")))
+        actor = f"operator {e.actor}" if e.actor is not None else "an operator"
+        return f"{actor} moved {where}" + _known(" to {}", e.to_state) + _known(" (evidence: {})", e.evidence)
     if e.kind == v.CREATED:
-        return f"created {where}" + _known(" ({})", d.get("to_state"))
+        return f"created {where}" + _known(" ({})", e.to_state)
     if e.kind in (v.RENEWED, v.RELEASED):
         return f"{who} {e.kind} its lease on {where}{fence}"
-    return f"{e.kind} {where}" + (f" by {d['worker']}" if d.get("worker") else "")
+    return f"{e.kind} {where}" + (f" by {e.worker}" if e.worker else "")
 
 
-def _request(e: Event) -> str:
-    d = e.data
-    key = d.get("key") or "(no key: legacy)"
-    fence = f" fence {d['fence']}" if d.get("fence") is not None else ""
-    who = e.meta.get("worker") or "a client"
-    answer = " ".join(str(x) for x in (d.get("status"), d.get("outcome")) if x is not None)
-    return (f"{who} -> {d.get('resource')} key {key}{fence}: {answer or 'no answer'}"
-            + (" (a new effect)" if d.get("applied") else ""))
+def _request(r: Request) -> str:
+    key = r.key or "(no key: legacy)"
+    fence = f" fence {r.fence}" if r.fence is not None else ""
+    who = r.meta.worker or "a client"
+    answer = " ".join(str(x) for x in (r.status, r.outcome) if x is not None)
+    return (f"{who} -> {r.resource} key {key}{fence}: {answer or 'no answer'}"
+            + (" (a new effect)" if r.applied else ""))
 
 
-def _worker(e: Event) -> str:
-    d = e.data
-    where = f"{d.get('instance')}:{d.get('step')}"
-    if e.kind == v.POINT:
-        if d.get("action"):
-            return f"hit {d.get('step')}.{d.get('point')} -> {d.get('action')}"
-        return f"passed {d.get('step')}.{d.get('point')} (hit {d.get('hit')}; nothing fired)"
-    if e.kind == v.RECOVER:
-        source = f" (from the {d['source']})" if d.get("source") else ""
-        receipt = f"receipt {d['receipt']}{source}" if d.get("receipt") is not None else "no receipt"
-        safe = "retry-safe" if d.get("retry_safe") is True else "not retry-safe" if d.get("retry_safe") is False else ""
-        attempts = _known("{}/{} attempts", d.get("attempts"), d.get("max_attempts"))
-        told = ", ".join(x for x in (receipt, safe, attempts) if x)
-        return f"recovery evidence: {told}" + _known(" -> {}", d.get("action"))
+def _op(e: WorkerOp) -> str:
+    where = f"{e.instance}:{e.step}"
     if e.kind == v.CALL and e.type == v.INFO:
-        return f"call outcome unknown ({'it died first' if d.get('indeterminate') else d.get('error')})"
-    if e.kind in v.OP_KINDS:
-        if e.type == v.INVOKE:
-            fence = f" with fence {d['fence']}" if d.get("fence") is not None else ""
-            what = f" {d['resource']}" if e.kind == v.CALL and d.get("resource") else ""
-            return f"{e.kind}{what} {where}{fence}"
-        how = {v.OK: "done", v.FAIL: "certainly not done", v.INFO: "outcome unknown"}.get(e.type, e.type)
-        return f"{e.kind} {how}: {d['error']}" if d.get("error") else f"{e.kind} {where} {how}"
+        return f"call outcome unknown ({'it died first' if e.indeterminate else e.error})"
+    if e.type == v.INVOKE:
+        fence = f" with fence {e.fence}" if e.fence is not None else ""
+        what = f" {e.resource}" if e.kind == v.CALL and e.resource else ""
+        return f"{e.kind}{what} {where}{fence}"
+    how = {v.OK: "done", v.FAIL: "certainly not done", v.INFO: "outcome unknown"}[e.type]
+    return f"{e.kind} {how}: {e.error}" if e.error else f"{e.kind} {where} {how}"
+
+
+def _hit(e: PointHit) -> str:
+    if e.action:
+        return f"hit {e.step}.{e.point} -> {e.action}"
+    return f"passed {e.step}.{e.point} (hit {e.hit}; nothing fired)"
+
+
+def _worker(e: WorkerEvent) -> str:
+    where = f"{e.instance}:{e.step}"
+    if e.kind == v.RECOVER:
+        source = f" (from the {e.source})" if e.source else ""
+        receipt = f"receipt {e.receipt}{source}" if e.receipt is not None else "no receipt"
+        safe = "retry-safe" if e.retry_safe is True else "not retry-safe" if e.retry_safe is False else ""
+        attempts = _known("{}/{} attempts", e.attempts, e.max_attempts)
+        told = ", ".join(x for x in (receipt, safe, attempts) if x)
+        return f"recovery evidence: {told}" + _known(" -> {}", e.action)
     if e.kind == v.CHECKPOINT:
-        return f"checkpoint of {d.get('instance')} {d.get('outcome')}: {d.get('reason')}"
+        return f"checkpoint of {e.instance} {e.outcome}: {e.reason}"
     if e.kind == v.HEARTBEAT_LOST:
-        return f"heartbeat found the lease on {where} gone" + _known(" (fence {})", d.get("fence"))
+        return f"heartbeat found the lease on {where} gone" + _known(" (fence {})", e.fence)
     if e.kind == v.STORE_UNAVAILABLE:
-        how = "outcome unknown" if d.get("outcome_unknown") else "rolled back"
-        return f"store connection lost ({how}): {d.get('error')}"
+        how = "outcome unknown" if e.outcome_unknown else "rolled back"
+        return f"store connection lost ({how}): {e.error}"
     if e.kind == v.START:
-        return f"started{_pid(d.get('pid'), ' as pid {}')}"
+        return f"started{_pid(e.pid, ' as pid {}')}"
     if e.kind == v.FINISH:
         return "finished"
     if e.kind == v.RAISED:
-        return f"the target raised {d.get('error')} (a finding: its traceback is in this event)"
-    return f"{e.kind} {where}" if d.get("instance") is not None else e.kind
+        return f"the target raised {e.error} (a finding: its traceback is in this event)"
+    return f"{e.kind} {where}" if e.instance is not None else e.kind
 
 
 def describe(e: Event) -> str:
     """What one event says, in words: the one describer of events, for narration, reports and
     scenarios. Never empty; the process is not repeated (a caller shows it as it likes)."""
-    if e.process == v.HARNESS:
-        return _harness(e)
-    if e.process == v.STORE:
-        return _store(e)
-    if e.process == v.DOWNSTREAM:
-        return _request(e)
-    return _worker(e)
+    try:
+        t = e.typed
+    except InvalidEvent as exc:  # shown as written, with what is wrong (the verdict says it too)
+        return f"{e.kind} (not in the vocabulary: {exc.field} is wrong)"
+    if isinstance(t, HarnessAction):
+        return _harness(t)
+    if isinstance(t, StoreEvent):
+        return _store(t)
+    if isinstance(t, Request):
+        return _request(t)
+    if isinstance(t, WorkerOp):
+        return _op(t)
+    if isinstance(t, PointHit):
+        return _hit(t)
+    if isinstance(t, WorkerEvent):
+        return _worker(t)
+    return f"{t.kind} {t.instance}:{t.step}" if t.instance is not None else t.kind
 
 
 # What a narration tells: everything the harness and the downstream did, the store's decisions, and
@@ -227,23 +241,36 @@ _TOLD_WORKER = frozenset({v.RECOVER, v.CHECKPOINT, v.HEARTBEAT_LOST, v.RAISED})
 
 def tells(e: Event) -> bool:
     """Whether a narration tells this event."""
-    if e.process in (v.HARNESS, v.DOWNSTREAM):
+    try:
+        t = e.typed
+    except InvalidEvent:
+        return True  # told as written: a narration that hid it would hide why the run is unknown
+    if isinstance(t, (HarnessAction, Request)):
         return True
-    if e.process == v.STORE:
-        return e.kind in _TOLD_STORE
-    if e.kind == v.POINT:
-        return bool(e.data.get("action"))
-    if e.kind == v.CALL and e.type == v.INFO:
-        return True
-    if e.kind in v.OP_KINDS:
-        return bool(e.data.get("error")) and e.type in (v.INFO, v.FAIL)
-    return e.kind in _TOLD_WORKER
+    if isinstance(t, StoreEvent):
+        return t.kind in _TOLD_STORE
+    if isinstance(t, PointHit):
+        return bool(t.action)
+    if isinstance(t, WorkerOp):
+        return (t.kind == v.CALL and t.type == v.INFO) or (bool(t.error) and t.type in (v.INFO, v.FAIL))
+    return t.kind in _TOLD_WORKER
 
 
 def line(e: Event) -> str | None:
     """The narration line of an event (its process, then :func:`describe`), or None when a
     narration does not tell it."""
     return f"{e.process}: {describe(e)}" if tells(e) else None
+
+
+def about(e: Event) -> tuple[Any, Any]:
+    """The (instance, step) an event is about; (None, None) for one about no step."""
+    try:
+        t = e.typed
+    except InvalidEvent:
+        return (None, None)
+    if isinstance(t, Request):
+        return (t.meta.instance, t.meta.step)
+    return (t.instance, t.step)
 
 
 def narrate(history: History, steps: Iterable[tuple[str, str]] | None = None) -> list[str]:
@@ -256,8 +283,7 @@ def narrate(history: History, steps: Iterable[tuple[str, str]] | None = None) ->
     out = []
     last: int | None = None
     for e in history.events:
-        where = (e.meta.get("instance"), e.meta.get("step")) if e.process == v.DOWNSTREAM else \
-            (e.get("instance"), e.get("step"))
+        where = about(e)
         if e.process != v.HARNESS and where not in wanted and \
                 not (where[1] is None and where[0] in instances):  # an event about a whole instance
             continue

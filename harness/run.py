@@ -39,7 +39,7 @@ from killpoint.harness.store import check_faults, open_store, schema_name
 from killpoint.harness.store.base import Store
 from killpoint.errors import InfrastructureError, InvalidConfig, InvalidTarget, KillpointWarning
 from killpoint.harness.supervise import DISK_ERRORS, Supervisor, WorkerProcess, check_owned_faults, kill
-from killpoint.harness.targets import Target, declared
+from killpoint.harness.targets import WorkerFn, declared
 from killpoint.harness.worker import REAL_TIME_TIMING, Timing
 from killpoint.harness.workload import Workload, cached_workload
 
@@ -57,7 +57,7 @@ def _owns_state(target: Any) -> bool:
 @dataclass(frozen=True)
 class RunConfig:
     schedule: Schedule = field(default_factory=Schedule)
-    target: "str | Target" = "reference"
+    target: "str | WorkerFn" = "reference"
     # A built-in name or pkg.module:function; None: the target's own (orders for the reference and
     # the mutants, plain for a user's target unless it declares one).
     # (A killpoint.Workload built in code is taken too: it becomes workload_spec, this its name.)
@@ -477,7 +477,9 @@ def _warn_before_runs(configs: "Sequence[RunConfig]") -> None:
     import warnings
 
     for line in dict.fromkeys(line for config in configs for line in config.warnings()):
-        warnings.warn(line, KillpointWarning)
+        # stacklevel 1: always this line, so the default filter shows each warning once however many
+        # entry points a batch of runs goes through
+        warnings.warn(line, KillpointWarning, stacklevel=1)
 
 
 class Meanwhile:
@@ -796,7 +798,7 @@ class _Run:
             self.left_behind.append(line)
             import warnings
 
-            warnings.warn(line, KillpointWarning)
+            warnings.warn(line, KillpointWarning, stacklevel=1)  # about the run, not its caller
 
     def broken(self, exc: Exception, started: float) -> RunResult:
         """The run's result when its infrastructure broke: unknown, with the cause."""

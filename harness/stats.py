@@ -12,6 +12,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from killpoint.harness.events import PointHit
 from killpoint.harness.history import History
 
 
@@ -26,14 +27,10 @@ class PointStats:
     @classmethod
     def of(cls, history: History) -> "PointStats":
         stats = cls(runs=1)
-        for e in history.events:
-            if e.kind != "point" or e.process in ("store", "downstream", "harness"):
-                continue
-            point = str(e.get("point"))
-            stats.reached[point] += 1
-            action = e.get("action")
-            if action:
-                stats.fired[(point, e.process.split(".")[0], str(action))] += 1
+        for hit in history.typed(PointHit):
+            stats.reached[hit.point] += 1
+            if hit.action:
+                stats.fired[(hit.point, hit.process.split(".")[0], hit.action)] += 1
         return stats
 
     def __add__(self, other: "PointStats") -> "PointStats":

@@ -38,14 +38,14 @@ from killpoint.chaos.points import DB_POINTS, Failpoints
 from killpoint.harness import clock as run_clock
 from killpoint.harness import downstream as ds
 from killpoint.harness import hooks, messages
-from killpoint.harness.declaration import Target as Declared, TargetRun
+from killpoint.harness.declaration import Target, TargetRun
 from killpoint.harness.forking import ForkedWorker as ForkedWorker
 from killpoint.harness.messages import RESUME, FaultTally, Inbox
 from killpoint.errors import BadInput, InfrastructureError, InvalidTarget, shown
 from killpoint.harness import signals
 from killpoint.harness.signals import sigint_deferred, unblock_sigint
 from killpoint.harness.store.base import Store
-from killpoint.harness.targets import Target
+from killpoint.harness.targets import WorkerFn
 from killpoint.harness.worker import DONE, WorkerContext, plan
 from killpoint.harness.workload import Workload
 
@@ -55,7 +55,6 @@ if TYPE_CHECKING:
 # Errors that say the disk the run writes to is full or unusable: infrastructure, not the target.
 DISK_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO})
 EXIT_DISK = 75  # EX_TEMPFAIL: a worker that ended because the disk failed it
-POLL_S = 0.02  # the loop's wait for a message or an exit
 STARVED_S = 0.05  # a wait that overran by more than this: the machine starved the harness
 LATE_GRACE_S = 1.0  # how long a late (resumed) worker of an owned-state target may go on after done()
 LATE_GRACE_CAP_S = 20 * LATE_GRACE_S  # ... at most, in wall time, however long it waited for a CPU
@@ -210,13 +209,13 @@ def _prepare(ctx_args: dict[str, Any]) -> ds.DownstreamClient:
     return client
 
 
-def worker_main(target: Target, ctx_args: dict[str, Any], faults, hits, seed: int,
+def worker_main(target: WorkerFn, ctx_args: dict[str, Any], faults, hits, seed: int,
                 events_fd: int, control_fd: int) -> None:
     """The body of a worker process (runs in the forked child)."""
     _work(target, ctx_args, faults, hits, seed, events_fd, control_fd, _prepare(ctx_args))
 
 
-def parked_main(target: Target, ctx_args: dict[str, Any], events_fd: int, control_fd: int) -> None:
+def parked_main(target: WorkerFn, ctx_args: dict[str, Any], events_fd: int, control_fd: int) -> None:
     """The body of a spare (runs in the forked child): prepared, it waits on its control pipe for
     who it is (:meth:`Supervisor.spawn` sends it), then is that worker. Until then it has journaled
     nothing and holds no time on the run clock; once the store is set up it opens its connection
@@ -252,7 +251,7 @@ def _read_exactly(fd: int, n: int) -> bytes | None:
     return data
 
 
-def _work(target: Target, ctx_args: dict[str, Any], faults, hits, seed: int,
+def _work(target: WorkerFn, ctx_args: dict[str, Any], faults, hits, seed: int,
           events_fd: int, control_fd: int, client: ds.DownstreamClient) -> None:
     clock = ctx_args["clock"]
     run_clock.install(clock)
@@ -262,7 +261,7 @@ def _work(target: Target, ctx_args: dict[str, Any], faults, hits, seed: int,
         store: Store = ctx_args["store"]
         chaos.points.install(Failpoints(list(faults), journal, seed, events_fd, control_fd, dict(hits),
                                         backends=store.backends, clock=clock))
-        declared: Declared = target  # type: ignore[assignment]
+        declared: Target = target  # type: ignore[assignment]
         ctx = WorkerContext(ctx_args["worker_id"], store, client, journal, ctx_args["workload"],
                             ctx_args["timing"], run_dir=ctx_args["run_dir"],
                             downstream_url=f"{ctx_args['url']}/runs/{ctx_args['run_id']}",
@@ -308,7 +307,7 @@ class Supervisor:
     worker a run left); ``note`` records a harness event in the run's history.
     """
 
-    def __init__(self, config: "RunConfig", *, run_id: str, run_dir: str, target: Declared,
+    def __init__(self, config: "RunConfig", *, run_id: str, run_dir: str, target: Target,
                  workload: Workload, store: Store, downstream: ds.DownstreamProcess,
                  registry: dict[int, WorkerProcess], note: Note, target_run: TargetRun | None = None,
                  finished: Callable[[], bool] | None = None,

@@ -14,10 +14,10 @@ from killpoint.harness.worker import WorkerContext, reference
 if TYPE_CHECKING:
     from killpoint.harness.mutants import Mutant
 
-# What a run accepts as a target: a function taking a WorkerContext (a declared
+# What a run accepts as a target besides a name: a function taking a WorkerContext (a declared
 # :class:`killpoint.harness.declaration.Target` is one too).
-Target = Callable[[WorkerContext], None]
-__all__ = ["InvalidTarget", "Target", "declared", "resolve"]
+WorkerFn = Callable[[WorkerContext], None]
+__all__ = ["InvalidTarget", "WorkerFn", "declared", "resolve"]
 
 
 def mutants() -> Mapping[str, Mutant]:
@@ -26,7 +26,7 @@ def mutants() -> Mapping[str, Mutant]:
     return MUTANTS
 
 
-def declared(target: "str | Target") -> declaration.Target:
+def declared(target: "str | WorkerFn") -> declaration.Target:
     """The target with its declaration: a plain function declares the built-in points and no state."""
     fn = resolve(target)
     if isinstance(fn, declaration.Target):
@@ -39,7 +39,7 @@ def declared(target: "str | Target") -> declaration.Target:
 SERVER_TARGETS = ("temporal-activity", "temporal", "restate")
 
 
-def _server_target(name: str) -> Target | None:
+def _server_target(name: str) -> WorkerFn | None:
     kind, sep, policy = name.partition(":")
     if not sep or kind not in SERVER_TARGETS:
         return None
@@ -54,16 +54,14 @@ def _server_target(name: str) -> Target | None:
             from killpoint.harness.servers.temporal_server import server_target
 
             return server_target(policy)
-        if kind == "restate":
-            from killpoint.harness.servers.restate import restate_target
+        from killpoint.harness.servers.restate import restate_target  # restate: the last of SERVER_TARGETS
 
-            return restate_target(policy)
+        return restate_target(policy)
     except (ValueError, servers.SdkMissing) as exc:
         raise InvalidTarget(f"target {name[:200]!r}: {exc}") from None
-    raise InvalidTarget(f"target {name[:200]!r}: {kind} targets are not built yet")
 
 
-def resolve(target: "str | Target") -> Target:
+def resolve(target: "str | WorkerFn") -> WorkerFn:
     """``reference``, ``mutant:NAME``, a library target (``dbos:naive``, ``langgraph:keyed``, ...),
     ``pkg.module:function``, or a callable taking a WorkerContext."""
     if callable(target):

@@ -21,9 +21,10 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 # The errors a library caller can meet; the CLI's BadInput stays in killpoint.errors.
-from killpoint.errors import (InfrastructureError as InfrastructureError, InvalidAction as InvalidAction, InvalidConfig as InvalidConfig,
-                              InvalidPoint as InvalidPoint,
-                              InvalidEvent as InvalidEvent, InvalidSchedule as InvalidSchedule, InvalidStore as InvalidStore,
+from killpoint.errors import (InfrastructureError as InfrastructureError, InvalidAction as InvalidAction,
+                              InvalidConfig as InvalidConfig, InvalidPoint as InvalidPoint,
+                              InvalidEvent as InvalidEvent, InvalidSchedule as InvalidSchedule,
+                              InvalidStore as InvalidStore,
                               InvalidTarget as InvalidTarget, InvalidWorkload as InvalidWorkload,
                               KillpointError as KillpointError, KillpointUnavailable as KillpointUnavailable,
                               KillpointWarning as KillpointWarning,
@@ -99,9 +100,10 @@ def __dir__() -> list[str]:
 
 # A literal list, so that type checkers know what is exported (tests/test_api.py keeps it whole).
 __all__ = ["Claim", "CrashVerdict", "DownstreamClient", "Event", "Evidence", "Fault", "History",
-           "INVARIANTS", "InfrastructureError", "InstanceSpec", "InvalidAction", "InvalidConfig", "InvalidEvent", "InvalidPoint", "InvalidSchedule",
-           "InvalidStore", "InvalidTarget", "InvalidWorkload", "KillpointError",
-           "KillpointUnavailable", "KillpointWarning", "LostResponse", "OutcomeUnknown", "ReferenceWorker", "Result", "RunConfig", "RunResult", "Schedule",
+           "INVARIANTS", "InfrastructureError", "InstanceSpec", "InvalidAction", "InvalidConfig", "InvalidEvent",
+           "InvalidPoint", "InvalidSchedule", "InvalidStore", "InvalidTarget", "InvalidWorkload", "KillpointError",
+           "KillpointUnavailable", "KillpointWarning", "LostResponse", "OutcomeUnknown", "ReferenceWorker", "Result",
+           "RunConfig", "RunResult", "Schedule",
            "Session", "StepSpec", "StoreError", "StoreUnavailable", "StoreUnreachable", "Target", "TargetRun",
            "Timing", "UnknownScenario", "Verdict", "Violation", "WorkerContext", "Workload", "at",
            "check_all", "parse_schedule", "point", "recover", "target"]

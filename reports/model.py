@@ -7,8 +7,9 @@ in this model may come from a run (instance ids, worker ids, payloads, exception
 treated as hostile by whoever shows it.
 
 Times are nanoseconds of the run's time since its first event: CLOCK_MONOTONIC plus the run clock's
-offset (on the virtual clock, waits the harness skipped are in them at their full length). Every item and row names the event it
-comes from by its link id, ``e<index>``, which is the anchor of that event's row in the event table.
+offset (on the virtual clock, waits the harness skipped are in them at their full length). Every item
+and row names the event it comes from by its link id, ``e<index>``, which is the anchor of that
+event's row in the event table.
 """
 
 from __future__ import annotations
@@ -16,12 +17,15 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from killpoint import vocab
 from killpoint.harness.checkers.base import rank
-from killpoint.harness.history import OP_KINDS, Event, History
-from killpoint.harness.narrate import clock_note, run_time, span
+from killpoint.errors import InvalidEvent
+from killpoint.harness.events import (HarnessAction, PointHit, Request, Spawn, StoreEvent, TargetEvent, TypedEvent,
+                                      WorkerEvent, WorkerOp)
+from killpoint.harness.history import Event, History
+from killpoint.harness.narrate import about, clock_note, run_time, span
 from killpoint.harness.narrate import describe as describe_event
 from killpoint.harness.redact import redact
 
@@ -37,6 +41,9 @@ _DETAIL_CHARS = 600
 _ACCEPTED = vocab.ACCEPTED_TRANSITIONS | {vocab.RECEIPT_RECORDED}
 _OK_OUTCOMES = {vocab.APPLIED, vocab.REPLAY}
 _WORKER_SKIPPED = {vocab.START, vocab.FINISH}  # the harness lane shows spawn and exit instead
+# The failpoint actions the timeline draws apart (chaos.actions spells them so).
+PAUSE = "pause"
+KILL = "kill"
 
 
 def link(index: int) -> str:
@@ -279,19 +286,14 @@ def focus_instances(history: History, violations: Iterable[Any] = ()) -> tuple[s
             if inst is not None and str(inst) not in named:
                 named.append(str(inst))
     if not named:
-        for e in events:
-            if e.kind == vocab.POINT and e.get("action") and e.get("instance") is not None:
-                if str(e.get("instance")) not in named:
-                    named.append(str(e.get("instance")))
+        for hit in history.typed(PointHit):
+            if hit.action and hit.instance is not None and hit.instance not in named:
+                named.append(hit.instance)
     return tuple(named)
 
 
 def _instance_of(e: Event) -> str | None:
-    if e.process == vocab.DOWNSTREAM:
-        meta = e.get("meta")
-        inst = meta.get("instance") if isinstance(meta, Mapping) else None
-    else:
-        inst = e.get("instance")
+    inst = about(e)[0]
     return None if inst is None else str(inst)
 
 
@@ -332,8 +334,8 @@ def build_run(result: RunResult, *, max_events: int = DEFAULT_MAX_EVENTS,
     in_timeline = {i.index for i in timeline.items}
     by_index = {e.index: e for e in events}
     rows = tuple(_event_row(by_index[i], t0, i in proof, i in in_timeline) for i in shown)
-    ledger = tuple(_ledger_row(by_index[i]) for i in shown
-                   if by_index[i].process == vocab.DOWNSTREAM and by_index[i].kind == vocab.REQUEST)
+    requests = {r.index: r for r in history.typed(Request)}
+    ledger = tuple(_ledger_row(requests[i]) for i in shown if i in requests)
 
     schedule = str(result.config.schedule)
     violations = tuple(
@@ -378,17 +380,15 @@ def build_timeline(history: History, *, shown: Iterable[int] | None = None,
     end = (events[-1].time - t0) if events else 0
 
     lanes = _lanes(history, t0)
-    completion: dict[int, Event] = {}
-    open_ops: dict[tuple[str, Any], Event] = {}
-    for e in events:
-        if e.process in FIXED_LANES or e.kind not in OP_KINDS:
-            continue
-        if e.type == vocab.INVOKE:
-            open_ops[(e.process, e.get("op"))] = e
-        elif e.type in ("ok", "fail", "info"):
-            inv = open_ops.pop((e.process, e.get("op")), None)
+    completion: dict[int, WorkerOp] = {}
+    open_ops: dict[tuple[str, Any], WorkerOp] = {}
+    for op in history.typed(WorkerOp):
+        if op.type == vocab.INVOKE:
+            open_ops[(op.process, op.op)] = op
+        else:
+            inv = open_ops.pop((op.process, op.op), None)
             if inv is not None:
-                completion[inv.index] = e
+                completion[inv.index] = op
     completed = {c.index for c in completion.values()}
     resumed = _resumes(history)
     proof = set(proof)
@@ -398,18 +398,19 @@ def build_timeline(history: History, *, shown: Iterable[int] | None = None,
         if e.index not in keep:
             continue
         start = e.time - t0
-        if e.process not in FIXED_LANES and e.kind in OP_KINDS:
-            if e.index in completed:
+        t = _typed(e)
+        if isinstance(t, WorkerOp):
+            if t.index in completed:
                 continue  # drawn with its invoke
-            done = completion.get(e.index) if e.type == vocab.INVOKE else e
-            item = _op_item(e, done, start, t0, end)
+            done = completion.get(t.index) if t.type == vocab.INVOKE else t
+            item = _op_item(t, done, start, t0, end, events)
             items.append(dataclasses.replace(item, proof=item.index in proof or item.end_index in proof))
             continue
-        made = _instant(e)
+        made = _instant(e, t)
         if made is None:
             continue
         kind, label, status, fence = made
-        stop = resumed.get(e.index) if kind == vocab.POINT and e.get("action") == "pause" else None
+        stop = resumed.get(e.index) if isinstance(t, PointHit) and t.action == PAUSE else None
         items.append(Item(link(e.index), e.index, e.process, kind, label, status, start,
                           start if stop is None else max(start, stop.time - t0),
                           end_index=None if stop is None else stop.index, fence=fence,
@@ -424,24 +425,26 @@ def build_timeline(history: History, *, shown: Iterable[int] | None = None,
 
 
 def _leases(history: History, t0: int, run_end: int, ttl: int | None) -> list[Lease]:
-    """Every lease the store granted, with when its holder stopped renewing it and how it ended.
+    """Every lease the store granted, with when its holder stopped renewing it and how it ended
+    (one pass over the claims; over 80 lines because each lease's end, holder and expiry are read
+    from the events around its claim, in one place).
 
     The holder is the incarnation whose ``claim`` came back ``ok`` with that fence (the store only
     knows the worker id). It stops renewing when it exits or is killed, is frozen (SIGSTOP, unless
     resumed before the lease could run out), or its heartbeat stops or finds the lease gone.
     """
-    events = history.events
     holder: dict[tuple[Any, Any, Any], str] = {}
     ceases: dict[str, list[tuple[int, int | None]]] = {}  # lane -> (stopped at, resumed at)
     stopped: dict[str, int] = {}
-    for e in events:
-        if e.process not in FIXED_LANES:
+    for e in history.typed_events:
+        if isinstance(e, WorkerOp):
             if e.kind == vocab.CLAIM and e.type == vocab.OK:
-                holder.setdefault((e.get("instance"), e.get("step"), e.get("fence")), e.process)
-            elif e.kind == vocab.HEARTBEAT_LOST:
+                holder.setdefault((e.instance, e.step, e.fence), e.process)
+        elif isinstance(e, WorkerEvent):
+            if e.kind == vocab.HEARTBEAT_LOST:
                 ceases.setdefault(e.process, []).append((e.time - t0, None))
-        elif e.process == vocab.HARNESS and isinstance(e.get("worker"), str):
-            w = e.get("worker")
+        elif isinstance(e, HarnessAction) and e.worker is not None:
+            w = e.worker
             if e.kind == vocab.EXIT:
                 ceases.setdefault(w, []).append((e.time - t0, None))
             elif e.kind == vocab.STOP:
@@ -452,24 +455,24 @@ def _leases(history: History, t0: int, run_end: int, ttl: int | None) -> list[Le
         ceases.setdefault(w, []).append((at, None))
 
     out: list[Lease] = []
-    store = [e for e in events if e.process == vocab.STORE]
+    store = history.typed(StoreEvent)
     for n, c in enumerate(store):
-        if c.kind != "claimed":
+        if c.kind != vocab.CLAIMED:
             continue
-        inst, step, fence = c.get("instance"), c.get("step"), _int(c.get("fence"))
+        inst, step, fence = c.instance, c.step, c.fence
         start = c.time - t0
-        lane = holder.get((inst, step, c.get("fence"))) or str(c.get("worker"))
+        lane = holder.get((inst, step, c.fence)) or str(c.worker)
         ends, how = run_end, "held at the end"
         for later in store[n + 1:]:
-            if (later.get("instance"), later.get("step")) != (inst, step):
+            if (later.instance, later.step) != (inst, step):
                 continue
             if later.kind == vocab.CLAIMED:
                 ends, how = later.time - t0, "taken over"
                 break
-            if later.kind == vocab.COMMITTED and later.get("fence") == c.get("fence"):
+            if later.kind == vocab.COMMITTED and later.fence == c.fence:
                 ends, how = later.time - t0, "released"
                 break
-            if later.kind == vocab.STUCK_FLAGGED and later.get("lease_version") == c.get("fence"):
+            if later.kind == vocab.STUCK_FLAGGED and later.lease_version == c.fence:
                 ends, how = later.time - t0, "freed as stuck"
                 break
         held, expiry, estimated, renewed = ends, None, False, False
@@ -485,8 +488,8 @@ def _leases(history: History, t0: int, run_end: int, ttl: int | None) -> list[Le
             # before the holder stopped (or after the claim). Without renewals in the history (a
             # target that keeps its own leases may not give them), the bound is the stop itself.
             renewals = [r.time - t0 for r in store if r.kind == vocab.RENEWED and start <= r.time - t0 <= at
-                        and (r.get("instance"), r.get("step")) == (inst, step)
-                        and r.get("lease_version", r.get("fence")) == c.get("fence")]
+                        and (r.instance, r.step) == (inst, step)
+                        and (r.fence if r.lease_version is None else r.lease_version) == c.fence]
             since = max(renewals) if renewals else at
             if ttl is not None and since + ttl < ends:
                 expiry, estimated, renewed = since + ttl, not renewals, bool(renewals)
@@ -496,7 +499,7 @@ def _leases(history: History, t0: int, run_end: int, ttl: int | None) -> list[Le
             if expiry is not None:
                 ends = expiry
             break
-        who = f"{lane}" + (f" ({c.get('worker')})" if str(c.get("worker")) != lane.split(".")[0] else "")
+        who = f"{lane}" + (f" ({c.worker})" if str(c.worker) != lane.split(".")[0] else "")
         label = f"lease {inst}/{step} fence {fence} held by {who}, {how}"
         if expiry is not None:
             if renewed and ttl is not None:
@@ -510,7 +513,7 @@ def _leases(history: History, t0: int, run_end: int, ttl: int | None) -> list[Le
     return out
 
 
-def _resumes(history: History) -> dict[int, Event]:
+def _resumes(history: History) -> dict[int, TypedEvent]:
     """For each fired ``pause`` point, the event that ended the pause.
 
     That is the harness's ``cont`` (or ``exit``: killed while paused) of the worker -- or the
@@ -518,122 +521,125 @@ def _resumes(history: History) -> dict[int, Event]:
     notes ``cont`` only after it has sent the signal.
     """
     waiting: dict[str, int] = {}
-    ends: dict[int, Event] = {}
-    for e in history.events:
+    ends: dict[int, TypedEvent] = {}
+    for e in history.typed_events:
         if e.process not in FIXED_LANES and e.process in waiting:
             ends[waiting.pop(e.process)] = e
-        if e.kind == vocab.POINT and e.process not in FIXED_LANES and e.get("action") == "pause":
+        if isinstance(e, PointHit) and e.action == PAUSE:
             waiting[e.process] = e.index
-        elif e.process == vocab.HARNESS and e.kind in (vocab.CONT, vocab.EXIT) and e.get("worker") in waiting:
-            ends[waiting.pop(e.get("worker"))] = e
+        elif isinstance(e, HarnessAction) and e.kind in (vocab.CONT, vocab.EXIT) and e.worker in waiting:
+            ends[waiting.pop(e.worker)] = e
     return ends
 
 
 def _lanes(history: History, t0: int) -> tuple[Lane, ...]:
-    spawns: dict[str, Event] = {}
-    exits: dict[str, Event] = {}
-    for e in history.of(vocab.HARNESS):
-        if e.kind == vocab.SPAWN and isinstance(e.get("worker"), str):
-            spawns.setdefault(e.get("worker"), e)
-        elif e.kind == vocab.EXIT and isinstance(e.get("worker"), str):
-            exits[e.get("worker")] = e
+    spawns: dict[str, Spawn] = {}
+    exits: dict[str, HarnessAction] = {}
+    for e in history.typed(HarnessAction):
+        if isinstance(e, Spawn) and e.worker is not None:
+            spawns.setdefault(e.worker, e)
+        elif e.kind == vocab.EXIT and e.worker is not None:
+            exits[e.worker] = e
     names = list(spawns)
-    for e in history.events:  # workers of a hand-written history may have no spawn event
-        if e.process not in FIXED_LANES and e.process not in names:
-            names.append(e.process)
+    for raw in history.events:  # workers of a hand-written history may have no spawn event
+        if raw.process not in FIXED_LANES and raw.process not in names:
+            names.append(raw.process)
     lanes: list[Lane] = []
     for name in names:
         s, x = spawns.get(name), exits.get(name)
         ended = ""
         if x is not None:
-            ended = str(x.get("signal")) if x.get("signal") else f"exit {x.get('code')}"
+            ended = str(x.signal) if x.signal else f"exit {x.code}"
         lanes.append(Lane(name, "worker",
-                          identity=str(s.get("identity", name)) if s else name.split(".")[0],
-                          pid=s.get("pid") if s else None,
+                          identity=str(name if s.identity is None else s.identity) if s else name.split(".")[0],
+                          pid=s.pid if s else None,
                           start=s.time - t0 if s else None,
                           end=x.time - t0 if x else None, ended=ended))
     lanes += [Lane(n, n) for n in FIXED_LANES]
     return tuple(lanes)
 
 
-def _where(e: Event | None, fallback: Event | None = None) -> str:
+def _where(e: WorkerOp | None, fallback: WorkerOp | None = None) -> str:
     for src in (e, fallback):
-        if src is not None and (src.get("instance") is not None or src.get("step") is not None):
-            return f"{src.get('instance')}/{src.get('step')}"
+        if src is not None and (src.instance is not None or src.step is not None):
+            return f"{src.instance}/{src.step}"
     return "?"
 
 
-def _op_item(first: Event, done: Event | None, start: int, t0: int, run_end: int) -> Item:
-    """An operation from its invoke (``first``) to its completion ``done`` (None: never completed)."""
+def _op_item(first: WorkerOp, done: WorkerOp | None, start: int, t0: int, run_end: int,
+             events: Sequence[Event]) -> Item:
+    """An operation from its invoke (``first``) to its completion ``done`` (None: never completed);
+    ``events`` are the history's, whose data the item's detail shows as written."""
     # Any info completion is unknown (Jepsen's :info): the effect may land at any later time, so the
     # op is drawn to the end of the run -- whether the worker died (``indeterminate``) or lost the answer.
     indeterminate = done is None or done.type == vocab.INFO
     status = "info" if done is None else done.type
     end = run_end if indeterminate else (done.time - t0 if done is not None else start)
-    fence = _int(done.get("fence") if done is not None and done.get("fence") is not None
-                 else first.get("fence"))
+    fence = done.fence if done is not None and done.fence is not None else first.fence
     kind = first.kind
     where = _where(done, first)
     if kind == vocab.CLAIM:
         label = f"claim {where} fence {fence}" if status == "ok" else f"claim {where} refused"
     elif kind == vocab.CALL:
-        resource = first.get("resource") or (done.get("resource") if done else None)
-        answer = "?" if done is None or done.type == vocab.INFO else done.get("status")
+        resource = first.resource or (done.resource if done else None)
+        answer = "?" if done is None or done.type == vocab.INFO else done.status
         label = f"call {resource} {where} fence {fence} \u2192 {answer}"
     elif kind == vocab.RECEIPT:
-        label = f"receipt {where} {first.get('status') or ''}".rstrip()
+        label = f"receipt {where} {first.status or ''}".rstrip()
     else:  # commit
-        to = first.get("to_state") or (done.get("to_state") if done else None)
+        to = first.to_state or (done.to_state if done else None)
         label = f"commit {where} fence {fence} \u2192 {to}" + (" refused" if status == "fail" else "")
     if indeterminate:
         label += " (indeterminate)"
-    detail = _detail(first) if done is None or done is first else _detail(first) + "\n" + _detail(done)
+    detail = _detail(events[first.index]) if done is None or done is first else \
+        _detail(events[first.index]) + "\n" + _detail(events[done.index])
     return Item(link(first.index), first.index, first.process, kind, label, status, start,
                 max(start, end), end_index=done.index if done is not None else None, fence=fence,
                 indeterminate=indeterminate, detail=clip(detail, _DETAIL_CHARS))
 
 
-def _instant(e: Event) -> tuple[str, str, str, int | None] | None:
-    """(kind, label, status, fence) of an instant event, or None when it is left off the timeline.
+def _instant(e: Event, t: TypedEvent | None) -> tuple[str, str, str, int | None] | None:
+    """(kind, label, status, fence) of an instant event (``t``: its typed form, None when it is not
+    in the vocabulary), or None when it is left off the timeline.
 
     The label is the event in words (:func:`killpoint.harness.narrate.describe`, as narration says
     it); the status says how it went: ok, fail, info (unknown, or a worker frozen) or event."""
-    d = e.data
-    fence = _int(d.get("fence"))
-    if e.process == vocab.STORE:
-        if e.kind == vocab.COMMIT_REJECTED:
+    fence: int | None = None
+    if isinstance(t, StoreEvent):
+        fence = t.fence
+        if t.kind == vocab.COMMIT_REJECTED:
             status = "fail"
-        elif e.kind == vocab.STUCK_FLAGGED:
+        elif t.kind == vocab.STUCK_FLAGGED:
             status = "info"
-        elif e.kind == vocab.CREATED:
+        elif t.kind == vocab.CREATED:
             status, fence = "event", None
         else:
-            status = vocab.OK if e.kind in _ACCEPTED else vocab.EVENT
-    elif e.process == vocab.DOWNSTREAM:
-        outcome = str(d.get("outcome"))
-        status = "ok" if outcome in _OK_OUTCOMES else "info" if outcome == vocab.DROPPED else "fail"
-    elif e.process == vocab.HARNESS:
-        fence = None
-        if e.kind == vocab.EXIT:
-            status = "fail" if d.get("signal") or d.get("code") != 0 else "ok"
-        elif e.kind in (vocab.KILL, vocab.BOUND_HIT, vocab.TERMINATE_BACKEND):
+            status = vocab.OK if t.kind in _ACCEPTED else vocab.EVENT
+    elif isinstance(t, Request):
+        fence = t.fence
+        status = "ok" if t.outcome in _OK_OUTCOMES else "info" if t.outcome == vocab.DROPPED else "fail"
+    elif isinstance(t, HarnessAction):
+        if t.kind == vocab.EXIT:
+            status = "fail" if t.signal or t.code != 0 else "ok"
+        elif t.kind in (vocab.KILL, vocab.BOUND_HIT, vocab.TERMINATE_BACKEND):
             status = "fail"
-        elif e.kind == vocab.STOP:
+        elif t.kind == vocab.STOP:
             status = "info"
         else:
             status = "event"
-    else:  # a worker incarnation
-        if e.kind in _WORKER_SKIPPED:
+    elif isinstance(t, PointHit):
+        if t.action is None:
             return None
-        if e.kind == vocab.POINT:
-            action = d.get("action")
-            if action is None:
-                return None
-            status, fence = ("fail" if action == "kill" else "info"), None
-        elif e.kind == vocab.HEARTBEAT_LOST:
-            status, fence = "info", None
-        else:
-            status = "event"
+        status = "fail" if t.action == KILL else "info"
+    elif isinstance(t, WorkerEvent):
+        if t.kind in _WORKER_SKIPPED:
+            return None
+        status = "info" if t.kind == vocab.HEARTBEAT_LOST else "event"
+        fence = None if t.kind == vocab.HEARTBEAT_LOST else t.fence
+    elif isinstance(t, TargetEvent):
+        status, fence = "event", _int(t.fence)
+    else:  # not in the vocabulary (an operation is drawn from its invoke, never here)
+        status = "event"
     return e.kind, describe_event(e), status, fence
 
 
@@ -645,12 +651,15 @@ def describe(e: Event) -> str:
 
 # -- tables ---------------------------------------------------------------------------------------
 def _event_row(e: Event, t0: int, proof: bool, in_timeline: bool) -> EventRow:
-    if e.process not in FIXED_LANES and e.kind in OP_KINDS:
-        status = e.type if e.type in STATUSES else "event"
+    t = _typed(e)
+    status: str
+    if isinstance(t, WorkerOp):
+        status = t.type if t.type in STATUSES else "event"
     else:
-        made = _instant(e)
+        made = _instant(e, t)
         status = made[2] if made else "event"
-    inst, step = e.get("instance"), e.get("step")
+    # The table's columns: a request names its step in its meta, which its fields show.
+    inst, step = (None, None) if isinstance(t, Request) else about(e)
     return EventRow(e.index, link(e.index), round((e.time - t0) / 1e6, 3), e.process, e.kind, e.type,
                     status, "" if inst is None else str(inst), "" if step is None else str(step),
                     _fields(e), proof, in_timeline)
@@ -674,15 +683,19 @@ def _fields(e: Event) -> str:
     return clip(" ".join(parts), _DETAIL_CHARS)
 
 
-def _ledger_row(e: Event) -> LedgerRow:
-    d = e.data
-    meta: Mapping[str, Any] = d["meta"] if isinstance(d.get("meta"), Mapping) else {}
-    outcome = str(d.get("outcome"))
-    status = "ok" if outcome in _OK_OUTCOMES else "info" if outcome == "dropped" else "fail"
-    return LedgerRow(e.index, link(e.index), d.get("seq"), str(d.get("resource")),
-                     None if d.get("key") is None else str(d.get("key")), str(d.get("scope") or ""),
-                     str(d.get("intent_hash") or ""), d.get("fence"), str(meta.get("worker") or ""),
-                     meta.get("attempt"), d.get("status"), outcome, bool(d.get("applied")), status)
+def _ledger_row(r: Request) -> LedgerRow:
+    status = "ok" if r.outcome in _OK_OUTCOMES else "info" if r.outcome == vocab.DROPPED else "fail"
+    return LedgerRow(r.index, link(r.index), r.seq, str(r.resource), r.key, str(r.scope or ""),
+                     str(r.intent_hash or ""), r.fence, str(r.meta.worker or ""), r.meta.attempt, r.status,
+                     r.outcome, r.applied, status)
+
+
+def _typed(e: Event) -> TypedEvent | None:
+    """The event's typed form; None for one not in the vocabulary (the report shows it as written)."""
+    try:
+        return e.typed
+    except InvalidEvent:
+        return None
 
 
 def _detail(e: Event) -> str:

@@ -12,8 +12,8 @@ where nothing happens: each distinct time gets a row, and a gap between two time
 proportion to its length (up to a cap, past which the axis is broken and says how long the gap
 was), so a burst of microsecond-apart operations stays readable next to a lease that ran out over
 a hundred milliseconds -- or, on the virtual clock, over 30 s of run time that cost no wall time.
-Times are the run's (:func:`killpoint.harness.narrate.run_time`). The lanes share a fixed design width that fits a 1280-pixel window, and the
-drawing scales down (never sideways-scrolls) when a run has many workers.
+Times are the run's (:func:`killpoint.harness.narrate.run_time`). The lanes share a fixed design width
+that fits a 1280-pixel window, and the drawing scales down (never sideways-scrolls) when a run has many workers.
 """
 
 from __future__ import annotations

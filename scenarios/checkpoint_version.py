@@ -29,7 +29,7 @@ from killpoint import vocab
 from killpoint.harness import checkpoint
 from killpoint.harness.checkpoint import Migration, Migrations, Policy
 from killpoint.harness.run import Session
-from killpoint.harness.targets import Target
+from killpoint.harness.targets import WorkerFn
 from killpoint.harness.workload import CheckpointedWorkload, InstanceSpec, default_workload
 from killpoint.scenarios._story import Story, config, who
 
@@ -120,7 +120,7 @@ def _ran(story: Story, h, instance: str, how: str) -> None:
                  f"final state {h.final_state(instance, STEP)}")
 
 
-def run(session: Session, *, target: str | Target = "reference", seed: int = 0, store: str = "sqlite") -> Story:
+def run(session: Session, *, target: str | WorkerFn = "reference", seed: int = 0, store: str = "sqlite") -> Story:
     story = Story("checkpoint_version")
     key = hmac_key(seed)
     _, current = definitions(seed, 1)

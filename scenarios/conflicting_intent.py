@@ -22,7 +22,7 @@ from __future__ import annotations
 from killpoint import vocab
 from killpoint.harness.history import History
 from killpoint.harness.run import Session
-from killpoint.harness.targets import Target
+from killpoint.harness.targets import WorkerFn
 from killpoint.harness.workload import WORKLOADS
 from killpoint.scenarios._story import Story, config, who
 
@@ -52,7 +52,7 @@ def _common(story: Story, h: History, instance: str, key: str) -> None:
                  f"{len(effects)}: " + who(effects, "outcome"))
 
 
-def run(session: Session, *, target: str | Target = "reference", seed: int = 0, store: str = "sqlite") -> Story:
+def run(session: Session, *, target: str | WorkerFn = "reference", seed: int = 0, store: str = "sqlite") -> Story:
     story = Story("conflicting_intent")
     instance, key = _amended(seed)
     steps = [(instance, CHARGE), (instance, AMEND)]

@@ -39,7 +39,7 @@ from killpoint.harness import states
 from killpoint.harness.downstream import Answer, DownstreamClient, LostResponse
 from killpoint.harness.history import History
 from killpoint.harness.run import Session
-from killpoint.harness.targets import Target
+from killpoint.harness.targets import WorkerFn
 from killpoint.harness.store.base import Claim, Store
 from killpoint.harness.worker import ReferenceWorker, WorkerContext
 from killpoint.harness.workload import InstanceSpec, StepSpec, Workload, default_workload
@@ -100,7 +100,7 @@ class RetryingClient(ReferenceWorker):
         return None
 
 
-def target_for(target: str | Target) -> str | Target:
+def target_for(target: str | WorkerFn) -> str | WorkerFn:
     """The target with the retrying client grafted on, when its worker class is known."""
     base = worker_class(target)
     if base is None:
@@ -114,7 +114,7 @@ def target_for(target: str | Target) -> str | Target:
     return lease_takeover_worker
 
 
-def run(session: Session, *, target: str | Target = "reference", seed: int = 0, store: str = "sqlite") -> Story:
+def run(session: Session, *, target: str | WorkerFn = "reference", seed: int = 0, store: str = "sqlite") -> Story:
     story = Story("lease_takeover")
     wl = workload(seed)
     spec = wl.instance(INSTANCE).step(STEP)
@@ -165,7 +165,7 @@ def run(session: Session, *, target: str | Target = "reference", seed: int = 0, 
     story.expect([(c.get("worker"), c.get("fence")) for c in refused] == [("A", 1)],
                  "A's commit with fence 1 was refused by the store, and no other was", who(refused, "worker", "fence"))
     story.expect(len(effects) == 1 and effects[0].get("key") == key,
-                 f"exactly one applied effect for K", f"{len(effects)}: " + who(effects, "key", "fence"))
+                 "exactly one applied effect for K", f"{len(effects)}: " + who(effects, "key", "fence"))
 
     story.say()
     story.say(f"The downstream ledger for K = {key}:")

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from killpoint import vocab
 from killpoint.harness.run import Session
-from killpoint.harness.targets import Target
+from killpoint.harness.targets import WorkerFn
 from killpoint.harness.workload import InstanceSpec, Workload, default_workload
 from killpoint.scenarios._story import Story, config, who
 
@@ -43,7 +43,7 @@ def workload(seed: int) -> Workload:
                                                 "payment": {"legacy": False, "fencing": True}})
 
 
-def run(session: Session, *, target: str | Target = "reference", seed: int = 0, store: str = "sqlite") -> Story:
+def run(session: Session, *, target: str | WorkerFn = "reference", seed: int = 0, store: str = "sqlite") -> Story:
     story = Story("recovery_under_restart")
     wl = workload(seed)
     last = wl.instances[-1]

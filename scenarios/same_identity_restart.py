@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from killpoint import vocab
 from killpoint.harness.run import Session
-from killpoint.harness.targets import Target, resolve
+from killpoint.harness.targets import WorkerFn, resolve
 from killpoint.harness.worker import WorkerContext
 from killpoint.harness.workload import WORKLOADS
 from killpoint.scenarios._story import Story, config, who
@@ -30,7 +30,7 @@ INSTANCE, STEP = "order-1", "charge"
 IDENTITY = "A"
 
 
-def under_one_identity(target: str | Target, identity: str = IDENTITY) -> Target:
+def under_one_identity(target: str | WorkerFn, identity: str = IDENTITY) -> WorkerFn:
     """The target, with every worker process of the run under one identity: a supervisor's
     restart of a worker it wrongly believed dead."""
     fn = resolve(target)
@@ -43,7 +43,7 @@ def under_one_identity(target: str | Target, identity: str = IDENTITY) -> Target
     return one_identity
 
 
-def run(session: Session, *, target: str | Target = "reference", seed: int = 0, store: str = "sqlite") -> Story:
+def run(session: Session, *, target: str | WorkerFn = "reference", seed: int = 0, store: str = "sqlite") -> Story:
     story = Story("same_identity_restart")
     key = WORKLOADS["single"](seed).instance(INSTANCE).step(STEP).key(INSTANCE)
 

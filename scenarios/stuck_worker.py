@@ -17,14 +17,14 @@ from __future__ import annotations
 
 from killpoint import vocab
 from killpoint.harness.run import Session
-from killpoint.harness.targets import Target
+from killpoint.harness.targets import WorkerFn
 from killpoint.harness.workload import WORKLOADS
 from killpoint.scenarios._story import Story, config, who
 
 INSTANCE, STEP = "order-1", "charge"
 
 
-def run(session: Session, *, target: str | Target = "reference", seed: int = 0, store: str = "sqlite") -> Story:
+def run(session: Session, *, target: str | WorkerFn = "reference", seed: int = 0, store: str = "sqlite") -> Story:
     story = Story("stuck_worker")
     key = WORKLOADS["single"](seed).instance(INSTANCE).step(STEP).key(INSTANCE)
     cfg = config(target, seed, store, f"A@{STEP}.heartbeat:hang", workload="single", workers=2)

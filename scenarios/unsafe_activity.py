@@ -23,7 +23,7 @@ from killpoint import vocab
 from killpoint.harness import states
 from killpoint.harness.downstream import DownstreamClient
 from killpoint.harness.run import Session
-from killpoint.harness.targets import Target
+from killpoint.harness.targets import WorkerFn
 from killpoint.harness.store.base import Store
 from killpoint.scenarios._story import Story, config, who
 
@@ -32,7 +32,7 @@ ACTOR = "on-call operator"
 WORKERS = 4
 
 
-def run(session: Session, *, target: str | Target = "reference", seed: int = 0, store: str = "sqlite") -> Story:
+def run(session: Session, *, target: str | WorkerFn = "reference", seed: int = 0, store: str = "sqlite") -> Story:
     story = Story("unsafe_activity")
     resolution: list[dict[str, Any]] = []
 

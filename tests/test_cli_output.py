@@ -22,13 +22,13 @@ from killpoint.harness.colour import Colour, wanted
 from killpoint.harness.history import History, build
 from killpoint.harness.progress import Progress, seconds
 from killpoint.harness.run import RunConfig, RunResult
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 from killpoint.harness.settings import InvalidSettings, find, load, parse, parse_timing
 from killpoint.harness.stats import PointStats, brief, total
 from killpoint.errors import BadInput
 from killpoint.reports import junit
 from hang import HANG_S
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 MS = 1_000_000
 

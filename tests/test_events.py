@@ -92,7 +92,7 @@ def test_a_kind_a_target_journals_for_itself_is_kept_not_refused():
 def test_a_bad_event_is_an_invalid_event_naming_its_kind_and_field(process, kind, type, data, field, words):
     bad = one(process, kind, type, **data)
     with pytest.raises(InvalidEvent) as caught:
-        bad.typed
+        _ = bad.typed
     assert caught.value.field == field and caught.value.kind == kind and caught.value.index == 0
     assert f"event 0 ({process}, kind '{kind}')" in str(caught.value) and words in str(caught.value)
     assert isinstance(caught.value, KillpointError) and isinstance(caught.value, ValueError)
@@ -128,3 +128,37 @@ def test_a_field_of_the_wrong_type_in_a_targets_history_names_the_field():
     [error] = hooks.errors
     assert error.startswith("the target's history() hook gave a bad event 0 (store, kind 'committed')")
     assert "fence is '2' (str); it must be int or None" in error
+
+
+def test_a_history_with_an_event_not_in_the_vocabulary_is_never_judged_valid():
+    """Protects: an event the checkers cannot read might hold the proof of a violation; the
+    checkers judge the rest, and the verdict is unknown, naming the event, its kind and field."""
+    from killpoint.harness.checkers import check_all
+
+    def request(t: int, fence: Any) -> tuple[int, str, str, str, dict[str, Any]]:
+        return (t, vocab.DOWNSTREAM, vocab.REQUEST, vocab.EVENT,
+                {"resource": "payment", "key": "o:s", "outcome": vocab.APPLIED, "applied": True,
+                 "fence": fence, "meta": {"instance": "o", "step": "s"}})
+
+    good = build([request(1, 1)])
+    assert check_all(good).valid is True and not good.invalid
+    bad = build([request(1, 1), (2, vocab.STORE, "comitted", vocab.EVENT, {"instance": "o", "step": "s"})])
+    verdict = check_all(bad)
+    assert verdict.valid is None
+    assert [e.index for e in bad.invalid] == [1] and bad.invalid[0].field == "kind"
+    [reason] = [r for r in verdict.unknown_reasons if "not in its vocabulary" in r]
+    assert "event 1 (store, kind 'comitted')" in reason
+    # A violation the readable events prove still ranks above the unknown.
+    duplicate = build([request(1, 1), request(2, 1), (3, vocab.HARNESS, "kil", vocab.EVENT, {})])
+    assert check_all(duplicate).valid is False
+
+
+def test_narration_and_the_report_show_an_event_not_in_the_vocabulary_as_written():
+    from killpoint.harness.narrate import describe, line
+    from killpoint.reports.model import build_timeline
+
+    h = build([(1, vocab.STORE, vocab.CREATED, vocab.EVENT, {"instance": "o", "step": "s", "to_state": "pending"}),
+               (2, vocab.STORE, "comitted", vocab.EVENT, {"instance": "o", "step": "s"})])
+    assert describe(h.events[1]) == "comitted (not in the vocabulary: kind is wrong)"
+    assert [i.index for i in build_timeline(h).items] == [0, 1]
+    assert line(h.events[1]) == "store: comitted (not in the vocabulary: kind is wrong)"

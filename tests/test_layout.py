@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -148,7 +147,8 @@ def test_a_reproduce_line_says_what_a_command_line_cannot_name():
     (f"host=h password={SECRET} dbname=test", "host=h password=*** dbname=test"),
     (f"host=h password='{SECRET} with space' dbname=test", "host=h password=*** dbname=test"),
     (f"PGPASSWORD={SECRET} killpoint matrix", "PGPASSWORD=*** killpoint matrix"),
-    (f"--store 'postgresql://postgres:{SECRET}@h/test' --seed 1", "--store 'postgresql://postgres:***@h/test' --seed 1"),
+    (f"--store 'postgresql://postgres:{SECRET}@h/test' --seed 1",
+     "--store 'postgresql://postgres:***@h/test' --seed 1"),
     (f'{{"store": "postgresql://u@h/db?password={SECRET}"}}', '{"store": "postgresql://u@h/db?password=***"}'),
     (f"postgresql://u@h/db?sslmode=disable&amp;password={SECRET}", "postgresql://u@h/db?sslmode=disable&amp;password=***"),
 ])

@@ -17,6 +17,7 @@ import sys
 from importlib.metadata import entry_points
 
 import pytest
+from hang import HANG_S
 
 pytest_plugins = ["pytester"]
 
@@ -177,7 +178,8 @@ def test_a_suite_on_the_reference_target_passes_and_the_summary_counts_every_run
     result = runpytest(pytester, "-v")
     result.assert_outcomes(passed=8)
     result.stdout.fnmatch_lines(["*test_checkout?after_claim? PASSED*", "*test_checkout?after_call? PASSED*",
-                                 "*test_checkout?after_claim-pause? PASSED*", "*test_checkout?after_call-pause? PASSED*"])
+                                 "*test_checkout?after_claim-pause? PASSED*",
+                                 "*test_checkout?after_call-pause? PASSED*"])
     summary = summary_of(result)
     assert "11 crash runs in 7 tests: 11 valid, 0 violated, 0 unknown" in summary
     assert "violations by invariant" not in summary and "reproduce:" not in summary
@@ -757,7 +759,8 @@ def test_bad_arguments_to_the_fixture_fail_the_test_with_one_line_naming_them(py
     text = result.stdout.str()
     for named in ("unknown step 'nostep'", "worker 'Z' in 'Z@charge.after_call:kill' is never started",
                   "unknown crash point 'nope'", "target 123", "unknown keyword 'bogus'",
-                  "killpoint.matrix(depth=3)", "killpoint.matrix(depth=True)", "actions='nope'", "actions='kill,'", "killpoint.matrix(steps=['nope']): unknown step 'nope'",
+                  "killpoint.matrix(depth=3)", "killpoint.matrix(depth=True)", "actions='nope'", "actions='kill,'",
+                  "killpoint.matrix(steps=['nope']): unknown step 'nope'",
                   "killpoint.matrix(points=[]): name at least one", "killpoint.matrix(steps=[]): name at least one",
                   "no run to make", "killpoint.explore(budget=0)"):
         assert named in text, named

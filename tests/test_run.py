@@ -512,7 +512,8 @@ def _stale_committer(history_kinds):
     def setup(run):
         c = db(run.run_dir)
         c.execute("INSERT INTO step VALUES ('pending', 0)")
-        c.execute("INSERT INTO ev (kind, to_state, t) VALUES ('created', 'pending', ?)", (__import__("time").monotonic_ns(),))
+        c.execute("INSERT INTO ev (kind, to_state, t) VALUES ('created', 'pending', ?)",
+                  (__import__("time").monotonic_ns(),))
 
     def work(ctx):
         import time as _time

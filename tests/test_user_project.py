@@ -20,7 +20,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
-import pytest
+from hang import HANG_S
 
 ROOT = Path(__file__).resolve().parent.parent
 NAMES = ("chaos", "harness", "reports", "scenarios")
@@ -32,7 +32,6 @@ import chaos
 import harness
 import reports
 import scenarios
-from hang import HANG_S
 
 
 def test_the_projects_own_packages_are_its_own():

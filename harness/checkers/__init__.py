@@ -57,6 +57,7 @@ def checking(history: History, checkers: Mapping[str, Checker] | Iterable[Checke
              schedule: str = "") -> Generator[None, None, Verdict]:
     """:func:`check_all` a checker at a time: it yields after each and returns the verdict."""
     schedule = schedule or history.schedule
+    yield from history.parsing()
     results: list[Result] = []
     for name, checker in _named(checkers, history):
         why_not = not_applicable(name, history)
@@ -77,6 +78,13 @@ def checking(history: History, checkers: Mapping[str, Checker] | Iterable[Checke
         yield
     unknown = tuple(f"{r.invariant}: {r.detail}" for r in results if r.valid is None)
     valid = rank(r.valid for r in results)
+    if history.invalid:
+        # The checkers judged the events they could read; one they could not might hold the proof.
+        valid = rank((valid, None))
+        shown = "; ".join(str(exc) for exc in history.invalid[:3])
+        more = f" (and {len(history.invalid) - 3} more)" if len(history.invalid) > 3 else ""
+        unknown += (f"{len(history.invalid)} event(s) of the history are not in its vocabulary, so no "
+                    f"invariant read them: {shown}{more}",)
     if valid is True and not any(r.judged for r in results):
         # Valid must rest on something judged, never on invariants that had nothing to judge.
         valid = None

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import os
 
+from killpoint import vocab as v
 from killpoint.harness.checkers.base import Result, Violation
+from killpoint.harness.events import WorkerEvent
 from killpoint.harness.history import History
 
 NAME = "replay_compatible"
-REPLAY = "replay"
 
 
 def replay_compatible(history: History) -> Result:
@@ -27,17 +28,17 @@ def replay_compatible(history: History) -> Result:
     A replay that could not run at all (``error``: an unreadable history, the SDK failing) makes
     the result unknown, never valid. A history with no replay event has nothing to judge.
     """
-    replays = [e for e in history.events if e.kind == REPLAY and e.type == "event"]
+    replays = [e for e in history.typed(WorkerEvent) if e.kind == v.REPLAYED]
     if not replays:
         return Result(NAME, True, False, (), "no recorded workflow history was replayed")
-    seen: dict[tuple[object, object], list[int]] = {}
-    outcome: dict[tuple[object, object], tuple[str, str]] = {}
+    seen: dict[tuple[str | None, str | None], list[int]] = {}
+    outcome: dict[tuple[str | None, str | None], tuple[str, str]] = {}
     for e in replays:
-        key = (e.get("history"), e.get("workflow"))
+        key = (e.history, e.workflow)
         seen.setdefault(key, []).append(e.index)
         # Any non-deterministic replay of a history counts, whichever worker ran it.
         if outcome.get(key, ("",))[0] != "nondeterministic":
-            outcome[key] = (str(e.get("outcome")), str(e.get("detail") or ""))
+            outcome[key] = (str(e.outcome), e.detail or "")
     violations = []
     errors = []
     for key, (result, detail) in outcome.items():

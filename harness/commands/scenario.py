@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from killpoint import vocab
 from killpoint.harness.commands.common import (EXIT_UNKNOWN, EXIT_VALID, EXIT_VIOLATED, BadInput, Summary,
-                                               add_output, add_real_time, add_seed, print_judgement, print_stats, redact,
-                                               validate_store, whole, write_reports)
+                                               add_output, add_real_time, add_seed, print_judgement, print_stats,
+                                               redact, validate_store, whole, write_reports)
 
 if TYPE_CHECKING:
     from killpoint.scenarios import Scenario

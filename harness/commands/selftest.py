@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from killpoint import vocab
 from killpoint import chaos
-from killpoint.harness.commands.common import (add_jobs, add_real_time, add_seed, jobs_of, EXIT_VALID, EXIT_VIOLATED, BadInput, Summary, add_output,
+from killpoint.harness.commands.common import (add_jobs, add_real_time, add_seed, jobs_of, EXIT_VALID, EXIT_VIOLATED,
+                                               BadInput, Summary, add_output,
                                                print_stats, progress_for, replay_command, run_config, shown,
                                                validate_store)
 

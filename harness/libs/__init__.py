@@ -1,4 +1,5 @@
-"""Targets for real durable-execution libraries: DBOS, LangGraph and procrastinate.
+"""Targets for real durable-execution libraries and task queues: DBOS, LangGraph, procrastinate,
+Celery, RQ, Dramatiq, Huey and arq.
 
 Each library is an optional extra (``pip install 'killpoint[dbos]'``) and each module here imports
 its library only when a target of it is resolved, so killpoint works without them. Every module
@@ -20,7 +21,11 @@ from typing import Any
 # library -> (module, the extra that installs it)
 LIBRARIES = {"dbos": ("killpoint.harness.libs.dbos", "dbos"),
              "langgraph": ("killpoint.harness.libs.langgraph", "langgraph"),
-             "procrastinate": ("killpoint.harness.libs.procrastinate", "procrastinate")}
+             "procrastinate": ("killpoint.harness.libs.procrastinate", "procrastinate"),
+             "celery": ("killpoint.harness.libs.celery", "celery"),
+             "dramatiq": ("killpoint.harness.libs.dramatiq", "dramatiq"),
+             "arq": ("killpoint.harness.libs.arq", "arq"),
+             "rq": ("killpoint.harness.libs.rq", "rq")}
 
 
 def is_library_target(name: str) -> bool:

@@ -43,7 +43,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from killpoint import chaos
 from killpoint.harness import states

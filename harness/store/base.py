@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-# Every PostgreSQL schema a run makes starts with it (here, so that naming one never imports psycopg).
-SCHEMA_PREFIX = "killpoint_"
-
 import json
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Protocol
 
 from killpoint.errors import OutcomeUnknown, StoreError, StoreUnavailable
+
+# Every PostgreSQL schema a run makes starts with it (here, so that naming one never imports psycopg).
+SCHEMA_PREFIX = "killpoint_"
 
 __all__ = ["Claim", "OutcomeUnknown", "Store", "StoreError", "StoreUnavailable", "row_dict"]
 

@@ -76,7 +76,7 @@ T = TypeVar("T")
 NOW = "extract(epoch from clock_timestamp())::double precision"
 
 # Invariant: every schema a run creates starts with this, so leftovers can be found and dropped.
-from killpoint.harness.store.base import SCHEMA_PREFIX  # noqa: E402  (re-exported)
+from killpoint.harness.store.base import SCHEMA_PREFIX as SCHEMA_PREFIX  # noqa: E402  (re-exported)
 _IDENT = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 SCHEMA = """

@@ -220,7 +220,7 @@ class Killpoint:
         from killpoint.errors import InvalidTarget
 
         try:
-            for config, result in zip(configs, session.run_many(configs, jobs=jobs)):
+            for result in session.run_many(configs, jobs=jobs):
                 self._guard()
                 results.append(result)
                 runs.append(self._keep(result))
@@ -263,7 +263,8 @@ class Killpoint:
 
             from killpoint.errors import KillpointWarning
 
-            warnings.warn(f"killpoint: report {path} not written: {exc.strerror or exc}", KillpointWarning)
+            warnings.warn(f"killpoint: report {path} not written: {exc.strerror or exc}", KillpointWarning,
+                          stacklevel=1)  # about the report, not the test that asked for it
             return None
 
     def _record(self, run: _Run, result: "RunResult | None", *, target: str, seed: int,
@@ -337,9 +338,11 @@ def _points_fired(result: "RunResult") -> dict[str, Any]:
 
 def _assert_children_only(result: "RunResult") -> None:
     """A run's workers are processes the harness forked, never pytest (or this xdist worker)."""
+    from killpoint.harness.events import HarnessAction
+
     me = os.getpid()
-    for e in result.history.events:
-        if e.process == "harness" and e.get("pid") == me:
+    for e in result.history.typed(HarnessAction):
+        if e.pid == me:
             raise RuntimeError(f"killpoint: run {result.run_id} reports {e.kind} of a worker with the "
                                f"PID of the pytest process ({me}); crashes must only hit child processes")
 

@@ -12,7 +12,7 @@ import pytest
 from killpoint._plugin.settings import Settings
 
 if TYPE_CHECKING:
-    from killpoint._plugin.fixture import Killpoint
+    from killpoint._plugin.fixture import Killpoint  # noqa: F401 - read by mypy in StashKey["Killpoint"]
 
 INDEX = "index.html"
 

@@ -1,0 +1,188 @@
+"""RQ as a target: the order as RQ jobs on a real Redis, run by RQ's own worker.
+
+``rq:naive`` and ``rq:keyed``. Each step of the order is one job of :func:`step_job` under a job id
+fixed in advance (``<namespace>-<instance>-<step>``), each step's job depending on the one before
+(``depends_on``: RQ enqueues it once that one finished), each with ``Retry(max=3)`` as RQ's
+documentation writes a job that must survive a worker's death. The queue's name and every job id
+carry the run's namespace (see :mod:`killpoint.harness.libs.brokers`).
+
+Each killpoint worker process runs RQ's ``SimpleWorker`` (jobs in the worker's own process) in burst
+passes, and between passes RQ's registry maintenance (``rq.registry.clean_registries``, which RQ's
+worker runs every ``maintenance_interval``, 10 minutes by default). RQ's recovery of a dead or frozen
+worker's job is there: an execution whose heartbeat expired is abandoned, and a job with retries
+left is enqueued again. RQ makes that expiry the job monitoring interval plus 60 s; here the
+worker's ``get_heartbeat_ttl`` gives :data:`HEARTBEAT_TTL_S`, whole seconds of Redis's real time
+(RQ's unit).
+
+``naive``  a new idempotency key per execution: a job enqueued again after its effect applies it
+           twice.
+``keyed``  the key ``<instance>:<step>:<resource>``, the same on every execution.
+
+Crash points: ``started`` (RQ recorded the job as started, in its started registry), ``before_call`` and ``after_call``
+in the job, ``finished`` (RQ recorded the success and enqueued the dependent job).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from typing import Any
+
+import killpoint
+from killpoint.harness.libs import brokers
+from killpoint.harness.libs.common import Downstream, order_workload
+
+# Imported in the parent, before any fork.
+import rq  # noqa: E402
+from rq import Queue, Retry, SimpleWorker  # noqa: E402
+from rq.registry import clean_registries  # noqa: E402
+
+POINTS = ("started", "before_call", "after_call", "finished")
+HEARTBEAT_TTL_S = 2  # RQ scores in whole seconds: an execution expires 1 to 2 s after its last heartbeat
+POLL_S = 0.02
+STATES = {"finished": "succeeded", "failed": "failed", "started": "running", "stopped": "failed",
+          "canceled": "cancelled", "queued": "pending", "deferred": "pending", "scheduled": "pending"}
+GLOBAL_SETS = ("rq:queues", "rq:workers")
+
+logging.getLogger("rq").setLevel(logging.CRITICAL)
+
+_worker: dict[str, Any] = {}  # this worker process's own
+
+
+def step_job(instance: str, step: str) -> dict[str, Any]:
+    """One step of the order: one call to the downstream."""
+    ctx = _worker["ctx"]
+    spec = ctx.workload.instance(instance).step(step)
+    key = f"{instance}:{step}:{spec.resource}" if ctx.run.state["keyed"] else uuid.uuid4().hex
+    with ctx.at(instance, step):
+        ctx.point("before_call")
+        status, body = _call(spec, key, instance, step)
+        ctx.point("after_call")
+    if status >= 300:
+        raise RuntimeError(f"{spec.resource} answered {status}: {body}")
+    return {"status": status, "effect": body.get("effect_id"), "replay": bool(body.get("replay")),
+            "worker": ctx.worker_id}
+
+
+def _call(spec: Any, key: str, instance: str, step: str) -> tuple[int, dict[str, Any]]:
+    for _ in range(500):
+        status, body = _worker["http"].post(spec.resource, spec.params, key=key, instance=instance, step=step)
+        if status == 409 and body.get("error") == "in_flight":
+            time.sleep(0.005)  # another execution of this job is calling with the same key
+            continue
+        return status, body
+    raise RuntimeError(f"{spec.resource}: key {key!r} stayed in flight")
+
+
+class Worker(SimpleWorker):  # type: ignore[misc]
+    """RQ's SimpleWorker, with a short heartbeat expiry and the job's moments as crash points."""
+
+    def get_heartbeat_ttl(self, job: Any, working_time: float = 0.0) -> int:
+        return HEARTBEAT_TTL_S
+
+    def prepare_job_execution(self, job: Any, remove_from_intermediate_queue: bool = False) -> None:
+        super().prepare_job_execution(job, remove_from_intermediate_queue)
+        _point_for(job, "started")
+
+    def handle_job_success(self, job: Any, queue: Any, started_job_registry: Any, execution: Any) -> None:
+        super().handle_job_success(job, queue, started_job_registry, execution)
+        _point_for(job, "finished")
+
+
+def _point_for(job: Any, name: str) -> None:
+    ctx = _worker.get("ctx")
+    where = None if ctx is None else ctx.run.state["tasks"].get(job.id)
+    if ctx is not None and where is not None:
+        with ctx.at(*where):
+            ctx.point(name)
+
+
+# -- in a worker ----------------------------------------------------------------------------------
+
+
+def _work(ctx: Any) -> None:
+    state = ctx.run.state
+    _worker.update(ctx=ctx, http=Downstream(ctx.downstream_url, ctx.worker_id))
+    client = brokers.redis_client(state["backend"])
+    queue = Queue(state["queue"], connection=client)
+    worker = Worker([queue], connection=client, name=f"{state['space']}-{ctx.worker_id}")
+    while not _done(state):
+        clean_registries(queue)  # RQ's maintenance: abandoned executions retried
+        worker.work(burst=True, logging_level="CRITICAL")
+        time.sleep(POLL_S)
+
+
+# -- the run's state, read in the harness and in workers -------------------------------------------
+
+
+def _statuses(state: dict[str, Any]) -> dict[str, str | None]:
+    client = brokers.redis_client(state["backend"])
+    pipe = client.pipeline(transaction=False)
+    for job_id in state["tasks"]:
+        pipe.hget(f"rq:job:{job_id}", "status")
+    return {job_id: (s.decode() if s is not None else None) for job_id, s in zip(state["tasks"], pipe.execute())}
+
+
+def _done(state: dict[str, Any]) -> bool:
+    """Every step's job finished (RQ records it with the result, in one transaction)."""
+    return all(s in ("finished", "failed") for s in _statuses(state).values())
+
+
+# -- in the harness -------------------------------------------------------------------------------
+
+
+def setup(run: killpoint.TargetRun, *, keyed: bool) -> None:
+    url = brokers.require_redis()
+    state = run.state
+    state.update(keyed=keyed, backend=url, space=run.namespace, queue=f"kp-{run.namespace}")
+    state["tasks"] = {f"{run.namespace}-{inst.id}-{spec.name}": (inst.id, spec.name)
+                      for inst in run.workload.instances for spec in inst.steps}
+    brokers.remember(run.namespace, url)
+    queue = Queue(state["queue"], connection=brokers.redis_client(url))
+    for inst in run.workload.instances:
+        before = None
+        for spec in inst.steps:
+            before = queue.enqueue(step_job, inst.id, spec.name, job_id=f"{run.namespace}-{inst.id}-{spec.name}",
+                                   retry=Retry(max=3), depends_on=before, result_ttl=-1)
+
+
+def done(run: killpoint.TargetRun) -> bool:
+    return _done(run.state)
+
+
+def final_states(run: killpoint.TargetRun) -> dict[tuple[str, str], str]:
+    statuses = _statuses(run.state)
+    return {where: STATES.get(statuses.get(job_id) or "queued", "pending")
+            for job_id, where in run.state["tasks"].items()}
+
+
+def teardown(run: killpoint.TargetRun) -> None:
+    if "space" in run.state:
+        brokers.purge(run.state["space"], GLOBAL_SETS, redis=run.state["backend"])
+
+
+def _declare(variant: str) -> killpoint.Target:
+    keyed = variant == "keyed"
+
+    def body(ctx: killpoint.WorkerContext) -> None:
+        _work(ctx)
+
+    return killpoint.Target(body, name=f"rq:{variant}", points=POINTS, owns_state=True,
+                            workload="killpoint.harness.libs.common:order_workload",
+                            setup=lambda run: setup(run, keyed=keyed), done=done, final_states=final_states,
+                            teardown=teardown)
+
+
+TARGETS = {"naive": _declare("naive"), "keyed": _declare("keyed")}
+
+
+def target_named(variant: str) -> killpoint.Target:
+    try:
+        return TARGETS[variant]
+    except KeyError:
+        raise killpoint.InvalidTarget(f"unknown rq target {variant!r}: known are "
+                                      f"{', '.join('rq:' + v for v in TARGETS)}") from None
+
+
+__all__ = ["POINTS", "final_states", "order_workload", "rq", "step_job", "target_named"]

@@ -1,0 +1,241 @@
+"""The targets shipped for task queues (killpoint.harness.libs): Celery, RQ, Huey, arq and Dramatiq, each
+run by that library's own worker on a real broker (Redis, and RabbitMQ for Celery).
+
+As for the durable-execution libraries (test_libs.py): the naive target (a new idempotency key per
+execution) must be caught by its crash matrix -- exit 1, ``no_duplicate_effects`` alone -- and the
+keyed target (a stable key, and a guard against a task delivered again) must be valid on the whole
+matrix with every declared point fired. Every run leaves nothing in the broker: not after a matrix,
+not after an interrupted run.
+
+A library that is not installed skips its tests (``KILLPOINT_REQUIRE_LIBS=1`` makes them fail), and
+so does a broker that is not running here (``KILLPOINT_REQUIRE_BROKERS=1`` makes them fail).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from test_libs import assert_keyed_valid_everywhere, assert_naive_caught, matrix, need
+
+KILLPOINT = [sys.executable, "-m", "killpoint.harness.cli"]
+
+
+def _redis():
+    from killpoint.harness.libs import brokers
+
+    need("redis")
+    try:
+        return brokers.redis_client(brokers.require_redis())
+    except Exception as exc:  # noqa: BLE001 - InvalidTarget: the broker is not running
+        if os.environ.get("KILLPOINT_REQUIRE_BROKERS") == "1":
+            pytest.fail(f"KILLPOINT_REQUIRE_BROKERS=1 but {exc}", pytrace=False)
+        pytest.skip(str(exc))
+
+
+def _amqp() -> None:
+    from killpoint.harness.libs import brokers
+
+    try:
+        brokers.require_amqp()
+    except Exception as exc:  # noqa: BLE001
+        if os.environ.get("KILLPOINT_REQUIRE_BROKERS") == "1":
+            pytest.fail(f"KILLPOINT_REQUIRE_BROKERS=1 but {exc}", pytrace=False)
+        pytest.skip(str(exc))
+
+
+@pytest.fixture
+def redis_client():
+    return _redis()
+
+
+def namespaces(out: dict) -> list[str]:
+    """The namespace each run of a matrix used (its run id, as TargetRun.namespace spells it)."""
+    return [r["run_id"].replace("-", "_") for r in out["results"]]
+
+
+def assert_nothing_left(client, out: dict) -> None:
+    for ns in namespaces(out):
+        assert list(client.scan_iter(match=f"*{ns}*", count=1000)) == [], ns
+
+
+# -- Celery -----------------------------------------------------------------------------------------
+
+
+def test_celery_naive_matrix_exits_1_on_the_duplicate_a_redelivered_task_applies(redis_client):
+    need("celery")
+    code, out = matrix("celery:naive")
+    assert_naive_caught(code, out, same_step=False)
+    caught = {v["schedule"] for v in out["violations"]}
+    # killed after its call and before its ack, the task is delivered again after the visibility
+    # timeout; paused, it is delivered again while frozen, and runs on when resumed
+    assert {"A@charge.after_call:kill", "A@charge.stored:kill", "A@charge.after_call:1*pause"} <= caught
+    assert_nothing_left(redis_client, out)
+
+
+def test_celery_keyed_matrix_is_valid_with_every_declared_point_fired(redis_client):
+    need("celery")
+    code, out = matrix("celery:keyed")
+    assert_keyed_valid_everywhere("celery:keyed", code, out)
+    assert_nothing_left(redis_client, out)
+
+
+def test_celery_on_rabbitmq_naive_is_caught_and_keyed_is_valid(redis_client):
+    """RabbitMQ requeues what a killed worker held at once, what a frozen one held once its missed
+    heartbeats close its connection."""
+    need("celery")
+    _amqp()
+    code, out = matrix("celery:naive:amqp", "--points", "after_call", "--steps", "charge")
+    assert_naive_caught(code, out)
+    assert {v["schedule"] for v in out["violations"]} == {"A@charge.after_call:kill", "A@charge.after_call:1*pause"}
+    code, out = matrix("celery:keyed:amqp", "--steps", "charge", "--actions", "kill")
+    assert (code, out["valid"], out["unknown"]) == (0, True, []), (out["unknown"], out["violations"])
+    assert all(not r["unfired"] for r in out["results"])
+    assert_nothing_left(redis_client, out)
+    from killpoint.harness.libs import brokers
+
+    for ns in namespaces(out):
+        assert brokers.amqp_queue_depth(brokers.amqp_url(), f"kp.{ns}") is None  # the queue is gone
+
+
+def test_celery_pause_is_redelivered_to_another_worker_while_the_first_is_frozen(redis_client):
+    """The frozen worker's task runs in another worker between the freeze and the resume: a real
+    redelivery, not a run that waited for the frozen worker."""
+    need("celery")
+    from killpoint.chaos.schedule import parse
+    from killpoint.harness.run import RunConfig, Session
+    from killpoint.harness.targets import declared
+
+    schedule = parse("A@charge.before_call:1*pause", points=frozenset(declared("celery:keyed").points))
+    with Session() as session:
+        r = session.run(RunConfig(schedule=schedule, target="celery:keyed"))
+    assert (r.valid, r.unfired) == (True, ()), r.verdict
+    events = list(r.history.events)
+    stop = next(e.index for e in events if e.kind == "stop" and e.get("worker") == "A")
+    cont = next(e.index for e in events if e.kind == "cont" and e.get("worker") == "A")
+    elsewhere = [e for e in events[stop:cont] if e.kind == "point" and e.get("point") == "prerun"
+                 and e.get("step") == "charge" and e.process != "A"]
+    assert elsewhere, [(e.process, e.kind, dict(e.data)) for e in events]
+
+
+def test_an_unreachable_redis_is_one_line_naming_the_variable_exit_2():
+    need("celery")
+    env = {**os.environ, "KILLPOINT_REDIS_URL": "redis://127.0.0.1:1/0"}
+    done = subprocess.run([*KILLPOINT, "replay", "A@charge.after_call:kill", "--target", "celery:naive", "-q"],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 2 and done.stdout == "", (done.stdout, done.stderr)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "KILLPOINT_REDIS_URL" in lines[0] and "127.0.0.1:1" in lines[0], lines
+
+
+def test_an_unreachable_rabbitmq_is_one_line_naming_the_variable_exit_2(redis_client):
+    need("celery")
+    env = {**os.environ, "KILLPOINT_AMQP_URL": "amqp://guest:guest@127.0.0.1:1//"}
+    done = subprocess.run([*KILLPOINT, "replay", "A@charge.after_call:kill", "--target", "celery:naive:amqp",
+                           "-q"], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 2 and done.stdout == "", (done.stdout, done.stderr)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "KILLPOINT_AMQP_URL" in lines[0] and "guest:guest" not in lines[0], lines
+
+
+@pytest.mark.parametrize("target", ["celery:keyed", "dramatiq:keyed", "arq:keyed", "rq:keyed"])
+def test_an_interrupted_run_leaves_nothing_in_the_broker(redis_client, target):
+    """Ctrl-C while a worker is frozen (the pause waits out a redelivery): the run's keys are gone
+    once the command exited 130."""
+    need(target.split(":")[0])
+    before = set(redis_client.scan_iter(match="*killpoint_run*", count=1000))
+    proc = subprocess.Popen([*KILLPOINT, "replay", "A@reserve.before_call:1*pause", "--target", target, "-q"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        seen: set = set()
+        while proc.poll() is None and not seen:  # the run's first keys: it is under way
+            seen = set(redis_client.scan_iter(match=f"*killpoint_run*_p{proc.pid}_*", count=1000)) - before
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert seen, "the run made no key before it ended"
+    assert proc.returncode == 130
+    spaces = {re.search(r"killpoint_run\w+", k.decode()).group(0) for k in seen}
+    left = [k for ns in spaces for k in redis_client.scan_iter(match=f"*{ns}*", count=1000)]
+    assert left == []
+
+
+def test_loading_the_targets_module_imports_no_queue_library():
+    code = ("import sys, killpoint.harness.targets, killpoint.harness.libs, killpoint.harness.libs.brokers\n"
+            "print(sorted(m for m in ('celery', 'rq', 'huey', 'arq', 'dramatiq', 'kombu', 'redis') "
+            "if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "[]", done.stderr[-2000:]
+
+
+# -- Dramatiq ---------------------------------------------------------------------------------------
+
+
+def test_dramatiq_naive_matrix_exits_1_on_the_duplicate_a_requeued_message_applies(redis_client):
+    need("dramatiq")
+    code, out = matrix("dramatiq:naive")
+    # a frozen worker resumed finishes its message and enqueues the pipeline's next one again
+    assert_naive_caught(code, out, same_step=False)
+    # requeued once the worker's heartbeat stopped: killed after the effect and before the ack, or frozen
+    assert {v["schedule"] for v in out["violations"]} == {
+        f"A@{step}.{point}" for step in ("reserve", "charge")
+        for point in ("after_call:kill", "stored:kill", "before_call:1*pause", "after_call:1*pause")}
+    assert_nothing_left(redis_client, out)
+
+
+def test_dramatiq_keyed_matrix_is_valid_with_every_declared_point_fired(redis_client):
+    need("dramatiq")
+    code, out = matrix("dramatiq:keyed")
+    assert_keyed_valid_everywhere("dramatiq:keyed", code, out)
+    assert_nothing_left(redis_client, out)
+
+
+# -- arq --------------------------------------------------------------------------------------------
+
+
+def test_arq_naive_matrix_exits_1_on_the_duplicate_a_job_taken_again_applies(redis_client):
+    need("arq")
+    code, out = matrix("arq:naive")
+    assert_naive_caught(code, out, same_step=False)
+    # taken again once its in-progress key expired: killed after the effect and before arq recorded
+    # the result, or frozen
+    assert {f"A@{step}.{point}" for step in ("reserve", "charge")
+            for point in ("after_call:kill", "ended:kill", "after_call:1*pause")} <= {v["schedule"] for v in out["violations"]}
+    assert_nothing_left(redis_client, out)
+
+
+def test_arq_keyed_matrix_is_valid_with_every_declared_point_fired(redis_client):
+    need("arq")
+    code, out = matrix("arq:keyed")
+    assert_keyed_valid_everywhere("arq:keyed", code, out)
+    assert_nothing_left(redis_client, out)
+
+
+# -- RQ ---------------------------------------------------------------------------------------------
+
+
+def test_rq_naive_matrix_exits_1_on_the_duplicate_an_abandoned_job_retried_applies(redis_client):
+    need("rq")
+    code, out = matrix("rq:naive")
+    assert_naive_caught(code, out)
+    # abandoned once its execution's heartbeat expired, and retried (Retry(max=3)): killed after the
+    # effect and before RQ recorded the success, or frozen
+    assert {f"A@{step}.{point}" for step in ("reserve", "charge")
+            for point in ("after_call:kill", "before_call:1*pause", "after_call:1*pause")} <= {v["schedule"] for v in out["violations"]}
+    assert_nothing_left(redis_client, out)
+    assert not [m for m in redis_client.smembers("rq:workers") if b"killpoint_run" in m]
+
+
+def test_rq_keyed_matrix_is_valid_with_every_declared_point_fired(redis_client):
+    need("rq")
+    code, out = matrix("rq:keyed")
+    assert_keyed_valid_everywhere("rq:keyed", code, out)
+    assert_nothing_left(redis_client, out)
