@@ -59,7 +59,8 @@ def test_the_five_minute_worker_is_valid_and_its_broken_version_is_caught(tmp_pa
     source = _read("examples", "quickstart", "my_worker.py")
     edit = "key = step.key(instance)"
     assert edit in source and "key = step.key(instance)" in _read("README.md")
-    broken = source.replace(edit, "key = str(uuid.uuid4())").replace("import killpoint\n", "import uuid\n\nimport killpoint\n", 1)
+    broken = source.replace(edit, "key = str(uuid.uuid4())")
+    broken = broken.replace("import killpoint\n", "import uuid\n\nimport killpoint\n", 1)
     (tmp_path / "my_worker.py").write_text(broken)
     code, report = _matrix(str(tmp_path))
     assert code == 1 and {v["invariant"] for v in report["violations"]} == {"no_duplicate_effects"}

@@ -449,7 +449,8 @@ def test_drawn(killpoint):
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--killpoint-database", "http://x/y",
                                            timeout=HANG_S)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*--killpoint-database 'http://x/y': a database is a folder, a redis:// URL or 'none'*"])
+    result.stderr.fnmatch_lines(
+        ["*--killpoint-database 'http://x/y': a database is a folder, a redis:// URL or 'none'*"])
 
 
 def test_a_counterexample_kept_in_a_folder_replays_wherever_the_folder_is_copied(tmp_path):
