@@ -7,7 +7,8 @@ same order, everywhere (the role of a Jepsen generator; exploration draws from
 
 - :func:`single_crash_schedules` -- worker A faulted once at each point of each step (``kill``, a
   ``hang`` at the heartbeat);
-- :func:`single_fault_schedules` -- those, plus A paused past its lease where it holds one, plus A's
+- :func:`single_fault_schedules` -- those, plus A paused past its lease where it holds one (coming
+  back once the new holder has claimed, before it commits; and once the step moved on), plus A's
   database sessions terminated at each point (in each write transaction at the store's own points);
 - :func:`double_crash_schedules` -- every ordered pair of crashes, each with the restart rule it needs;
 - :func:`matrix` -- one of those by depth, as :class:`Planned` runs;
@@ -25,7 +26,7 @@ from killpoint.chaos.actions import parse as parse_actions
 from killpoint.chaos.points import DB_POINTS
 from killpoint.chaos.schedule import Fault, Schedule
 
-__all__ = ["ACTIONS", "DB_HITS", "FORMS", "HIT_ORDER", "LEASE_HELD", "Planned", "budget_share",
+__all__ = ["ACTIONS", "DB_HITS", "FORMS", "HIT_ORDER", "LEASE_HELD", "PAUSES", "Planned", "budget_share",
            "double_crash_schedules", "hit_order", "in_shard", "matrix", "repeated_steps", "shard",
            "single_crash_schedules", "single_fault_schedules"]
 
@@ -37,6 +38,10 @@ HIT_ORDER = ("before_claim", "after_claim", "heartbeat", "before_call", "in_call
 LEASE_HELD = ("after_claim", "before_call", "in_call", "after_call", "before_receipt", "after_receipt",
               "before_commit")
 ACTIONS = ("kill", "pause", "terminate")
+# Where a worker paused past its lease comes back, in the matrix: in the takeover window (the new
+# holder has claimed the step and waits at its after_claim while the stale worker goes on), and
+# once the new holder has moved the step on (a plain pause). The first needs the point after_claim.
+PAUSES = ("1*pause(until=after_claim)", "1*pause")
 # At a db point, the hits ``terminate`` lands on: the write transactions of A's first attempt at a
 # step -- its claim, its receipt and its commit.
 DB_HITS = (1, 2, 3)
@@ -69,18 +74,27 @@ def single_crash_schedules(step_names: Iterable[str | None], points: Iterable[st
 
 def single_fault_schedules(step_names: Iterable[str | None], points: Iterable[str],
                            actions: Sequence[str] = ("kill", "pause"),
-                           terminate_points: Iterable[str] | None = None) -> list[Schedule]:
+                           terminate_points: Iterable[str] | None = None,
+                           passes: Iterable[str] | None = None) -> list[Schedule]:
     """The single-crash schedules (``kill``); with ``pause``, worker A frozen once past its lease
-    at every point where it holds one, then resumed after another worker moved the step on; with
+    at every point where it holds one, then resumed in the takeover window (once another worker
+    claimed the step, which waits meanwhile: where the target has ``after_claim``) and, in another
+    schedule, once another worker moved the step on (:data:`PAUSES`); with
     ``terminate``, A's database sessions ended once at every point of ``terminate_points``
-    (default ``points``), at a db point in each transaction of ``DB_HITS``."""
+    (default ``points``), at a db point in each transaction of ``DB_HITS``. ``passes``: the points
+    the target's attempts pass (its declared ones; default the built-in protocol's), where a pause's
+    moment must be."""
     step_names, points = tuple(step_names), tuple(points)
+    passes = tuple(HIT_ORDER if passes is None else passes)
     out = single_crash_schedules(step_names, points) if "kill" in actions else []
     if "pause" in actions:
         for step in step_names:
             for point in points:
                 if point in LEASE_HELD:
-                    out.append(Schedule((Fault("A", point, parse_actions("1*pause"), step),)))
+                    for pause in PAUSES:
+                        if "until=after_claim" in pause and "after_claim" not in passes:
+                            continue
+                        out.append(Schedule((Fault("A", point, parse_actions(pause), step),)))
     if "terminate" in actions:
         for step in step_names:
             for point in (points if terminate_points is None else tuple(terminate_points)):
@@ -169,11 +183,12 @@ def matrix(step_names: Iterable[str], points: Iterable[str], *, depth: int = 1,
            actions: Sequence[str] = ("kill",), terminate_points: Iterable[str] | None = None,
            forms: Sequence[str] = FORMS, cross_steps: bool = False,
            order: Sequence[str] | None = None) -> list[Planned]:
-    """Depth 1: :func:`single_fault_schedules` with ``actions``; depth 2:
-    :func:`double_crash_schedules` with ``forms`` (and the target's points in ``order``), each pair
-    with its restart rule."""
+    """Depth 1: :func:`single_fault_schedules` with ``actions`` (``order``: the target's declared
+    points, where a pause's moment must be); depth 2: :func:`double_crash_schedules` with ``forms``
+    (and the target's points in ``order``), each pair with its restart rule."""
     if depth == 1:
-        return [Planned(s) for s in single_fault_schedules(step_names, points, actions, terminate_points)]
+        return [Planned(s) for s in single_fault_schedules(step_names, points, actions, terminate_points,
+                                                           passes=order)]
     if depth == 2:
         return [Planned(s, same) for s, same in
                 double_crash_schedules(step_names, points, forms=forms, cross_steps=cross_steps,

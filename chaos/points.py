@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 from killpoint import vocab
 from killpoint.chaos.journal import Journal
+from killpoint.errors import InvalidConfig
 
 if TYPE_CHECKING:
     from killpoint.chaos.schedule import Fault
@@ -63,6 +64,14 @@ class Failpoints:
     # The run's clock (``sleep(seconds)``, ``hang()``), so that a ``sleep`` or a ``hang`` is a wait the
     # harness can see and move the run's time past; None: real time.
     clock: Any = None
+    # (name, reached) of every killpoint.sometimes this process journaled: each once.
+    sometimes_seen: set[tuple[str, bool]] = field(default_factory=set)
+    # The points whose hits the harness is told of, and waits on (a resume moment of the schedule:
+    # another worker's pause may end there, and this worker is then held at it while that one goes
+    # on; see harness.supervise). Empty: no schedule names one, and nothing is told.
+    watch: frozenset[str] = frozenset()
+    # Resumed after a pause: the harness is told of every hit, to know when its late attempt is over.
+    late: bool = False
 
     def __post_init__(self) -> None:
         self._rng = random.Random(self.seed)
@@ -77,6 +86,8 @@ class Failpoints:
         instance, step = self.where
         n = self.point_hits[(name, step)] = self.point_hits.get((name, step), 0) + 1
         action = None
+        if name in self.watch or self.late:
+            self._at(name, instance, step, wait=name in self.watch)
         # Every matching fault counts this hit before any of them acts: a fault that fires (a kill)
         # ends the loop, and the faults after it would miss the hit. A@charge.after_call:kill with
         # A@charge.after_call#2:kill fired the second at the third hit, not the second.
@@ -97,12 +108,20 @@ class Failpoints:
             self.journal.write(vocab.POINT, point=name, instance=instance, step=step, hit=n,
                                action=term.action, fault=index)
             self._tell(fired=index, action=term.action, point=name, instance=instance, step=step)
-            self._run(term.action, term.arg, index, name)
+            self._run(term.action, term.arg, index, name, term.until)
             return term.action
         self.journal.write(vocab.POINT, point=name, instance=instance, step=step, hit=n, action=action)
         return None
 
-    def _run(self, action: str, arg: int | None, index: int, name: str) -> None:
+    def _at(self, name: str, instance: str | None, step: str | None, *, wait: bool) -> None:
+        """Tell the harness this worker is at point ``name``; with ``wait``, go on only when it
+        answers (at once, unless a frozen worker's pause ends here: then once that one's late
+        attempt is over)."""
+        self._tell(at=name, instance=instance, step=step, wait=wait)
+        if wait and self.to_harness is not None and self.from_harness is not None:
+            os.read(self.from_harness, 1)
+
+    def _run(self, action: str, arg: int | None, index: int, name: str, until: str | None = None) -> None:
         if action == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
             time.sleep(60)  # never reached: SIGKILL cannot be caught
@@ -123,9 +142,10 @@ class Failpoints:
             for lock in self.pause_locks:
                 lock.acquire()
             try:
-                self._tell(paused=index, instance=instance, step=step)
+                self._tell(paused=index, instance=instance, step=step, until=until)
                 if self.from_harness is not None:
                     os.read(self.from_harness, 1)
+                    self.late = True
             finally:
                 for lock in reversed(self.pause_locks):
                     lock.release()
@@ -167,6 +187,25 @@ def point(name: str) -> str | None:
     if fp is not None:
         return fp.hit(name)
     return None
+
+
+def sometimes(name: str, condition: bool = True) -> None:
+    """Declare that what ``name`` says must happen at least once across a matrix (Antithesis's
+    "sometimes" assertion), and say whether it happened here: ``condition`` true (the default)
+    reaches it. Recorded in the worker's journal, once per name and outcome in a process; outside a
+    harness run it costs nothing. An expectation no run of a matrix reached is a failed, named
+    expectation (the matrix is unknown, never valid)."""
+    if not isinstance(name, str) or not name.strip():
+        raise InvalidConfig(f"killpoint.sometimes({name!r}): name the expectation with a non-empty string")
+    fp = _installed
+    if fp is None:
+        return
+    reached = bool(condition)
+    if (name, reached) in fp.sometimes_seen:
+        return
+    fp.sometimes_seen.add((name, reached))
+    instance, step = fp.where
+    fp.journal.write(vocab.SOMETIMES, name=name, reached=reached, instance=instance, step=step)
 
 
 @contextlib.contextmanager

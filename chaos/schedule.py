@@ -5,7 +5,10 @@ Text form, which round-trips through :func:`parse` and ``str``::
     A@charge.after_call:kill,B@charge.before_commit#2:pause
 
 ``worker@[step.]point[#hit]:actions``. Without a step the fault applies at any step; ``#hit`` makes
-the action chain start at that hit of the point (earlier hits do nothing).
+the action chain start at that hit of the point (earlier hits do nothing). A pause may say when
+its worker comes back: ``A@charge.after_call:1*pause(until=after_claim)`` resumes A when another
+worker has claimed the step (and holds that worker there while A goes on); the moment is one of
+the crash points the schedule may name, or ``lapse``.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from killpoint.chaos.actions import Chain, parse as parse_chain
+from killpoint.chaos.actions import LAPSE, Chain, parse as parse_chain
 from killpoint.chaos.points import POINTS
 from killpoint.errors import InvalidAction as InvalidAction, InvalidSchedule as InvalidSchedule, shown
 
@@ -47,6 +50,11 @@ class Schedule:
 
     def for_worker(self, worker: str) -> tuple[tuple[int, Fault], ...]:
         return tuple((i, f) for i, f in enumerate(self.faults) if f.worker == worker)
+
+    @property
+    def moments(self) -> frozenset[str]:
+        """Every resume moment its pauses name: the points whose hits workers report to the harness."""
+        return frozenset(m for f in self.faults for m in f.actions.moments)
 
     @property
     def workers(self) -> tuple[str, ...]:
@@ -92,6 +100,10 @@ def _parse_fault(text: str, *, points: frozenset[str] | None, named: bool) -> Fa
         chain = parse_chain(m["actions"])
     except InvalidAction as exc:
         raise InvalidSchedule(f"in fault {shown(part)}: {exc}" if named else str(exc)) from None
+    for moment in chain.moments:
+        if moment != LAPSE and moment not in known:
+            raise InvalidSchedule(f"unknown resume moment {shown(moment)}{where}: use a crash point "
+                                  f"({', '.join(sorted(known))}) or {LAPSE}")
     return Fault(m["worker"], m["point"], chain, m["step"], hit)
 
 

@@ -48,6 +48,7 @@ SLOTS = 4  # per worker process: the business thread, the heartbeat, two for the
 _HEADER = 8  # offset in nanoseconds
 _SLOT = 16  # state (int64), deadline (float64)
 _BLOCK = 8 + SLOTS * _SLOT  # wake counter, then the slots
+_SLOTS_FORMAT = struct.Struct("qd" * SLOTS)  # a block's slots, read in one go
 NOTICE_WAIT = b"w"
 NOTICE_MOVED = b"m"
 WAKE_TIME = b"t"
@@ -104,15 +105,13 @@ class Board:
     def snapshot(self, worker: int) -> list[tuple[int, int, float]] | None:
         """The worker's used slots as (slot, state, deadline), read consistently: None when one of
         its threads woke another meanwhile (read again later)."""
-        before = self.wakes(worker)
-        slots = []
-        for slot in range(SLOTS):
-            state, deadline = self.state(worker, slot)
-            if state != FREE:
-                slots.append((slot, state, deadline))
-        if self.wakes(worker) != before:
+        at = _HEADER + worker * _BLOCK
+        before = struct.unpack_from("q", self.mem, at)[0]
+        values = _SLOTS_FORMAT.unpack_from(self.mem, at + 8)  # every slot's state and deadline
+        if struct.unpack_from("q", self.mem, at)[0] != before:
             return None
-        return slots
+        return [(slot, values[2 * slot], values[2 * slot + 1]) for slot in range(SLOTS)
+                if values[2 * slot] != FREE]
 
 
 class Clock:

@@ -86,7 +86,8 @@ class Target:
 
     def __init__(self, fn: Callable[["WorkerContext"], None], *, points: Sequence[str] | None = None,
                  owns_state: bool = False, workload: str | None = None,
-                 name: str | None = None, **hooks: Callable[..., Any] | None) -> None:
+                 name: str | None = None, sometimes: Sequence[str] = (), run_clock: bool = False,
+                 **hooks: Callable[..., Any] | None) -> None:
         if not callable(fn):
             raise InvalidTarget(f"target {fn!r} is not callable: give a function taking a WorkerContext")
         unknown = sorted(set(hooks) - set(HOOKS))
@@ -98,6 +99,15 @@ class Target:
         if workload is not None and not isinstance(workload, str):
             raise InvalidTarget(f"workload={workload!r}: name it, as a built-in name or pkg.module:function")
         self.workload = workload
+        if isinstance(sometimes, str) or any(not isinstance(n, str) or not n.strip() for n in sometimes):
+            raise InvalidTarget(f"sometimes={sometimes!r}: give a tuple of expectation names, such as "
+                                f"('refund retried',)")
+        # What must happen at least once across a matrix: each name reached by killpoint.sometimes.
+        self.sometimes = tuple(dict.fromkeys(sometimes))
+        # A target that owns its state and reads every time of its lease arithmetic from ctx.clock
+        # (ctx.clock.now() in place of its database's now(), waits through ctx.clock): it runs on
+        # the run clock, with production-like timings. Without it such a target runs in real time.
+        self.run_clock = bool(run_clock)
         self.name = name or f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', '?')}"
         self.hooks: dict[str, Callable[..., Any]] = {k: v for k, v in hooks.items() if v is not None}
         for k, v in self.hooks.items():
@@ -147,8 +157,8 @@ def target(fn: Callable[["WorkerContext"], None], /) -> "Target": ...
 
 @overload
 def target(fn: None = None, *, points: Sequence[str] | None = None,
-           owns_state: bool = False, workload: str | None = None,
-           setup: Callable[[TargetRun], None] | None = None,
+           owns_state: bool = False, workload: str | None = None, sometimes: Sequence[str] = (),
+           run_clock: bool = False, setup: Callable[[TargetRun], None] | None = None,
            done: Callable[[TargetRun], bool] | None = None,
            final_states: Callable[[TargetRun], Any] | None = None,
            history: Callable[[TargetRun], Any] | None = None,
@@ -158,8 +168,8 @@ def target(fn: None = None, *, points: Sequence[str] | None = None,
 
 
 def target(fn: Callable[["WorkerContext"], None] | None = None, *, points: Sequence[str] | None = None,
-           owns_state: bool = False, workload: str | None = None,
-           setup: Callable[[TargetRun], None] | None = None,
+           owns_state: bool = False, workload: str | None = None, sometimes: Sequence[str] = (),
+           run_clock: bool = False, setup: Callable[[TargetRun], None] | None = None,
            done: Callable[[TargetRun], bool] | None = None,
            final_states: Callable[[TargetRun], Any] | None = None,
            history: Callable[[TargetRun], Any] | None = None,
@@ -173,10 +183,16 @@ def target(fn: Callable[["WorkerContext"], None] | None = None, *, points: Seque
     ``owns_state``: the target keeps its state in a store of its own, not killpoint's; the invariants
     that read killpoint's store then say "not applicable" unless ``history`` or ``final_states``
     give them something to judge. ``workload``: the workload runs use unless told otherwise (a
-    built-in name or ``pkg.module:function``).
+    built-in name or ``pkg.module:function``). ``sometimes``: what must happen at least once across a
+    matrix, each name reached by ``killpoint.sometimes(name)`` in some run (an expectation never
+    reached makes the matrix unknown, naming it). ``run_clock``: a target that owns its state reads
+    every time its leases are computed from ``ctx.clock`` (``ctx.clock.now()``, epoch seconds,
+    in place of its database's ``now()``) and waits through it, so it runs on the run clock (virtual
+    time, production-like timings); without it such a target runs in real time with short timings.
     """
     def wrap(f: Callable[["WorkerContext"], None]) -> Target:
-        return Target(f, points=points, owns_state=owns_state, workload=workload, setup=setup,
+        return Target(f, points=points, owns_state=owns_state, workload=workload, sometimes=sometimes,
+                      run_clock=run_clock, setup=setup,
                       done=done, final_states=final_states, history=history, recover=recover,
                       teardown=teardown)
 

@@ -49,10 +49,11 @@ Outcome = Literal["applied", "declined", "replay", "conflict", "in_flight", "mis
 OpKind = Literal["claim", "call", "receipt", "commit"]
 OpType = Literal["invoke", "ok", "fail", "info"]
 WorkerKind = Literal["recover", "checkpoint", "heartbeat_lost", "store_unavailable", "start", "finish",
-                     "raised", "activity", "replay", "library_error", "lease_lost"]
+                     "raised", "activity", "replay", "library_error", "lease_lost", "sometimes"]
 HarnessKind = Literal["spawn", "kill", "stop", "cont", "exit", "bound_hit", "downstream_restart",
                       "store_restart", "target_restart", "after_quiescent", "terminate_backend",
-                      "infrastructure_failure", "starved", "replacements_stopped", "late_grace_over"]
+                      "infrastructure_failure", "starved", "replacements_stopped", "late_grace_over",
+                      "unfired_given_up", "held"]
 
 
 FORWARD = "forward"
@@ -232,6 +233,8 @@ class WorkerEvent(_OfWorker):
     history: str | None = None  # replay: the recorded history, the workflow it was replayed against
     workflow: str | None = None
     detail: str | None = None  # replay: what went wrong
+    name: str | None = None  # sometimes: the expectation
+    reached: bool | None = None  # sometimes: whether it held there
 
     type: typing.ClassVar[str] = v.EVENT
 
@@ -334,12 +337,55 @@ class InfrastructureFailure(HarnessAction):
     phase: str | None = None
 
 
+@dataclass(frozen=True, kw_only=True)
+class UnfiredGivenUp(HarnessAction):
+    """``unfired_given_up``: the target's done() said the work was finished for ``seconds`` with
+    ``faults`` still unfired; the run ended instead of waiting out its bound."""
+
+    faults: tuple[str, ...] | list[str] = ()
+    seconds: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Stop(HarnessAction):
+    """``stop``: a worker frozen at a pause; ``until`` the resume moment its schedule named (a crash
+    point, or ``lapse``; None: once its step moved on)."""
+
+    instance: str | None = None
+    step: str | None = None
+    until: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Resume(HarnessAction):
+    """``cont``: a frozen worker resumed (a signal), or a worker that waited released (no signal).
+    ``why`` says why (``vocab.RESUMED``; for a held worker's release ``late_attempt_over`` or
+    ``blocked``), ``moment`` the moment its pause named, ``by`` the worker that reached it,
+    ``frozen`` (a release) the worker whose late attempt it was held for."""
+
+    why: str | None = None
+    moment: str | None = None
+    by: str | None = None
+    frozen: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Held(HarnessAction):
+    """``held``: a worker that reached ``frozen``'s resume moment waits at ``point`` of
+    ``instance``/``step`` while that one makes its late attempt."""
+
+    point: str | None = None
+    instance: str | None = None
+    step: str | None = None
+    frozen: str | None = None
+
+
 # A harness kind whose detail deserves fields of its own maps to its subclass of HarnessAction.
 HARNESS_CLASSES: dict[str, type[HarnessAction]] = {
     v.SPAWN: Spawn, v.BOUND_HIT: BoundHit, v.DOWNSTREAM_RESTART: DownstreamRestart,
     v.TARGET_RESTART: TargetRestart, v.STORE_RESTART: StoreRestart,
     v.TERMINATE_BACKEND: TerminateBackend, v.STARVED: Starved, v.LATE_GRACE_OVER: LateGraceOver,
-    v.INFRASTRUCTURE_FAILURE: InfrastructureFailure,
+    v.INFRASTRUCTURE_FAILURE: InfrastructureFailure, v.UNFIRED_GIVEN_UP: UnfiredGivenUp,
 }
 
 TypedEvent = Union[StoreEvent, Request, WorkerOp, PointHit, WorkerEvent, TargetEvent, HarnessAction]

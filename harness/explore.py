@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
 from killpoint.harness.examples_db import DEFAULT_DATABASE, DatabaseSpec, opened, parse_database
+from killpoint.harness.exercise import NOT_EXERCISED, Tally, matrix_reasons, total
 from killpoint.harness.history import History
 from killpoint.harness.run import RunConfig, RunResult, Session
 from killpoint.harness.stats import PointStats
@@ -98,11 +99,28 @@ class Exploration:
     duration_s: float
     seen: tuple[RunResult, ...] = ()  # every run in the order run, without its history (for JUnit)
     points: PointStats = field(default_factory=PointStats)  # crash points reached and fired, all runs
+    # Runs unknown only because a drawn pause or hang provoked no takeover (and faults never fired):
+    # like an unfired fault, such a draw tested nothing, and is counted, never judged valid.
+    not_exercised: int = 0
+
+    @property
+    def exercise(self) -> Tally:
+        """What the drawn faults provoked, over every run (:mod:`killpoint.harness.exercise`)."""
+        return total(r.exercise for r in self.seen)
+
+    @property
+    def reasons(self) -> tuple[str, ...]:
+        """Why the search is unknown as a whole: no drawn pause exercised a takeover, or an
+        expectation (killpoint.sometimes) was never reached."""
+        return matrix_reasons(self.exercise)
 
     @property
     def valid(self) -> bool | None:
-        """False with a counterexample; None when some run could not be judged; else True."""
-        return False if self.minimal is not None else (None if self.unknown else True)
+        """False with a counterexample; None when some run could not be judged, or the search as a
+        whole exercised nothing it had to (:attr:`reasons`); else True."""
+        if self.minimal is not None:
+            return False
+        return None if self.unknown or self.reasons else True
 
 
 @dataclass
@@ -110,6 +128,7 @@ class _Search:
     runs: int = 0
     valid: int = 0
     unfired: int = 0
+    not_exercised: int = 0
     unknown: list[RunResult] = field(default_factory=list)
     failures: int = 0
     last: tuple[Experiment, RunResult] | None = None  # Hypothesis's final one: the shrunk counterexample
@@ -137,8 +156,11 @@ class _Search:
         if result.valid is True:
             self.valid += 1
         elif result.valid is None:
-            if all("never fired" in reason for reason in result.verdict.unknown_reasons):
+            reasons = result.verdict.unknown_reasons
+            if all("never fired" in reason for reason in reasons):
                 self.unfired += 1
+            elif all("never fired" in reason or NOT_EXERCISED in reason for reason in reasons):
+                self.not_exercised += 1
             else:
                 self.unknown.append(result)
 
@@ -258,7 +280,7 @@ def explore(config: RunConfig, *, steps: Sequence[str], points: Sequence[str], b
                                  best.failed if best else 0)
     return Exploration(config, budget, seed, search.runs, search.valid, search.unfired,
                        tuple(search.unknown), search.failures, minimal, search.invariants,
-                       time.monotonic() - started, tuple(search.seen), search.points)
+                       time.monotonic() - started, tuple(search.seen), search.points, search.not_exercised)
 
 
 def _confirm(run: Callable[[RunConfig], RunResult], config: RunConfig, search: _Search,

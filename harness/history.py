@@ -12,6 +12,8 @@ is one clock for every process on a Linux machine):
   ``checkpoint`` (type ``event``: instance, outcome, reason, fingerprint; written when a worker
   did not read an instance's checkpoint as is: migrated or refused), ``raised`` (type ``event``:
   error, exception, where, traceback -- the target raised an exception nobody injected),
+  ``sometimes`` (type ``event``: name, reached, instance, step -- ``killpoint.sometimes(name,
+  condition)`` evaluated; see :mod:`killpoint.harness.exercise`),
   ``library_error`` (procrastinate: error) and ``lease_lost`` (langgraph: instance, fence, error).
   A kind a target journals for itself is kept and judged by no checker.
   ``call`` invoke data: instance, step, resource, key, intent_hash, fence, attempt, direction.
@@ -34,14 +36,21 @@ is one clock for every process on a Linux machine):
   ``dropped`` means applied but the answer was never sent (so ``applied`` is true).
 * **harness actions** (``process`` = ``"harness"``, type ``event``): ``spawn`` (worker, pid),
   ``kill`` / ``stop`` / ``cont`` (worker, pid, signal, reason; a ``cont`` without a signal is a
-  release of a worker that was never stopped), ``exit`` (worker, pid, code, signal), ``bound_hit``,
+  release of a worker that was never stopped; ``stop`` has ``until``, the resume moment the pause
+  named, and ``cont`` has ``moment`` (that moment) and ``why``, one of ``vocab.RESUMED`` (or, for a
+  held worker's release, ``late_attempt_over`` / ``blocked``, with ``frozen``), and ``by``, the worker
+  that reached the moment), ``held`` (worker, pid, point, instance, step, frozen: a worker that reached
+  the resume moment of the frozen worker ``frozen`` waits there while that one goes on),
+  ``exit`` (worker, pid, code, signal), ``bound_hit``,
   ``downstream_restart`` (pid_before, pid, url: same ledger, same port), ``store_restart`` (the
   workers killed with their connections), ``after_quiescent`` (an outside actor, such as an operator,
   acts before judging), ``terminate_backend`` (worker, pid, point, instance, step, fault,
   backend_pids: the worker's PostgreSQL sessions ended by ``pg_terminate_backend``, states: the
   state each was in -- ``idle`` at ``in_db_commit`` means its COMMIT had been processed),
   ``replacements_stopped`` (worker, error: the target raised the same exception again),
-  ``target_restart`` (fault, ok: the target's own server restarted by its ``restart()`` hook).
+  ``target_restart`` (fault, ok: the target's own server restarted by its ``restart()`` hook),
+  ``unfired_given_up`` (faults, seconds: a target's done() said the work was finished that long
+  with these faults still unfired, and the run ended rather than wait out its bound).
 
 Each :class:`Event` keeps what was written; ``Event.typed`` is its family's typed form
 (:mod:`killpoint.harness.events`), parsed once, with a named error for an event not in the vocabulary.

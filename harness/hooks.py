@@ -118,6 +118,10 @@ class Hooks:
         self.target = target
         self.run = run
         self.errors: list[str] = []
+        # What made the target's history() untrustworthy (an unknown kind, a bad field, a step
+        # moved with no event for it): also in ``errors``; the invariants that judge its events
+        # then judge nothing (unknown, naming this), rather than judge a history with holes in it.
+        self.history_errors: list[str] = []
         self.setup_ok = True  # False once setup() raised: the other hooks have nothing to read
 
     def _call(self, name: str, default: Any, *args: Any) -> Any:
@@ -151,30 +155,49 @@ class Hooks:
             return ()
 
     def history(self, end: int) -> list[dict[str, Any]]:
-        """Store events from ``history()``; an event without ``t`` is placed after ``end``, in order."""
+        """Store events from ``history()``; an event without ``t`` is placed after ``end``, in order.
+        An event of an unknown kind or with a bad field is left out and named, once per kind or
+        field, in :attr:`history_errors` (see :func:`history_problem`)."""
         raw = self._call("history", None, self.run) if self.setup_ok else None
+        before = len(self.errors)
         events: list[dict[str, Any]] = []
         unknown: dict[str, int] = {}
+        # (kind, field) -> (times, the first event with it, what is wrong with that one)
+        bad: dict[tuple[str, str], tuple[int, dict[str, Any], str]] = {}
         for n, e in enumerate(_rows(raw, self.errors)):
             if "kind" not in e:
                 self.errors.append(f"the target's history() hook gave an event without a kind: {e!r:.200}")
                 continue
             try:
                 parse_store_row(e, index=n)
+                problem = history_problem(e)
             except InvalidEvent as exc:
                 if exc.field == "kind":
                     # No invariant reads a kind outside the vocabulary: a misspelt one ('claim' for
                     # 'claimed') would hide what it records, and the run could come out valid.
                     unknown[str(e["kind"])] = unknown.get(str(e["kind"]), 0) + 1
-                else:
-                    self.errors.append(f"the target's history() hook gave a bad {exc}")
+                    continue
+                problem = f"{exc.field}={e.get(str(exc.field))!r} ({str(exc).split(': ', 1)[-1]})"
+            if problem is not None:  # counted by kind and field, named with the first bad value
+                where = (e["kind"], problem.split("=")[0])
+                times, first, said = bad.get(where, (0, e, problem))
+                bad[where] = (times + 1, first, said)
                 continue
             events.append({**e, "t": int(e.get("t") or end + n + 1)})
         if unknown:
             kinds = ", ".join(f"{shown(k)} ({n}x)" for k, n in sorted(unknown.items()))
             self.errors.append(f"the target's history() hook gave events of unknown kind {kinds}; the "
                                f"kinds are {', '.join(sorted(vocab.STORE_KINDS))}")
+        for times, first, problem in bad.values():
+            self.errors.append(f"the target's history() hook gave {times} {first['kind']} event"
+                               f"{'s' if times > 1 else ''} with {problem}, as in {shown(repr(first))}")
+        self.history_errors.extend(self.errors[before:])
         return events
+
+    def untrusted(self, why: str) -> None:
+        """Record that the target's history() cannot be trusted, and why."""
+        self.errors.append(why)
+        self.history_errors.append(why)
 
     def teardown(self) -> None:
         self._call("teardown", None, self.run)
@@ -188,6 +211,40 @@ class Hooks:
         before = len(self.errors)
         self._call("restart", None, self.run)
         return len(self.errors) == before
+
+
+# A history() event's fields and what each must be when it is there (None is always allowed).
+_INT_FIELDS = ("state_version", "fence", "lease_version", "attempt")
+_TEXT_FIELDS = ("worker", "actor")
+
+
+def history_problem(e: Mapping[str, Any]) -> str | None:
+    """What is wrong with one event a target's ``history()`` gave (its kind is known), in words
+    naming the field (None: nothing). ``instance`` and ``step`` name the step; ``t`` is
+    CLOCK_MONOTONIC nanoseconds; versions, fences and attempts are whole numbers; states are
+    DESIGN's names. A value of another type made checkers compare a string with a number and
+    report a correct worker's chain as broken."""
+    from killpoint.harness.states import STATES
+
+    for name in ("instance", "step"):
+        if not isinstance(e.get(name), str) or not e.get(name):
+            return f"{name}={e.get(name)!r} (give the step's {name} as a non-empty string)"
+    t = e.get("t")
+    if t is not None and (isinstance(t, bool) or not isinstance(t, int)):
+        return f"t={t!r} (give time.monotonic_ns(), a whole number of nanoseconds, or leave t out)"
+    for name in _INT_FIELDS:
+        value = e.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            return f"{name}={value!r} (give a whole number)"
+    for name in _TEXT_FIELDS:
+        value = e.get(name)
+        if value is not None and not isinstance(value, str):
+            return f"{name}={value!r} (give a string)"
+    for name in ("from_state", "to_state"):
+        value = e.get(name)
+        if value is not None and value not in STATES:
+            return f"{name}={value!r} (the states are {', '.join(STATES)})"
+    return None
 
 
 def _rows(raw: Any, errors: list[str]) -> Iterable[dict[str, Any]]:

@@ -19,6 +19,7 @@ from killpoint.harness import downstream as ds
 from killpoint.harness import history as hist
 from killpoint.harness.checkers import checking
 from killpoint.harness.checkers.base import Verdict
+from killpoint.harness.exercise import Exercise, exercised
 from killpoint.harness.states import PENDING
 from killpoint.harness.store.base import Store
 from killpoint.harness.worker import Timing
@@ -76,7 +77,8 @@ def gathering(*, workload: Workload, store: Store, client: ds.DownstreamClient,
         store_events += told
         final = hooks.final_states()
         if told and final:
-            hooks.errors.extend(_untold(told, final))
+            for why in _untold(told, final):
+                hooks.untrusted(why)
     yield
     ledger = client.ledger()
     yield
@@ -117,23 +119,77 @@ class Judgement:
     verdict: Verdict
     fired: dict[str, int]  # fault text -> times an action fired
     unfired: tuple[str, ...]
+    exercise: Exercise | None = None  # what the faults provoked (harness.exercise)
+
+
+# Beyond the invariants that need store events to judge at all, those that also read them: a step's
+# claims and fences (stale writes), its last event (what is accounted for, what terminated).
+READS_STORE_EVENTS = frozenset({"stale_writes_rejected", "effects_accounted", "terminates"})
+
+
+def _distrust(verdict: Verdict, untrusted: Sequence[str]) -> Verdict:
+    """The verdict with every invariant that reads the target's store events unknown: its history()
+    left events out or gave them wrong, and a chain judged with holes in it is a false alarm (an
+    unknown kind once gave a correct worker version_chain violations in most of its runs) or a
+    false pass. The ledger's invariants still judge."""
+    from killpoint.harness.checkers import NEEDS_STORE_EVENTS
+    from killpoint.harness.checkers.base import Result, rank
+
+    why = f"not judged: {untrusted[0]}"
+    reads = NEEDS_STORE_EVENTS | READS_STORE_EVENTS
+    names = [r.invariant for r in verdict.results if r.invariant in reads and r.applicable]
+    if not names:
+        return verdict
+    results = tuple(Result(r.invariant, None, False, (), why) if r.invariant in names else r
+                    for r in verdict.results)
+    kept = tuple(u for u in verdict.unknown_reasons if u.split(":")[0] not in names)
+    return Verdict(rank(r.valid for r in results), results,
+                   kept + (f"{', '.join(names)} not judged: the target's history() cannot be trusted",))
+
+
+def _stepless(history: hist.History, fault: Any) -> str:
+    """Why a fault at a step never fired, when its worker passed its point outside any step (the
+    target marked no step around it, as a queue worker's ``before_claim`` before it knows its job):
+    a fault at a step never matches such a hit. Empty when that is not why."""
+    if fault.step is None:
+        return ""
+    hits = [e for e in history.worker_events(vocab.POINT) if e.get("point") == fault.point
+            and e.get("step") is None and e.process.split(".")[0] == fault.worker]
+    if not hits:
+        return ""
+    return (f": worker {fault.worker} passed {fault.point} {len(hits)} time{'s' if len(hits) != 1 else ''} "
+            f"outside any step (no ctx.at around it), where a fault at step {fault.step} never matches; "
+            f"schedule it once per worker, without a step ({fault.worker}@{fault.point}:{fault.actions}), "
+            f"or mark its step with ctx.at")
 
 
 def judge(history: hist.History, schedule: Schedule, fired: Mapping[int, int],
-          findings: Sequence[str] = ()) -> Judgement:
-    """Every invariant on ``history``; a scheduled fault that never fired, or a ``finding`` (the
-    target raised, a hook failed), makes it unknown at best."""
-    return hist.drained(judging(history, schedule, fired, findings))
+          findings: Sequence[str] = (), sometimes: Sequence[str] = (),
+          untrusted: Sequence[str] = ()) -> Judgement:
+    """Every invariant on ``history``; a scheduled fault that never fired, a pause or hang that
+    provoked no takeover (:mod:`harness.exercise`), or a ``finding`` (the target raised, a hook
+    failed), makes it unknown at best. ``sometimes``: the expectations the target declared.
+    ``untrusted``: why the target's ``history()`` cannot be trusted (an unknown kind, a bad field):
+    the invariants that read its events then judge nothing, naming it."""
+    return hist.drained(judging(history, schedule, fired, findings, sometimes, untrusted))
 
 
 def judging(history: hist.History, schedule: Schedule, fired: Mapping[int, int],
-            findings: Sequence[str] = ()) -> Generator[None, None, Judgement]:
+            findings: Sequence[str] = (), sometimes: Sequence[str] = (),
+            untrusted: Sequence[str] = ()) -> Generator[None, None, Judgement]:
     """:func:`judge` an invariant at a time: it yields between them and returns the judgement."""
     verdict = yield from checking(history, schedule=str(schedule))
+    if untrusted:
+        verdict = _distrust(verdict, untrusted)
     unfired = tuple(str(f) for i, f in enumerate(schedule.faults) if i not in fired)
-    extra = tuple(findings) + tuple(f"scheduled fault {u} never fired" for u in unfired)
+    exercise = exercised(history, schedule.faults, sometimes)
+    yield
+    # A pause or hang nobody took over tested nothing a run without it would have: never evidence
+    # for valid, as a fault that never fired is not.
+    extra = tuple(findings) + tuple(f"scheduled fault {f} never fired{_stepless(history, f)}"
+                                    for i, f in enumerate(schedule.faults) if i not in fired) + exercise.reasons()
     if extra:
         valid = False if verdict.valid is False else None
         verdict = Verdict(valid, verdict.results, verdict.unknown_reasons + extra)
     counts = {str(f): fired.get(i, 0) for i, f in enumerate(schedule.faults)}
-    return Judgement(verdict, counts, unfired)
+    return Judgement(verdict, counts, unfired, exercise)

@@ -7,8 +7,12 @@ A worker writes one JSON object per line on its events pipe (the writer is
 - ``{"hit": i}`` -- the worker passed the point of scheduled fault ``i`` (counted across
   incarnations, so a restarted worker knows its fault's ``hit`` count);
 - ``{"fired": i, "action": A, "point": P, "instance": I, "step": S}`` -- fault ``i`` fired action A;
-- ``{"paused": i, "instance": I, "step": S}`` -- the worker waits for :data:`RESUME` and may be
-  stopped (SIGSTOP) meanwhile;
+- ``{"paused": i, "instance": I, "step": S, "until": M}`` -- the worker waits for :data:`RESUME`
+  and may be stopped (SIGSTOP) meanwhile; ``M`` is the resume moment its schedule named (None: when
+  its step moved on);
+- ``{"at": P, "instance": I, "step": S, "wait": W}`` -- the worker is at point P, a resume moment of
+  the schedule (or any point, once it came back from a pause); with ``W`` it waits for
+  :data:`RESUME` before it goes on;
 - ``{"terminate": i, "point": P, "instance": I, "step": S, "backend_pids": [...], ...}`` -- the
   worker waits while the harness ends its database sessions;
 - ``{"raised": SIGNATURE, "error": "Type: message"}`` -- the target raised an exception nobody
@@ -76,7 +80,10 @@ class Handler(Protocol):
 
     def on_fired(self, w: Any, index: int, action: str) -> None: ...
 
-    def on_paused(self, w: Any, index: int, instance: str | None, step: str | None) -> None: ...
+    def on_paused(self, w: Any, index: int, instance: str | None, step: str | None,
+                  until: str | None) -> None: ...
+
+    def on_at(self, w: Any, point: str, instance: str | None, step: str | None, wait: bool) -> None: ...
 
     def on_terminate(self, w: Any, msg: dict[str, Any]) -> None: ...
 
@@ -90,7 +97,9 @@ def dispatch(handler: Handler, w: Any, msg: dict[str, Any]) -> None:
     elif "fired" in msg:
         handler.on_fired(w, msg["fired"], msg["action"])
     elif "paused" in msg:
-        handler.on_paused(w, msg["paused"], msg.get("instance"), msg.get("step"))
+        handler.on_paused(w, msg["paused"], msg.get("instance"), msg.get("step"), msg.get("until"))
+    elif "at" in msg:
+        handler.on_at(w, msg["at"], msg.get("instance"), msg.get("step"), bool(msg.get("wait")))
     elif "terminate" in msg:
         handler.on_terminate(w, msg)
     elif vocab.RAISED in msg:

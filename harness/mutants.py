@@ -26,7 +26,8 @@ from killpoint.harness import checkpoint, recovery, states
 from killpoint.harness.downstream import Answer
 from killpoint.harness.store.base import Claim, Store, StoreUnavailable
 from killpoint.harness.store.sql import SqlStore
-from killpoint.harness.worker import Heartbeat, ReferenceWorker, Timing, WorkerContext, reference
+from killpoint.harness.worker import (DONE, WAIT, Heartbeat, ReferenceWorker, Task, Timing, WorkerContext, plan,
+                                     reference)
 from killpoint.harness.workload import InstanceSpec, StepSpec
 
 Target = Callable[[WorkerContext], None]
@@ -118,6 +119,34 @@ def unfenced_commit(store: Store, claim: Claim, to_state: str, **detail: Any) ->
             "RETURNING state_version, lease_version"),
             (to_state, claim.instance, claim.step, now[0])).fetchone()
         if row is None:
+            return False
+        store._event(cur, "committed", claim.instance, claim.step, worker=claim.worker,
+                     from_state=claim.state, to_state=to_state, state_version=row[0], fence=claim.fence,
+                     lease_version=row[1], attempt=claim.attempt, **detail)
+        return True
+    return store._write(do)
+
+
+def state_guarded_commit(store: Store, claim: Claim, to_state: str, **detail: Any) -> bool:
+    """Write the claim's step guarded only by the state it claimed (``UPDATE ... WHERE step = ? AND
+    state = 'running'``): no fence, no owner, no version. A stale worker's commit is refused once the
+    new holder has committed (the state is no longer the claimed one), and lands in the window
+    between the new holder's claim and its commit, where the state is still the claimed one."""
+    if not isinstance(store, SqlStore):
+        raise StoreError(f"a state-guarded commit needs an SQL store, not {type(store).__name__}")
+    if not states.allowed(claim.state, to_state):
+        raise StoreError(f"illegal transition {claim.state} -> {to_state} for {claim.instance}:{claim.step}")
+
+    def do(cur: Any) -> bool:
+        row = cur.execute(store._q(
+            "UPDATE {steps} SET state = ?, state_version = state_version + 1, owner_worker = NULL, "
+            "expires_at = NULL, progress_at = {now} WHERE instance = ? AND step = ? AND state = ? "
+            "RETURNING state_version, lease_version"),
+            (to_state, claim.instance, claim.step, claim.state)).fetchone()
+        if row is None:
+            store._event(cur, "commit_rejected", claim.instance, claim.step, worker=claim.worker,
+                         from_state=claim.state, to_state=to_state, fence=claim.fence,
+                         attempt=claim.attempt, **detail)
             return False
         store._event(cur, "committed", claim.instance, claim.step, worker=claim.worker,
                      from_state=claim.state, to_state=to_state, state_version=row[0], fence=claim.fence,
@@ -227,6 +256,13 @@ class UnfencedCommits(Delegating):
         return unfenced_commit(self.inner, claim, to_state, **detail)
 
 
+class StateGuardedCommits(Delegating):
+    """Commits guarded by the claimed state alone (see :func:`state_guarded_commit`)."""
+
+    def commit(self, claim: Claim, to_state: str, **detail: Any) -> bool:
+        return state_guarded_commit(self.inner, claim, to_state, **detail)
+
+
 class RenewByInstance(Delegating):
     """A store whose heartbeat renews a step's lease by instance and step alone, not by holder and
     fence, and records the renewal as any renewal (who renewed, with which fence)."""
@@ -312,6 +348,34 @@ class NoFenceCheck(ReferenceWorker):
     def __init__(self, ctx: WorkerContext):
         super().__init__(ctx)
         self.store = UnfencedCommits(self.store)
+
+
+class StateGuardedCommit(ReferenceWorker):
+    """Commits with ``UPDATE ... WHERE step = ? AND state = 'running'``: the state it claimed is the
+    only guard. Resumed after the new holder committed, its stale commit is refused (the state
+    moved on); resumed between the new holder's claim and its commit, it lands."""
+
+    def __init__(self, ctx: WorkerContext):
+        super().__init__(ctx)
+        self.store = StateGuardedCommits(self.store)
+
+
+class GivesUpOnHeldLease(NoFenceCheck):
+    """Exits as soon as the only work left is a step whose lease another worker holds (a queue
+    worker that skips locked rows and stops when none is left), with ``no-fence-check``'s stale
+    commit: a frozen lease holder's step is taken over only by a worker started after its lease
+    lapsed, and only such a takeover shows the stale commit."""
+
+    def run(self) -> None:
+        now, rows = self.store.snapshot()
+        while plan(rows, now, self.ctx.workload) != WAIT:
+            task = plan(rows, now, self.ctx.workload)
+            if task == DONE:
+                return
+            assert isinstance(task, Task)
+            self.execute(task)
+            self.ctx.clock.moved()
+            now, rows = self.store.snapshot()
 
 
 class NoCas(ReferenceWorker):
@@ -563,6 +627,17 @@ _ZOO = (
            "that takes over after a crash gets the same fencing token as the one it replaces "
            "(semaprax #192)",
            "fence_rises", _runner(ResetFence), "A@charge.after_call:kill"),
+    Mutant("state-guarded-commit",
+           "commits with UPDATE ... WHERE step = ? AND state = 'running': no fence, no owner, no "
+           "version; a stale worker resumed after the new holder committed is refused, one resumed "
+           "between the new holder's claim and its commit lands on top of it",
+           "stale_writes_rejected", _runner(StateGuardedCommit),
+           "A@charge.after_call:1*pause(until=after_claim)"),
+    Mutant("gives-up-on-held-lease",
+           "its workers exit as soon as the only work left is a step whose lease another worker "
+           "holds, and it commits without the fence (as no-fence-check): the frozen holder's step "
+           "is taken over only by a worker started after the lease lapsed",
+           "stale_writes_rejected", _runner(GivesUpOnHeldLease), "A@charge.after_call:1*pause"),
     Mutant("commit-before-receipt",
            "commits a step's outcome before recording its receipt, so a crash in between leaves "
            "a success that no receipt explains; every keyed success shows it, no fault needed",

@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from killpoint import vocab as v
 from killpoint.errors import InvalidEvent
-from killpoint.harness.events import (BoundHit, DownstreamRestart, HarnessAction, LateGraceOver, PointHit, Request,
-                                      Spawn, StoreEvent, StoreRestart, TerminateBackend, WorkerEvent,
-                                      WorkerOp)
+from killpoint.harness.events import (BoundHit, DownstreamRestart, HarnessAction, Held, LateGraceOver, PointHit,
+                                      Request, Spawn, Stop, StoreEvent, StoreRestart, TerminateBackend,
+                                      UnfiredGivenUp, WorkerEvent, WorkerOp)
 from killpoint.harness.history import Event, History
 
 if TYPE_CHECKING:
@@ -67,6 +67,13 @@ def _pid(pid: Any, form: str = " (pid {})") -> str:
     return "" if pid is None else form.format(pid)
 
 
+def _moment(moment: str) -> str:
+    """A pause's resume moment, in words."""
+    if moment == "lapse":
+        return "its lease lapsed and another worker is about to claim its step"
+    return f"another worker reaches {moment} of its step"
+
+
 def _harness(h: HarnessAction) -> str:
     worker, pid = h.worker, h.pid
     if isinstance(h, Spawn):
@@ -74,8 +81,12 @@ def _harness(h: HarnessAction) -> str:
         return f"started worker {worker}{_pid(pid, ' as pid {}')}{same}"
     if h.kind == v.KILL:
         return f"{h.signal or 'SIGKILL'} to {worker}{_pid(pid)}: {h.reason}"
-    if h.kind == v.STOP:
-        return f"SIGSTOP to {worker}{_pid(pid)}, frozen with its heartbeat"
+    if isinstance(h, Stop):
+        until = f", until {_moment(h.until)}" if h.until else ""
+        return f"SIGSTOP to {worker}{_pid(pid)}, frozen with its heartbeat{until}"
+    if isinstance(h, Held):
+        return (f"held {worker}{_pid(pid)} at {h.point} of {h.instance}/{h.step}, "
+                f"the moment {h.frozen}'s pause waited for, while {h.frozen} goes on")
     if h.kind == v.CONT:
         if h.signal is None:
             return f"released {worker}{_pid(pid)}: {h.reason}"
@@ -99,6 +110,9 @@ def _harness(h: HarnessAction) -> str:
         return "the run is quiescent; an outside actor acts before the history is judged"
     if h.kind == v.REPLACEMENTS_STOPPED:
         return f"no more replacements: the target raised {h.error} again (in {worker})"
+    if isinstance(h, UnfiredGivenUp):
+        return (f"the target's done() said the work was finished for {h.seconds:g} s with "
+                f"{', '.join(h.faults or ())} still unfired: the run ends")
     if isinstance(h, LateGraceOver):
         # seconds: the grace, in time the workers could run; wall_s: what it took on the clock
         # (absent from histories written before the grace left out the wait for a CPU).
@@ -206,6 +220,8 @@ def _worker(e: WorkerEvent) -> str:
         return "finished"
     if e.kind == v.RAISED:
         return f"the target raised {e.error} (a finding: its traceback is in this event)"
+    if e.kind == v.SOMETIMES:
+        return f"expectation {e.name!r} {'reached' if e.reached else 'evaluated, not reached'}"
     return f"{e.kind} {where}" if e.instance is not None else e.kind
 
 

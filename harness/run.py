@@ -30,6 +30,7 @@ from killpoint.harness import downstream as ds
 from killpoint.harness import signals
 from killpoint.harness import history as hist
 from killpoint.harness.checkers.base import Verdict
+from killpoint.harness.exercise import Exercise
 from killpoint.harness.judge import gathering, judging
 from killpoint.harness.declaration import TargetRun
 from killpoint.harness.hooks import Hooks
@@ -52,6 +53,17 @@ def _owns_state(target: Any) -> bool:
         return bool(declared(target).owns_state)
     except Exception:  # noqa: BLE001 - an unresolvable target fails later, with its own message
         return False
+
+
+def off_the_run_clock(target: Any) -> bool:
+    """Whether ``target`` keeps its state, and its leases' times, in a system of its own whose clock
+    the run clock cannot move: it owns its state and does not declare ``run_clock=True``."""
+    if not _owns_state(target):
+        return False
+    try:
+        return not declared(target).run_clock
+    except Exception:  # noqa: BLE001 - an unresolvable target fails later, with its own message
+        return True
 
 
 @dataclass(frozen=True)
@@ -100,8 +112,8 @@ class RunConfig:
         if self.timing is None:
             # A target that owns its state keeps its leases and heartbeats in its own system, on that
             # system's clock, which the run clock cannot move: it runs in real time, with the short
-            # timings, unless told otherwise.
-            if self.virtual_time and _owns_state(self.target):
+            # timings, unless it declares that it reads its time from ctx.clock (run_clock=True).
+            if self.virtual_time and off_the_run_clock(self.target):
                 object.__setattr__(self, "virtual_time", False)
             object.__setattr__(self, "timing", Timing() if self.virtual_time else REAL_TIME_TIMING)
 
@@ -293,6 +305,11 @@ class RunResult:
     spawned: int
     duration_s: float
     run_dir: str
+    # What the run's faults provoked (a takeover, a late write...); None: the run broke before judging.
+    exercise: "Exercise | None" = None
+    # What the target's own hooks did wrong (raised, gave a history() of unknown kinds or bad
+    # fields): each also an unknown reason; said once per command, whatever the verdict.
+    target_errors: tuple[str, ...] = ()
 
     @property
     def valid(self) -> bool | None:
@@ -723,7 +740,8 @@ class _Run:
         self.phase = "judging"
         # A target that raised, or a hook that did, is a finding: the run cannot be valid.
         judged = yield from judging(history, self.config.schedule, sup.tally.fired,
-                                    sup.raised.reasons() + tuple(self.hooks.errors) + sup.still_paused())
+                                    sup.raised.reasons() + tuple(self.hooks.errors) + sup.still_paused(),
+                                    self.declared.sometimes, tuple(self.hooks.history_errors))
         if bound_hit and judged.verdict.valid is None and clock.virtual and not clock.jumps:
             # The run clock never moved: nobody waited through ctx.clock, so every wait was real
             # time against the production-like timings (a takeover waits out a 30 s lease).
@@ -736,7 +754,8 @@ class _Run:
         if not self.s.keep:
             self.hooks.teardown()
         return RunResult(self.config, self.run_id, history, judged.verdict, judged.fired,
-                         judged.unfired, len(sup.workers), time.monotonic() - self.started, self.run_dir)
+                         judged.unfired, len(sup.workers), time.monotonic() - self.started, self.run_dir,
+                         judged.exercise, tuple(self.hooks.errors))
 
     def check_disk(self) -> None:
         """Write a page into the run's folder: a full or failing disk there (workers that could not

@@ -10,8 +10,22 @@ Workers start in name order: B starts once every fault scheduled for A has fired
 a scheduled fault lands where it was asked to. A worker killed by a fault is replaced, by a fresh
 identity or, drawn from the seed, by one with the same identity; a replacement without a fault of
 its own starts after the whole pool and after the replacements before it, whenever the harness
-happens to see the death. A fault that killed is spent and is not inherited. A paused worker
-(SIGSTOP) is resumed once another worker has moved its step on.
+happens to see the death. A fault that killed is spent and is not inherited. When no worker is left
+running and a lease is still held (by a frozen or a dead worker), the run's time is moved past its
+expiry before a replacement starts, so the replacement can take the step over at once.
+
+A paused worker (SIGSTOP) comes back at the moment its schedule names. A plain ``pause``: once
+another worker has moved its step on. ``pause(until=POINT)``: once another worker reaches POINT of
+the same step; that worker is held there (it waits for the harness, and the history says ``held``)
+while the frozen one makes its late attempt, and goes on once that attempt is over -- the late
+worker reached ``after_commit`` of the step or a point of another step, waits on the run clock,
+paused, hung or exited. ``pause(until=lapse)``: once its lease lapsed and another worker is about to
+claim the step (its ``before_claim``), held there likewise. Whatever the moment, a frozen worker
+also comes back when the work was finished without it, when no other worker is left that could
+move, or when no worker that is not frozen made progress (no point hit, no journal entry, no
+downstream request) for :data:`BLOCKED_S` of run time in which the clock did not jump (they are
+blocked on the frozen one: a row lock, a library lock). Each resume is a ``cont`` event saying the
+moment asked for and why it came (``vocab.RESUMED``), so a pause that never met its moment says so.
 A worker at a ``terminate`` waits while the harness ends its PostgreSQL sessions, then goes on.
 """
 
@@ -27,7 +41,7 @@ import signal
 import string
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 
@@ -35,6 +49,7 @@ from killpoint import chaos, vocab
 from killpoint.chaos.journal import Journal
 from killpoint.chaos import seeds
 from killpoint.chaos.points import DB_POINTS, Failpoints
+from killpoint.chaos.actions import LAPSE
 from killpoint.harness import clock as run_clock
 from killpoint.harness import downstream as ds
 from killpoint.harness import hooks, messages
@@ -58,6 +73,10 @@ EXIT_DISK = 75  # EX_TEMPFAIL: a worker that ended because the disk failed it
 STARVED_S = 0.05  # a wait that overran by more than this: the machine starved the harness
 LATE_GRACE_S = 1.0  # how long a late (resumed) worker of an owned-state target may go on after done()
 LATE_GRACE_CAP_S = 20 * LATE_GRACE_S  # ... at most, in wall time, however long it waited for a CPU
+UNFIRED_GRACE_S = 1.0  # how long a finished owned-state run waits for a fault that has not fired
+# Run time (seconds, the clock's jumps not counted) in which no worker that is not frozen made any
+# progress, after which a frozen worker is resumed (or a held one released): they are blocked on it.
+BLOCKED_S = 3.0
 
 
 def disk_failed(exc: BaseException) -> bool:
@@ -146,6 +165,11 @@ class WorkerProcess:
     raised: tuple[str, str] | None = None  # (signature, "Type: message") when its target raised
     late: bool = False  # resumed after a pause: a stale worker whose late writes the run waits for
     never_resumed: bool = False  # still paused when the run hit its bound (and was then killed)
+    until: str | None = None  # while paused: the resume moment its schedule named (None: moved on)
+    paused_at: float = 0.0  # run time of its pause
+    late_step: tuple[str | None, str | None] | None = None  # resumed: the (instance, step) it was frozen on
+    # Workers held at this one's resume moment until its late attempt is over (see the module doc).
+    holding: list["WorkerProcess"] = field(default_factory=list)
 
     @property
     def events(self) -> int:
@@ -260,7 +284,8 @@ def _work(target: WorkerFn, ctx_args: dict[str, Any], faults, hits, seed: int,
         journal.write(vocab.START, pid=os.getpid(), worker=ctx_args["worker_id"])
         store: Store = ctx_args["store"]
         chaos.points.install(Failpoints(list(faults), journal, seed, events_fd, control_fd, dict(hits),
-                                        backends=store.backends, clock=clock))
+                                        backends=store.backends, clock=clock,
+                                        watch=ctx_args.get("watch", frozenset())))
         declared: Target = target  # type: ignore[assignment]
         ctx = WorkerContext(ctx_args["worker_id"], store, client, journal, ctx_args["workload"],
                             ctx_args["timing"], run_dir=ctx_args["run_dir"],
@@ -323,6 +348,7 @@ class Supervisor:
         self.replaces: dict[str, str] = {}  # identity about to start -> the dead worker id it replaces
         self._next_done_poll = 0.0
         self._done_at: float | None = None  # when done() first said yes with a late worker alive
+        self._unfired_done_at: float | None = None  # when done() first said yes with a fault unfired
         # each late worker's runqueue_waits (by PID) from then, or from its resume if that came later
         self._late_waits: dict[int, dict[int, int] | None] = {}
         self.schedule = config.schedule
@@ -351,6 +377,12 @@ class Supervisor:
         self.moved = False  # a worker reported a step moved (or died): wake those waiting for it
         self.spare: WorkerProcess | None = None  # forked ahead of the next start (see park)
         self.store_ready = False  # the store is set up: a spare may connect to it ahead
+        # The points whose hits workers tell the harness of and wait at: the schedule's resume
+        # moments (a lapse is met at the claim another worker is about to make).
+        self.watch = frozenset("before_claim" if m == LAPSE else m for m in self.schedule.moments)
+        # Progress seen while a worker is frozen or held: (the mark, run time it was first seen at,
+        # the clock's jumps then); None: something moved since the last look.
+        self._progress: tuple[Any, float, int] | None = None
 
     @staticmethod
     def spawn_cap_for(config: "RunConfig") -> int:
@@ -380,7 +412,7 @@ class Supervisor:
         return {"clock": self.clock.worker_clock(slot), "store": self.store, "url": self.downstream.url,
                 "run_id": self.run_id, "workload": self.workload, "timing": self.config.timing,
                 "target_run": self.target_run, "run_dir": self.run_dir, "parent_pid": os.getpid(),
-                "store_ready": self.store_ready}
+                "store_ready": self.store_ready, "watch": self.watch}
 
     def _fork(self, main: Callable[..., None],
               args: Callable[[int | None, int, int], tuple[Any, ...]], label: str) -> WorkerProcess:
@@ -554,6 +586,7 @@ class Supervisor:
             self.note(vocab.REPLACEMENTS_STOPPED, worker=w.label, error=w.raised[1],
                       reason="the target raised the same exception again")
         self._close_pipes(w)
+        self._release_held(w, vocab.RELEASED_AFTER, f"{w.label}, back from its pause, exited")
         self.moved = True  # it may have moved a step on its way out: let the waiting look again
         if code != 0 and len(self.workers) < self.spawn_cap:
             self.replace(w)
@@ -561,6 +594,7 @@ class Supervisor:
     # -- messages ---------------------------------------------------------------------------------
     def read_messages(self, w: WorkerProcess) -> None:
         for msg in w.inbox.read():
+            self._progress = None
             messages.dispatch(self, w, msg)
 
     def on_hit(self, w: WorkerProcess, index: int) -> None:
@@ -570,24 +604,90 @@ class Supervisor:
         self.tally.fire(index, action)
         if action == "hang":
             w.state = "hung"
+            self._release_held(w, vocab.RELEASED_AFTER, f"{w.label}, back from its pause, hangs")
         elif action == "kill":
             w.dying = True
         self.restart_services(index)
 
-    def on_paused(self, w: WorkerProcess, index: int, instance: str | None, step: str | None) -> None:
+    def on_paused(self, w: WorkerProcess, index: int, instance: str | None, step: str | None,
+                  until: str | None = None) -> None:
         if w.state == "exited":
             return  # killed (by a store restart) before its pause was read
+        self._release_held(w, vocab.RELEASED_AFTER, f"{w.label}, back from its pause, paused again")
         if str(self.schedule.faults[index]) in self.config.restarts:
             os.write(w.control, RESUME)  # it only waited for the restart, which is done
-            self.note(vocab.CONT, worker=w.label, pid=w.proc.pid, signal=None,
+            self.note(vocab.CONT, worker=w.label, pid=w.proc.pid, signal=None, why=vocab.RESUMED_RESTART,
                       reason="released once the restart it waited for was done")
             return
-        row = self.store.step_progress(instance, step) if instance and step else None
+        row = self.store.step_progress(instance, step) if instance and step and not self.owns_state else None
         os.kill(w.proc.pid, signal.SIGSTOP)
         w.state = "paused"
         w.paused = (instance, step, row[0] if row else 0)  # type: ignore[assignment]
+        w.until = until
+        w.paused_at = self.clock.now()
         self.note(vocab.STOP, worker=w.label, pid=w.proc.pid, signal="SIGSTOP", instance=instance,
-                  step=step, reason="pause")
+                  step=step, reason="pause", until=until)
+
+    def on_at(self, w: WorkerProcess, point: str, instance: str | None, step: str | None,
+              wait: bool) -> None:
+        """A worker at a watched point (a resume moment), or a late worker at any point."""
+        if w.holding and ((instance, step) != w.late_step or point == "after_commit"):
+            where = "the step" if (instance, step) == w.late_step else f"{instance}/{step}"
+            self._release_held(w, vocab.RELEASED_AFTER, f"{w.label}, back from its pause, reached {point} "
+                                                        f"of {where}: its late attempt is over")
+        if not wait or w.state == "exited":
+            return
+        frozen = next((p for p in self.workers if p is not w and p.state == "paused" and p.paused is not None
+                       and tuple(p.paused[:2]) == (instance, step) and p.until is not None
+                       and (p.until == point or (p.until == LAPSE and point == "before_claim"))), None)
+        if frozen is None:
+            self._answer(w)
+            return
+        w_step = f"{instance}/{step}" if instance else "its step"
+        self.note(vocab.HELD, worker=w.label, pid=w.proc.pid, point=point, instance=instance, step=step,
+                  frozen=frozen.label)
+        frozen.holding.append(w)
+        if frozen.until == LAPSE:
+            self._resume(frozen, vocab.RESUMED_LAPSED, by=w.label,
+                         reason=f"its lease of {w_step} lapsed and {w.label} is about to claim it "
+                                f"(held at {point} meanwhile)")
+        else:
+            self._resume(frozen, vocab.RESUMED_AT, by=w.label,
+                         reason=f"{w.label} reached {point} of {w_step}, the moment its pause waited for "
+                                f"({w.label} held there meanwhile)")
+
+    def _answer(self, w: WorkerProcess) -> None:
+        """Let a worker that waits at a watched point go on."""
+        try:
+            os.write(w.control, RESUME)
+        except OSError:
+            pass  # it is gone: its exit is read in its turn
+
+    def _resume(self, w: WorkerProcess, why: str, *, reason: str, **extra: Any) -> None:
+        """SIGCONT a frozen worker and let it go on from its pause; the history says the moment its
+        pause asked for and why it came back (``why``, one of ``vocab.RESUMED``)."""
+        self.note(vocab.CONT, worker=w.label, pid=w.proc.pid, signal="SIGCONT", reason=reason, why=why,
+                  moment=w.until, **extra)
+        os.kill(w.proc.pid, signal.SIGCONT)
+        os.write(w.control, RESUME)
+        w.state = "running"
+        w.late_step = (w.paused[0], w.paused[1]) if w.paused else None
+        w.paused = None
+        w.until = None
+        w.late = True
+        self._progress = None
+
+    def _release_held(self, w: WorkerProcess, why: str, reason: str) -> None:
+        """Let the workers held at ``w``'s resume moment go on."""
+        held, w.holding = w.holding, []
+        for r in held:
+            if r.state == "exited":
+                continue
+            self.note(vocab.CONT, worker=r.label, pid=r.proc.pid, signal=None, why=why, reason=reason,
+                      frozen=w.label)
+            self._answer(r)
+        if held:
+            self._progress = None
 
     def on_raised(self, w: WorkerProcess, signature: str, error: str) -> None:
         w.raised = (signature, error)  # judged at its exit (it exits 1 right after)
@@ -650,19 +750,99 @@ class Supervisor:
             # killpoint's store does not see such a target's steps move; its done() does (asked at
             # most every 50 ms): the work was finished without the paused worker.
             moved_on = self._done_polled()
-            reason = "the target's done() says the work is finished"
+            why, reason = vocab.RESUMED_DONE, "the target's done() says the work is finished"
+        elif w.until is not None:
+            # Its moment is another worker's point: a step that moved on without it (a recovery
+            # that passes fewer points) is not its moment; the work finished without it is.
+            moved_on = False
+            why, reason = vocab.RESUMED_DONE, "the work was finished without it"
         else:
             row = self.store.step_progress(instance, step) if instance and step else None
             moved_on = row is None or row[0] >= version + 2 or (row[0] > version and row[1] is None)
-            reason = "its step moved on"
-        if moved_on or not others_active:
-            self.note(vocab.CONT, worker=w.label, pid=w.proc.pid, signal="SIGCONT",
-                      reason=reason if moved_on else "no other worker can move")
-            os.kill(w.proc.pid, signal.SIGCONT)
-            os.write(w.control, RESUME)
-            w.state = "running"
-            w.paused = None
-            w.late = True
+            why, reason = vocab.RESUMED_MOVED, "its step moved on"
+        # With nobody else running, a replacement is started (once the lease lapsed) while one can
+        # be (see supervise): the frozen worker meets a takeover rather than coming back to nothing.
+        can_start = not self.halted and len(self.workers) < self.spawn_cap
+        if moved_on or not (others_active or can_start):
+            if not moved_on:
+                why, reason = vocab.RESUMED_NOBODY, "no other worker can move"
+            self._resume(w, why, reason=reason)
+
+    # -- progress ---------------------------------------------------------------------------------
+    def _progress_mark(self) -> tuple[Any, ...]:
+        """What grows while any worker that is not frozen does something: its journal (every point
+        hit, claim, call and commit of killpoint's protocol), and the downstream's ledger."""
+        marks: list[Any] = []
+        for w in self.live():
+            if w.state == "paused":
+                continue
+            try:
+                marks.append(os.stat(w.journal).st_size)
+            except OSError:
+                marks.append(None)
+        for path in (self.downstream.ledger_path, self.downstream.ledger_path + "-wal"):
+            try:
+                st = os.stat(path)
+                marks.append((st.st_size, st.st_mtime_ns))
+            except OSError:
+                marks.append(None)
+        return tuple(marks)
+
+    def blocked(self) -> bool:
+        """Whether no worker that is not frozen has made progress (see :meth:`_progress_mark`, and
+        any message) for :data:`BLOCKED_S` of run time in which the clock did not jump (a jump
+        means every one of them waits on the clock: they wait, they are not blocked)."""
+        mark, now, jumps = self._progress_mark(), self.clock.now(), len(self.clock.jumps)
+        seen = self._progress
+        if seen is None or seen[0] != mark or seen[2] != jumps:
+            self._progress = (mark, now, jumps)
+            return False
+        return now - seen[1] >= BLOCKED_S
+
+    def unblock(self) -> None:
+        """Nobody that is not frozen moves: release the workers held at a moment, or, if none is
+        held, resume the frozen ones."""
+        late = [w for w in self.live() if w.holding]
+        seconds = f"{BLOCKED_S:g} s of run time"
+        if late:
+            for w in late:
+                self._release_held(w, vocab.RELEASED_BLOCKED,
+                                   f"no worker that is not frozen made progress for {seconds} "
+                                   f"while {w.label} made its late attempt")
+            return
+        for w in self.live():
+            if w.state == "paused":
+                self._resume(w, vocab.RESUMED_BLOCKED,
+                             reason=f"no worker that is not frozen made progress for {seconds}: "
+                                    f"they are blocked on it")
+
+    def idle_late(self) -> None:
+        """Release the workers held for a late worker that now waits on the run clock: its late
+        attempt is over (what it waits for cannot come while they are held)."""
+        for w in self.live():
+            if not w.holding or w.clock is None:
+                continue
+            slots = self.clock.board.snapshot(w.clock)
+            if slots and all(state in (run_clock.WAIT, run_clock.WAIT_MOVE, run_clock.HUNG)
+                             for _, state, _ in slots):
+                self._release_held(w, vocab.RELEASED_AFTER, f"{w.label}, back from its pause, waits on the "
+                                                            f"run clock: its late attempt is over")
+
+    def lease_left(self) -> float:
+        """Run time until the first lease held by a worker that is not running lapses (0: none is
+        held). For a target that keeps its own state, whose leases killpoint's store does not see:
+        until a lease of the run's timing, taken at a frozen worker's pause, would have lapsed."""
+        if self.owns_state:
+            now, ttl = self.clock.now(), self.config.timing.lease_ttl_ms / 1000.0
+            frozen = [w.paused_at + ttl - now for w in self.live() if w.state == "paused"]
+            return max(0.0, min(frozen)) + 0.002 if frozen and min(frozen) > 0 else 0.0
+        running = {w.worker_id for w in self.live() if w.state == "running"}
+        now, rows = self.store.snapshot()
+        left = [r["expires_at"] - now for r in rows if r["owner_worker"] is not None
+                and r["owner_worker"] not in running and r["expires_at"] is not None
+                and r["expires_at"] > now]
+        # Just past the expiry, as a worker waits for it (SQLite's clock ticks in milliseconds).
+        return min(left) + 0.002 if left else 0.0
 
     @property
     def owns_state(self) -> bool:
@@ -695,15 +875,30 @@ class Supervisor:
 
     def owned_done(self) -> bool:
         """For a target that owns its state, whose workers may serve forever (a library's worker
-        loop): its ``done()``, asked while workers run -- at most every 50 ms, and only once every
-        scheduled fault has fired and no worker is paused or hung, so no fault is cut short."""
+        loop): its ``done()``, asked while workers run -- at most every 50 ms, and only while no
+        worker is paused, so no pause is cut short (a hung worker is ended with the others; a fault
+        still unfired gets :data:`UNFIRED_GRACE_S` before the run ends without it)."""
         if not self.owns_state or self.halted or self.deferred:
             return False
         live = self.live()
-        if not live or any(w.state != "running" for w in live) or self.pending_faults() or \
-                len(self.tally.fired) < len(self.schedule.faults) or not self._done_polled():
+        # A hung worker does not hold the run: once done() says the work is finished, another worker
+        # finished what it hung in, and it is ended with the others (as a finished run's are).
+        if not live or any(w.state not in ("running", "hung") for w in live) or \
+                all(w.state == "hung" for w in live) or not self._done_polled():
             return False
         now = time.monotonic()
+        if self.pending_faults() or len(self.tally.fired) < len(self.schedule.faults):
+            # The work is finished and a fault has still not fired: it can no longer fire (a point
+            # the target passes only while it works, or one it passes outside any step, which a
+            # fault at a step never matches). Once done() has said so for UNFIRED_GRACE_S the run
+            # ends, unknown for that fault, instead of waiting out its bound (30 s a run).
+            if self._unfired_done_at is None:
+                self._unfired_done_at = now
+            if now - self._unfired_done_at < UNFIRED_GRACE_S:
+                return False
+            self.note(vocab.UNFIRED_GIVEN_UP, seconds=UNFIRED_GRACE_S,
+                      faults=[str(f) for i, f in enumerate(self.schedule.faults) if i not in self.tally.fired])
+            return True
         late = [w for w in live if w.late]
         if not late:
             return True
@@ -739,6 +934,22 @@ class Supervisor:
             return 0.0
         return sum(max(0, ns - before.get(tid, 0)) for tid, ns in now.items()) / 1e9
 
+    def wait_for_lapse(self, live: list[WorkerProcess], sentinels: list[int]) -> bool:
+        """Before a replacement starts with no worker running: move the run's time past the first
+        lease a frozen or dead worker still holds (on the virtual clock), or wait a poll for it (on
+        real time; True: it has not lapsed yet, look again). Not while a worker hangs: its
+        heartbeat renews its lease, and it holds time."""
+        if any(w.state == "hung" for w in live):
+            return False
+        left = self.lease_left()
+        if left <= 0:
+            return False
+        if self.clock.virtual:
+            self.clock.jump(left)
+            return False
+        select.select(sentinels + [self.clock.notice_r], [], [], min(left, 0.02))
+        return True
+
     def _store_done(self) -> bool:
         now, rows = self.store.snapshot()
         return plan(rows, now, self.workload) == DONE
@@ -763,10 +974,17 @@ class Supervisor:
             if not active:
                 paused = [w for w in live if w.state == "paused"]
                 if paused:
+                    if any(w.until is not None for w in paused) and not self.owns_state and self.finished():
+                        for w in paused:
+                            self._resume(w, vocab.RESUMED_DONE, reason="the work was finished without it")
+                        continue
                     if not self.halted and len(self.workers) < self.spawn_cap:
-                        # Nobody left to move the frozen worker's step on (one worker, or the
-                        # others hung or frozen too): start another, as for a killed one, so the
-                        # pause outlives the lease and the late worker meets the takeover.
+                        # Nobody left to move the frozen worker's step on (one worker, the others
+                        # hung or frozen too, or they gave up on its lease and exited): start
+                        # another once the lease lapsed, as for a killed one, so the pause outlives
+                        # the lease and the late worker meets the takeover.
+                        if self.wait_for_lapse(live, sentinels=[w.proc.sentinel for w in live]):
+                            continue
                         self.replace(paused[-1])
                         continue
                     for w in paused:
@@ -784,6 +1002,8 @@ class Supervisor:
                     return True, False
                 self.start_gated()
                 if not self.live() or all(w.state != "running" for w in self.live()):
+                    if self.wait_for_lapse(live, sentinels=[w.proc.sentinel for w in live]):
+                        continue
                     self.replace(live[-1] if live else self.workers[-1])
                 continue
             if time.monotonic() > deadline or self.clock.now() > run_deadline:
@@ -831,6 +1051,10 @@ class Supervisor:
                 if w.state == "paused":
                     self.maybe_resume(w, others_active=any(o.state == "running" for o in self.live()
                                                            if o is not w))
+            if any(w.holding for w in self.live()):
+                self.idle_late()
+            if any(w.state == "paused" or w.holding for w in self.live()) and self.blocked():
+                self.unblock()
             if self.owned_done():
                 for w in self.live():
                     self.kill_worker(w, "quiescent: the target's done() says the work is finished")

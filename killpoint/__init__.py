@@ -37,6 +37,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "at": ("killpoint.chaos.points", "at"),
     "point": ("killpoint.chaos.points", "point"),
+    "sometimes": ("killpoint.chaos.points", "sometimes"),
     "Fault": ("killpoint.chaos.schedule", "Fault"),
     "Schedule": ("killpoint.chaos.schedule", "Schedule"),
     "parse_schedule": ("killpoint.chaos.schedule", "parse"),
@@ -67,7 +68,7 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:  # what a type checker and an editor see: the same names, imported eagerly
-    from killpoint.chaos.points import at as at, point as point
+    from killpoint.chaos.points import at as at, point as point, sometimes as sometimes
     from killpoint.chaos.schedule import Fault as Fault, Schedule as Schedule, parse as parse_schedule
     from killpoint.harness.checkers import ALL as INVARIANTS, check_all as check_all
     from killpoint.harness.checkers.base import Result as Result, Verdict as Verdict, Violation as Violation
@@ -106,4 +107,4 @@ __all__ = ["Claim", "CrashVerdict", "DownstreamClient", "Event", "Evidence", "Fa
            "RunConfig", "RunResult", "Schedule",
            "Session", "StepSpec", "StoreError", "StoreUnavailable", "StoreUnreachable", "Target", "TargetRun",
            "Timing", "UnknownScenario", "Verdict", "Violation", "WorkerContext", "Workload", "at",
-           "check_all", "parse_schedule", "point", "recover", "target"]
+           "check_all", "parse_schedule", "point", "recover", "sometimes", "target"]

@@ -46,6 +46,7 @@ STORE_UNAVAILABLE = "store_unavailable"  # the store connection died; the worker
 START = "start"  # the worker process began (pid)
 FINISH = "finish"  # the target returned
 RAISED = "raised"  # the target raised (error, exception, where, traceback): a finding, the run unknown
+SOMETIMES = "sometimes"  # killpoint.sometimes(name, condition): an expectation evaluated (name, reached)
 # Written by the Temporal targets.
 ACTIVITY = "activity"  # a Temporal activity began
 REPLAYED = "replay"  # a workflow history replayed against the code (``outcome``, ``detail``)
@@ -103,7 +104,27 @@ REPLACEMENTS_STOPPED = "replacements_stopped"  # worker, error: the target raise
 # workers, seconds, wall_s, capped: resumed workers still running that long after done() in time they
 # could run (waits for a CPU not counted), wall_s on the clock; capped: starved until the wall-time cap
 LATE_GRACE_OVER = "late_grace_over"
+# faults, seconds: the target's done() said the work was finished that long with these faults still
+# unfired; the run ended (unknown for them) instead of waiting out its bound
+UNFIRED_GIVEN_UP = "unfired_given_up"
+# worker, point, instance, step, frozen: a worker that reached another's resume moment waits there (the
+# frozen one goes on meanwhile); its release is a ``cont`` without a signal
+HELD = "held"
+
+# -- why a frozen worker came back (``cont``'s ``why``; ``moment`` names the moment asked for) ---------
+RESUMED_AT = "moment"  # another worker reached the point the pause named (``by``: that worker)
+RESUMED_LAPSED = "lapsed"  # its lease lapsed and another worker was about to take the step
+RESUMED_MOVED = "moved_on"  # its step moved on (a plain pause's moment)
+RESUMED_DONE = "done"  # the work was finished without it
+RESUMED_NOBODY = "nobody_can_move"  # no other worker is left that could move
+RESUMED_BLOCKED = "blocked"  # no unfrozen worker made progress for the blocked bound of run time
+RESUMED_RESTART = "restart_done"  # it only waited for a restart, which is done
+RESUMED = frozenset({RESUMED_AT, RESUMED_LAPSED, RESUMED_MOVED, RESUMED_DONE, RESUMED_NOBODY,
+                     RESUMED_BLOCKED, RESUMED_RESTART})
+# why a held worker was let go (``cont`` without a signal, ``why``)
+RELEASED_AFTER = "late_attempt_over"  # the resumed worker's late attempt at the step is over
+RELEASED_BLOCKED = RESUMED_BLOCKED
 # Every kind a harness action may have.
 HARNESS_KINDS = frozenset({SPAWN, KILL, STOP, CONT, EXIT, BOUND_HIT, DOWNSTREAM_RESTART, TARGET_RESTART,
                            STORE_RESTART, AFTER_QUIESCENT, TERMINATE_BACKEND, INFRASTRUCTURE_FAILURE,
-                           STARVED, REPLACEMENTS_STOPPED, LATE_GRACE_OVER})
+                           STARVED, REPLACEMENTS_STOPPED, LATE_GRACE_OVER, UNFIRED_GIVEN_UP, HELD})

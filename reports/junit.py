@@ -41,17 +41,27 @@ def build(results: Sequence[RunResult], *, suite: str, reproduce: Callable[[RunR
     ``tests[i]`` the pytest node id that made it (both optional, written as properties).
     ``expect[i]``, when given and not None, names the invariant run ``i`` must violate (a mutant in
     ``selftest``): the case passes when it is violated, and fails when the mutant got away.
+
+    What the runs' faults exercised (:mod:`killpoint.harness.exercise`) is a property of each case
+    and of the suite; when the runs together are unknown for it (no pause exercised a takeover, an
+    expectation never reached), one more case, ``exercise``, is an ``<error>`` naming why.
     """
+    from killpoint.harness.exercise import matrix_reasons, total
+
+    tally = total(r.exercise for r in results)
+    whole = matrix_reasons(tally) if expect is None else ()
     reports = list(reports) if reports is not None else [None] * len(results)
     tests = list(tests) if tests is not None else [None] * len(results)
     expected = list(expect) if expect is not None else [None] * len(results)
     missed = [r for r, e in zip(results, expected) if e is not None and e not in _violated(r)]
     failures = sum(1 for r, e in zip(results, expected) if e is None and r.valid is False) + len(missed)
-    errors = sum(1 for r, e in zip(results, expected) if e is None and r.valid is None)
+    errors = sum(1 for r, e in zip(results, expected) if e is None and r.valid is None) + bool(whole)
     total_s = sum(r.duration_s for r in results) if elapsed_s is None else elapsed_s
-    counts = {"tests": str(len(results)), "failures": str(failures), "errors": str(errors),
+    counts = {"tests": str(len(results) + bool(whole)), "failures": str(failures), "errors": str(errors),
               "skipped": "0", "time": f"{total_s:.3f}"}
     root, ts = _suites(suite, counts)
+    if tally.line():
+        ET.SubElement(ET.SubElement(ts, "properties"), "property", {"name": "exercise", "value": clean(tally.line())})
     for n, (r, report, test, must) in enumerate(zip(results, reports, tests, expected), start=1):
         schedule = str(r.config.schedule) or "no faults"
         case = ET.SubElement(ts, "testcase", {
@@ -61,7 +71,8 @@ def build(results: Sequence[RunResult], *, suite: str, reproduce: Callable[[RunR
         line = reproduce(r)
         for name, value in (("schedule", str(r.config.schedule)), ("target", r.config.target_name),
                             ("seed", str(r.config.seed)), ("run_id", r.run_id), ("reproduce", line),
-                            ("report", report), ("test", test)):
+                            ("report", report), ("test", test),
+                            ("exercise", r.exercise.tally().line() if r.exercise is not None else None)):
             if value is not None:
                 ET.SubElement(props, "property", {"name": name, "value": clean(value)})
         if must is not None:
@@ -90,6 +101,10 @@ def build(results: Sequence[RunResult], *, suite: str, reproduce: Callable[[RunR
             error.text = clean("\n".join([*reasons, f"reproduce: {line}"]))
         out = ET.SubElement(case, "system-out")
         out.text = clean(f"reproduce: {line}" + (f"\nreport: {report}" if report else ""))
+    if whole:
+        case = ET.SubElement(ts, "testcase", {"classname": "killpoint", "name": "exercise", "time": "0.000"})
+        error = ET.SubElement(case, "error", {"message": clean(_clip(f"unknown: {whole[0]}")), "type": "not exercised"})
+        error.text = clean("\n".join([*whole, f"exercised: {tally.line()}"]))
     ET.indent(root)
     return ET.ElementTree(root)
 

@@ -85,6 +85,9 @@ class Banner:
     virtual: bool = False
     run_time: str = ""
     clock: str = ""  # what the times are, in words (narrate.clock_note)
+    # What the faults provoked (harness.exercise): the run's counts in a line, and one line per fault.
+    exercise: str = ""
+    provoked: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -355,9 +358,29 @@ def build_run(result: RunResult, *, max_events: int = DEFAULT_MAX_EVENTS,
         unknown_reasons=tuple(str(r) for r in verdict.unknown_reasons),
         violated=tuple(dict.fromkeys(r.invariant for r in verdict.results if r.valid is False)),
         reproduce=reproduce, virtual=bool(c.virtual_time), run_time=run_time(span(history)),
-        clock=clock_note(bool(c.virtual_time)))
+        clock=clock_note(bool(c.virtual_time)),
+        exercise=result.exercise.tally().line() if result.exercise is not None else "",
+        provoked=tuple(_provoked_line(p) for p in result.exercise.faults) if result.exercise is not None else ())
     return RunReport(banner, invariants, violations, timeline, rows, ledger, len(shown), len(events),
                      focus if (focus_table and focus) else ())
+
+
+def _provoked_line(p: Any) -> str:
+    """What one fired fault provoked, in words (see :class:`killpoint.harness.exercise.Provoked`)."""
+    if p.exempt:
+        return f"{p.fault}: {p.exempt}"
+    if p.action in ("kill", "terminate"):
+        taken = f"its step taken up by {p.recovered_by}" if p.recovered_by else "its step not taken up again"
+        return f"{p.fault}: {taken}"
+    if p.takeover_by is None:
+        return f"{p.fault}: no takeover" + (" (not exercised: not evidence for valid)" if not p.exercised else "")
+    late = []
+    if p.late_write:
+        late.append(f"its late commit {p.late_write}")
+    if p.late_call:
+        late.append(f"its late call {p.late_call}")
+    return (f"{p.fault}: taken over by {p.takeover_by} (its {p.takeover_evidence})"
+            + (f"; {', '.join(late)}" if late else ""))
 
 
 # -- the timeline ---------------------------------------------------------------------------------
@@ -747,6 +770,9 @@ class IndexReport:
     filters: tuple[Filter, ...]
     invariants: tuple[tuple[str, int, int, int], ...]  # name, runs checked, violated, not applicable
     counts: tuple[tuple[str, int], ...]  # verdict word, runs
+    exercise: str = ""  # what the runs' faults provoked, in a line (harness.exercise)
+    # Why the runs together are unknown whatever each one's verdict (no pause exercised a takeover...)
+    whole_reasons: tuple[str, ...] = ()
 
     @property
     def has_tests(self) -> bool:
@@ -754,6 +780,7 @@ class IndexReport:
 
     def to_json(self) -> dict[str, Any]:
         return {"title": self.title, "valid": {"valid": True, "violated": False}.get(self.verdict),
+                "exercise": self.exercise, "unknown_reasons": list(self.whole_reasons),
                 "runs": [{"run_id": r.run_id, "verdict": r.verdict, "schedule": r.schedule,
                           "href": r.href, "violated": list(r.violated), "reproduce": r.reproduce,
                           "test": r.test}
@@ -804,6 +831,12 @@ def build_index(results: Sequence[RunResult], hrefs: Sequence[str | None], *, ti
                              round(r.duration_s * 1000, 1), cmd, test))
     rows.sort(key=lambda row: (_ORDER[row.verdict], row.position))
     counts = tuple((w, sum(1 for row in rows if row.verdict == w)) for w in ("violated", "unknown", "valid"))
-    overall = verdict_word(rank(r.verdict.valid for r in results)) if results else "unknown"
+    from killpoint.harness.exercise import matrix_reasons, total
+
+    tally = total(r.exercise for r in results)
+    whole = matrix_reasons(tally)
+    valid = rank(r.verdict.valid for r in results) if results else None
+    overall = verdict_word(None if valid is True and whole else valid)
     return IndexReport(title, overall, tuple(rows), filters,
-                       tuple((n, checked[n], violated_runs[n], na_runs[n]) for n in names), counts)
+                       tuple((n, checked[n], violated_runs[n], na_runs[n]) for n in names), counts,
+                       tally.line(), whole)

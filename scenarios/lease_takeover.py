@@ -20,6 +20,13 @@ to look a receipt up by key: whoever wants to know what happened under K must se
    1: the store's compare-and-set on (state version, lease version, owner) matches no row, and the
    write is refused and recorded as ``commit_rejected``.
 
+5. Again, with A coming back in the takeover window instead (``pause(until=after_claim)``): once
+   B has claimed the step, and before B calls or commits (B waits at its ``after_claim`` meanwhile).
+   A's late retry leaves with K and fence 1 while the provider has not seen fence 2 yet: it gets
+   the stored answer back (a replay, no new effect). A writes ``succeeded`` with fence 1, and the
+   store's compare-and-set refuses it: in this window the store's fence is the only gate. B then
+   goes on, and commits ``succeeded`` with fence 2.
+
 Why a special worker: the reference worker, on a lost answer, stops and leaves the step to
 recovery, and never writes after a stale fence, so A's late call would not happen. This story's A
 is the reference worker (or, with ``--target mutant:NAME``, that mutant) plus the retrying client
@@ -183,9 +190,49 @@ def run(session: Session, *, target: str | WorkerFn = "reference", seed: int = 0
                  "the same key with another amount got 422 intent_conflict, never the old result",
                  f"{q3.status} {q3.body}" if q3 else "no answer")
     _answers(story, h, key, amount, other["amount"], q3, seed)
+    _in_the_window(story, session, target, seed, store, wl, key)
     story.conclude("one charge, two gates: the provider refused A's late call by its fence, the "
-                   "store refused A's late commit by its fence; B, with the current fence, won.")
+                   "store refused A's late commit by its fence; B, with the current fence, won. In "
+                   "the takeover window the provider had not seen B's fence yet, and the store's "
+                   "fence alone refused A.")
     return story
+
+
+def _in_the_window(story: Story, session: Session, target: str | WorkerFn, seed: int, store: str,
+                   wl: Workload, key: str | None) -> None:
+    """Step 5: A comes back once B claimed the step, before B's call and commit."""
+    result = story.run(session, config(target_for(target), seed, store,
+                                       f"A@{STEP}.{RETRY_POINT}:1*pause(until=after_claim)",
+                                       points=(RETRY_POINT,), wraps=target, workload=wl.name,
+                                       workload_spec=wl, workers=2),
+                       "again, with A back in the takeover window: after B's claim, before its commit",
+                       [(INSTANCE, STEP)])
+    h = result.history
+    claims = h.store_events(INSTANCE, STEP, vocab.CLAIMED)
+    commits = h.store_events(INSTANCE, STEP, vocab.COMMITTED)
+    refused = h.store_events(INSTANCE, STEP, vocab.COMMIT_REJECTED)
+    resumed = [e for e in h.of(vocab.HARNESS) if e.kind == vocab.CONT and e.get("worker") == "A"]
+    b_claim = [c for c in claims if c.get("worker") == "B"]
+    story.expect(resumed and resumed[0].get("why") == vocab.RESUMED_AT and b_claim and commits
+                 and b_claim[0].index < resumed[0].index < commits[0].index,
+                 "A came back once B had claimed the step (fence 2), before B's commit",
+                 who(resumed, "why", "reason"))
+    calls = [e for e in h.requests(key=key) if (e.get("meta") or {}).get("worker") in ("A", "B")]
+    late = [e for e in calls if e.get("meta", {}).get("worker") == "A"][1:]
+    story.expect(late and late[0].get("fence") == 1 and late[0].get("outcome") == vocab.REPLAY
+                 and not late[0].get("applied") and late[0].index > resumed[0].index,
+                 "A's late call with K and fence 1, in the window, got the stored answer back: a "
+                 "replay, no new effect (the provider had not seen fence 2 yet)",
+                 who(late, "status", "outcome", "fence"))
+    story.expect([(c.get("worker"), c.get("fence")) for c in refused] == [("A", 1)],
+                 "A's commit with fence 1 was refused by the store", who(refused, "worker", "fence"))
+    story.expect([(c.get("worker"), c.get("fence"), c.get("to_state")) for c in commits]
+                 == [("B", 2, states.SUCCEEDED)],
+                 "B's commit with fence 2 was accepted (succeeded), and no other commit",
+                 who(commits, "worker", "fence", "to_state"))
+    effects = h.applied(instance=INSTANCE, step=STEP)
+    story.expect(len(effects) == 1 and effects[0].get("key") == key,
+                 "exactly one applied effect for K", f"{len(effects)}: " + who(effects, "key", "fence"))
 
 
 def _answers(story: Story, h: History, key: str | None, amount: int, other: int, q3: Answer | None, seed: int) -> None:

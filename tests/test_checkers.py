@@ -785,6 +785,23 @@ def test_receipt_first_flags_a_commit_recorded_before_its_receipt():
     assert (v.step, v.events) == ("charge", (1,)) and "'k1'" in v.detail
 
 
+def test_receipt_first_speaks_once_per_worker_and_names_the_key_the_worker_sent():
+    """A worker that commits before its receipt does so at every step: one violation for the worker
+    (not one line per committed step, 370 a matrix), naming the key it sent, not killpoint's."""
+    two = StepConfig("order-2", "charge", "payment", "k2")
+    h = build([receipt(0.5, key="other", inst="order-9"),
+               claimed(1, "order-1", "charge", "A", 1, 2), request(1.5, key="order-1/charge/mine"),
+               committed(3, "order-1", "charge", "A", 1, 3),
+               claimed(4, "order-2", "charge", "A", 1, 2), committed(5, "order-2", "charge", "A", 1, 3),
+               claimed(6, "order-2", "charge", "B", 2, 4), committed(7, "order-2", "charge", "B", 2, 5)],
+              steps=(CHARGE, two))
+    result = receipt_first(h)
+    assert result.valid is False and len(result.violations) == 2  # A and B, once each
+    a = next(v for v in result.violations if v.detail.startswith("A "))
+    assert (a.instance, a.step) == ("order-1", "charge") and len(a.events) == 2
+    assert "(and 1 more step)" in a.detail and "'order-1/charge/mine'" in a.detail and "'k1'" not in a.detail
+
+
 def test_receipt_first_does_not_take_a_failed_receipt_for_a_succeeded_commit():
     h = build([receipt(2, status="failed_permanent"),
                committed(3, "order-1", "charge", "A", 1, 3)], steps=(CHARGE,))

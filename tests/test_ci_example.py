@@ -64,7 +64,7 @@ def test_workflow_killpoint_commands_run_here_and_write_what_the_uploads_collect
         assert "\x1b[" in proc.stdout + proc.stderr or step["run"].split()[1] == "--version"  # FORCE_COLOR
     matrix = ET.parse(tmp_path / "killpoint-results" / "matrix.xml").getroot()
     cases = list(matrix.iter("testcase"))
-    assert len(cases) == 8 and not list(matrix.iter("failure")) and not list(matrix.iter("error"))
+    assert len(cases) == 12 and not list(matrix.iter("failure")) and not list(matrix.iter("error"))
     assert len(list(ET.parse(tmp_path / "killpoint-results" / "replay.xml").getroot().iter("testcase"))) == 1
     explored = ET.parse(tmp_path / "killpoint-results" / "explore.xml").getroot()
     assert len(list(explored.iter("testcase"))) >= 20 and not list(explored.iter("failure"))

@@ -89,15 +89,16 @@ def test_json_mode_prints_exactly_one_object_on_stdout_progress_on_stderr_and_qu
     assert code == 0
     report = json.loads(out)  # the whole of stdout is one object
     assert [r["schedule"] for r in report["results"]] == ["A@charge.after_call:kill",
+                                                          "A@charge.after_call:1*pause(until=after_claim)",
                                                           "A@charge.after_call:1*pause"]
     lines = err.splitlines()
-    assert lines[-2] == "killpoint matrix: 2/2 runs, " + lines[-2].split(", ", 1)[1]
-    assert lines[-1].startswith("killpoint matrix: 2 runs in ") and lines[-1].endswith("(2 valid)")
+    assert lines[-2] == "killpoint matrix: 3/3 runs, " + lines[-2].split(", ", 1)[1]
+    assert lines[-1].startswith("killpoint matrix: 3 runs in ") and lines[-1].endswith("(3 valid)")
     # statistics are always in the JSON: per run and in total
-    assert report["points"]["fired"] == {"after_call": {"A": {"kill": 1, "pause": 1}}}
-    assert [r["points"]["fired_total"] for r in report["results"]] == [1, 1]
+    assert report["points"]["fired"] == {"after_call": {"A": {"kill": 1, "pause": 2}}}
+    assert [r["points"]["fired_total"] for r in report["results"]] == [1, 1, 1]
     code, out, err = run_cli(capsys, "matrix", "--json", "--quiet", "--points", "after_call", "--steps", "charge")
-    assert code == 0 and json.loads(out)["runs"] == 2 and err == ""
+    assert code == 0 and json.loads(out)["runs"] == 3 and err == ""
 
 
 def test_demo_tells_the_story_ends_with_one_caught_bug_and_exits_0(capsys):
@@ -531,7 +532,7 @@ def test_matrix_into_a_pipe_shows_progress_lines_on_stderr_while_it_runs_and_a_c
         first = proc.stderr.readline()
         waited = time.monotonic() - started
         assert proc.poll() is None, "the first progress line came only at the end"
-        assert first.startswith("killpoint matrix: 0/17 runs"), (first, waited)
+        assert first.startswith("killpoint matrix: 0/24 runs"), (first, waited)
         out, err = proc.communicate(timeout=HANG_S)
     finally:
         if proc.poll() is None:
@@ -539,8 +540,8 @@ def test_matrix_into_a_pipe_shows_progress_lines_on_stderr_while_it_runs_and_a_c
             proc.wait()
     assert proc.returncode == 0
     lines = [first.rstrip("\n")] + err.splitlines()
-    assert any(line.startswith("killpoint matrix: 17/17 runs") for line in lines)
-    assert lines[-1].startswith("killpoint matrix: 17 runs in ") and lines[-1].endswith("(17 valid)")
+    assert any(line.startswith("killpoint matrix: 24/24 runs") for line in lines)
+    assert lines[-1].startswith("killpoint matrix: 24 runs in ") and lines[-1].endswith("(24 valid)")
     assert "killpoint matrix:" not in out and "\x1b" not in out + err  # NO_COLOR: no escape codes
     assert out.rstrip().endswith(": valid")
 
@@ -637,9 +638,10 @@ def test_stats_show_the_points_that_fired_per_run_and_in_total(capsys):
     assert code == 0
     assert "A@charge.after_call:kill: after_call A kill x1" in out
     assert "A@charge.after_call:1*pause: after_call A pause x1" in out
-    table = out.split("crash points over 2 run(s), 2 fired:")[1].splitlines()
+    assert "A@charge.after_call:1*pause(until=after_claim): after_call A pause x1" in out
+    table = out.split("crash points over 3 run(s), 3 fired:")[1].splitlines()
     rows = {tuple(line.split()[:3]) for line in table if line.strip().startswith("after_call")}
-    assert rows == {("after_call", "kill", "1"), ("after_call", "pause", "1")}
+    assert rows == {("after_call", "kill", "1"), ("after_call", "pause", "2")}
 
 
 def test_replay_narrates_the_run_and_a_failure_without_report_dir_says_how_to_get_the_report(capsys):
@@ -782,8 +784,8 @@ def test_each_command_leaves_only_its_own_runs_in_the_report_dir(capsys, tmp_pat
     where = tmp_path / "rep"
     code, out, _ = run_cli(capsys, "matrix", "--steps", "charge", "--points", "after_call,before_commit",
                            "--target", "mutant:no-fence-check", "--report-dir", str(where), "--json")
-    assert code == 1 and len(json.loads(out)["results"]) == 4
-    assert sorted(p for p in os.listdir(where) if p.endswith(".html"))[-1] == "run-0004.html"
+    assert code == 1 and len(json.loads(out)["results"]) == 6
+    assert sorted(p for p in os.listdir(where) if p.endswith(".html"))[-1] == "run-0006.html"
     code, out, _ = run_cli(capsys, "replay", "A@charge.after_call:1*pause", "--target",
                            "mutant:no-fence-check", "--report-dir", str(where), "--json")
     assert code == 1

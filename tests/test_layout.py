@@ -69,7 +69,9 @@ def test_the_generator_gives_the_matrix_the_command_runs_in_its_order():
     assert [str(p.schedule) for p in single] == ["A@charge.after_call:kill", "A@charge.heartbeat:hang"]
     assert all(p.overrides() == {} for p in single)
     paused = generator.matrix(["charge"], ["after_call"], actions=("kill", "pause"))
-    assert [str(p.schedule) for p in paused] == ["A@charge.after_call:kill", "A@charge.after_call:1*pause"]
+    assert [str(p.schedule) for p in paused] == ["A@charge.after_call:kill",
+                                                 "A@charge.after_call:1*pause(until=after_claim)",
+                                                 "A@charge.after_call:1*pause"]
     pairs = generator.matrix(["charge"], ["after_call", "before_commit"], depth=2)
     assert len(pairs) == 2 * 2 * 2  # points x points x forms
     text = {str(p.schedule): p.overrides() for p in pairs}

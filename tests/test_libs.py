@@ -61,6 +61,23 @@ def assert_keyed_valid_everywhere(target: str, code: int, out: dict) -> None:
     assert out["invariants"]["no_duplicate_effects"]["checked"] == out["runs"]
 
 
+def assert_keyed_valid_where_exercised(target: str, code: int, out: dict) -> None:
+    """As :func:`assert_keyed_valid_everywhere`, for a library whose other workers may never take a
+    frozen worker's work over (DBOS recovers only a dead executor's workflows; LangGraph's other
+    workers give up on a held lease): every run is valid but those whose pause provoked no takeover,
+    which are unknown for that alone, said as not exercised, never counted valid."""
+    if code == 0:
+        assert_keyed_valid_everywhere(target, code, out)
+        return
+    assert (code, out["valid"], out["violations"]) == (3, None, []), out["unknown"]
+    assert out["unknown"] and all(all("not exercised" in why for why in u["reasons"]) and ":1*pause" in u["schedule"]
+                                  for u in out["unknown"]), out["unknown"]
+    assert out["exercise"]["pauses_exercised"] < out["exercise"]["pauses"]
+    assert all(r["valid"] is True for r in out["results"] if ":1*pause" not in r["schedule"])
+    assert all(not r["unfired"] for r in out["results"])
+    assert fired_points(out) == declared_points(target)
+
+
 def assert_naive_caught(code: int, out: dict, *, same_step: bool = True) -> None:
     assert (code, out["valid"]) == (1, False), out["unknown"]
     assert {v["invariant"] for v in out["violations"]} == {"no_duplicate_effects"}
@@ -75,17 +92,21 @@ def test_dbos_naive_matrix_exits_1_on_the_duplicate_a_rerun_step_applies():
     need("dbos")
     code, out = matrix("dbos:naive")
     assert_naive_caught(code, out)
-    # DBOS re-runs a step killed before its output was recorded, never one whose output was
-    assert {v["schedule"].split(":")[0].split(".")[-1] for v in out["violations"]} == {"after_call"}
+    # DBOS re-runs a step killed before its output was recorded, never one whose output was; a
+    # worker frozen before its call that comes back after another worker recovered the workflow
+    # (started once its lease would have lapsed) may make its stale call too
+    kills = {v["schedule"].split(":")[0].split(".")[-1] for v in out["violations"] if "pause" not in v["schedule"]}
+    assert kills == {"after_call"}
+    assert {v["schedule"].split(":")[0].split(".")[-1] for v in out["violations"]} <= {"after_call", "before_call"}
     # DBOS's operation outputs (history()) and workflow statuses (final_states()) let more judge
     for name in ("version_chain", "legal_transitions", "effects_accounted", "terminates"):
         assert out["invariants"][name]["checked"] == out["runs"], name
 
 
-def test_dbos_keyed_matrix_is_valid_with_every_declared_point_fired():
+def test_dbos_keyed_matrix_is_valid_where_its_faults_were_exercised_with_every_declared_point_fired():
     need("dbos")
     code, out = matrix("dbos:keyed")
-    assert_keyed_valid_everywhere("dbos:keyed", code, out)
+    assert_keyed_valid_where_exercised("dbos:keyed", code, out)
 
 
 def test_dbos_a_replacement_of_a_replacement_recovers_under_the_dead_executors_id():
@@ -133,10 +154,10 @@ def test_langgraph_naive_matrix_exits_1_on_the_duplicate_a_resumed_node_applies(
     assert {"A@reserve.after_call:kill", "A@charge.after_call:kill"} <= {v["schedule"] for v in out["violations"]}
 
 
-def test_langgraph_keyed_matrix_is_valid_with_every_declared_point_fired():
+def test_langgraph_keyed_matrix_is_valid_where_its_faults_were_exercised_with_every_declared_point_fired():
     need("langgraph")
     code, out = matrix("langgraph:keyed")
-    assert_keyed_valid_everywhere("langgraph:keyed", code, out)
+    assert_keyed_valid_where_exercised("langgraph:keyed", code, out)
 
 
 def test_langgraph_exit_durability_reruns_a_finished_node_that_sync_durability_keeps():

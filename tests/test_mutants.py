@@ -18,7 +18,8 @@ from killpoint.harness.targets import resolve
 REQUIRED = {"random-request-id", "no-fence-check", "local-clock-lease", "retry-unsafe",
             "auto-resolve-manual", "commit-before-call", "no-cas", "unbounded-retry",
             "downstream-ignores-intent", "no-heartbeat-progress", "trust-checkpoint",
-            "renew-by-instance", "fence-reset", "commit-before-receipt"}
+            "renew-by-instance", "fence-reset", "commit-before-receipt", "state-guarded-commit",
+            "gives-up-on-held-lease"}
 
 
 @pytest.fixture(scope="module")

@@ -43,7 +43,6 @@ REFERENCE_SUITE = '''
 import os
 
 import pytest
-from hang import HANG_S
 
 
 def test_one_run(killpoint):
@@ -280,17 +279,22 @@ def test_the_marker_makes_one_item_per_crash_point_narrowed_by_the_points_option
     items = collected(inprocess(pytester, "--collect-only", "-q"))
     # As killpoint matrix: a kill at every point (a hang at the heartbeat), then a pause past the
     # lease at every point where one is held.
+    # lease at every point where one is held, coming back in the takeover window and after the
+    # new holder's commit.
+    def pauses(where):
+        return [f"{where}-pause-until-after_claim", f"{where}-pause"]
+
     assert items == [f"test_every_point[{p}]" for p in every] + [
-        f"test_every_point[{p}-pause]" for p in lease_held] + [
-        "test_checkout[after_call]", "test_checkout[in_call]",
-        "test_checkout[after_call-pause]", "test_checkout[in_call-pause]",
-        "test_steps[reserve.after_call]", "test_steps[charge.after_call]",
-        "test_steps[reserve.after_call-pause]", "test_steps[charge.after_call-pause]"]
+        f"test_every_point[{i}]" for p in lease_held for i in pauses(p)] + [
+        "test_checkout[after_call]", "test_checkout[in_call]"] + [
+        f"test_checkout[{i}]" for i in pauses("after_call") + pauses("in_call")] + [
+        "test_steps[reserve.after_call]", "test_steps[charge.after_call]"] + [
+        f"test_steps[{i}]" for i in pauses("reserve.after_call") + pauses("charge.after_call")]
     items = collected(inprocess(pytester, "--collect-only", "-q", "--killpoint-points", "after_call"))
-    assert items == ["test_every_point[after_call]", "test_every_point[after_call-pause]",
-                     "test_checkout[after_call]", "test_checkout[after_call-pause]",
-                     "test_steps[reserve.after_call]", "test_steps[charge.after_call]",
-                     "test_steps[reserve.after_call-pause]", "test_steps[charge.after_call-pause]"]
+    assert items == ["test_every_point[after_call]"] + [f"test_every_point[{i}]" for i in pauses("after_call")] + [
+        "test_checkout[after_call]"] + [f"test_checkout[{i}]" for i in pauses("after_call")] + [
+        "test_steps[reserve.after_call]", "test_steps[charge.after_call]"] + [
+        f"test_steps[{i}]" for i in pauses("reserve.after_call") + pauses("charge.after_call")]
 
 
 def test_a_marked_test_that_does_not_take_the_fixture_is_a_collection_error_saying_what_to_write(pytester):
@@ -651,7 +655,8 @@ def test_the_fixture_and_the_marker_schedule_the_same_list_as_killpoint_matrix(c
         return [f"A@{c.step}.{c.point}:{c.action}" for c in _cases(points, steps, actions, None)]
 
     default = cli("--steps", "charge")  # default points and actions: kill and pause
-    assert len(default) == 17 and "A@charge.after_call:1*pause" in default
+    assert len(default) == 24 and "A@charge.after_call:1*pause" in default
+    assert "A@charge.after_call:1*pause(until=after_claim)" in default
     assert [str(p.schedule) for p in _plans(("charge",), DEFAULT_POINTS, 1)] == default
     assert marker(DEFAULT_POINTS, ("charge",), ("kill", "pause")) == default
     kills = cli("--steps", "charge", "--points", "after_call,in_call", "--actions", "kill")

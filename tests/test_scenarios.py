@@ -95,6 +95,11 @@ def test_lease_takeover_shows_both_refusals_and_one_effect(capsys):
     assert "applied effects for K: 1" in out
     assert "-> 422 intent_conflict" in out  # question 3, asked for real
     assert "with no migration registered: refused" in out  # question 4
+    # step 5: A back in the takeover window, after B's claim and before its commit: the provider
+    # replays A's late call (it has not seen fence 2), and the store's fence alone refuses A
+    assert "held B" in out and "B reached after_claim of order-1/charge, the moment its pause waited for" in out
+    assert "downstream: A -> payment key order-1:charge:payment-v1 fence 1: 200 replay" in out
+    assert "ok   [run 2] A came back once B had claimed the step (fence 2), before B's commit" in out
 
 
 def test_scenario_json_has_the_design_shape_and_the_storys_checks(capsys):

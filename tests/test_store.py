@@ -629,3 +629,35 @@ def test_eight_workers_race_on_postgres_under_kills_and_pauses(pg_dsn, monkeypat
 def test_eight_workers_race_on_postgres_for_200_runs(pg_dsn):
     """Protects: issue 7's race test in full — at least 200 runs, every invariant valid."""
     _assert_race_valid(_race_runs(pg_dsn, 200, seed=1000))
+
+
+def test_a_sqlite_store_set_up_from_its_template_is_the_one_set_up_fresh(tmp_path):
+    """A run's SQLite store starts as a copy of the first store set up with the same instances:
+    the same instances, steps and created events as a set-up from scratch, its events timed by
+    this set-up (in order, after the first's), and a later write works on it as on a fresh one."""
+    from killpoint.harness.store import sqlite as sq
+
+    sq._TEMPLATES.clear()
+    fresh = open_store("sqlite", str(tmp_path), "fresh")
+    fresh.setup(INSTANCES)  # from scratch; kept as the template
+    assert len(sq._TEMPLATES) == 1
+    copied = open_store("sqlite", str(tmp_path), "copied")
+    copied.setup(INSTANCES)  # from the template
+    other = open_store("sqlite", str(tmp_path), "other")
+    other.setup(INSTANCES[:1])  # other instances: from scratch, a template of its own
+    assert len(sq._TEMPLATES) == 2
+    try:
+        def timeless(store: Store) -> list[dict[str, Any]]:
+            return [{k: v for k, v in e.items() if k not in ("t", "db_time")} for e in store.events()]
+
+        assert copied.steps() == fresh.steps()
+        assert timeless(copied) == timeless(fresh)
+        assert [r["instance"] for r in other.steps()] == ["order-1"] * 3
+        t_fresh, t_copied = [e["t"] for e in fresh.events()], [e["t"] for e in copied.events()]
+        assert t_copied == sorted(t_copied) and min(t_copied) > max(t_fresh)
+        assert min(e["db_time"] for e in copied.events()) >= max(e["db_time"] for e in fresh.events())
+        take(copied)
+        assert kinds(copied) == ["created", "claimed"]
+    finally:
+        for s in (fresh, copied, other):
+            s.drop()

@@ -235,7 +235,7 @@ def receipt_first(history: History) -> Result:
     events = history.typed(StoreEvent)
     if not any(e.kind == v.RECEIPT_RECORDED for e in events):
         return _result(name, False, [], "the target recorded no receipt")
-    violations: list[Violation] = []
+    early: dict[Any, list[tuple[StepId, str, str, StoreEvent]]] = {}  # worker -> its commits before a receipt
     receipts: dict[Any, StoreEvent] = {}  # key -> its first succeeded receipt
     # step -> a succeeded receipt recorded for it, under any key, since its last succeeded commit
     fresh: dict[StepId, StoreEvent] = {}
@@ -260,8 +260,26 @@ def receipt_first(history: History) -> Result:
             continue
         checked = True
         if key not in receipts and own is None:
-            violations.append(Violation(
-                name, sid[0], sid[1],
-                f"{e.worker} committed step {sid[1]} of {sid[0]} {to_state} before any "
-                f"succeeded receipt for key {key!r} was recorded", (e.index,)))
+            early.setdefault(e.worker, []).append((sid, to_state, key, e))
+    # One violation per worker (a worker that commits first does so at every step: hundreds of lines
+    # a matrix said the same thing), naming the key the worker itself sent for its first such step.
+    violations: list[Violation] = []
+    for worker, commits in early.items():
+        sid, to_state, key, first = commits[0]
+        sent = _sent_key(history, sid, worker, COMPENSATION if to_state == COMPENSATED else FORWARD) or key
+        more = f" (and {len(commits) - 1} more step{'s' if len(commits) > 2 else ''})" if len(commits) > 1 else ""
+        violations.append(Violation(
+            name, sid[0], sid[1],
+            f"{worker} committed step {sid[1]} of {sid[0]} {to_state}{more} before any succeeded receipt "
+            f"was recorded for it; the key it sent was {sent!r}",
+            tuple(c[3].index for c in commits[:20])))
     return _result(name, checked, violations)
+
+
+def _sent_key(history: History, sid: StepId, worker: Any, direction: str) -> Any:
+    """The idempotency key ``worker`` sent for step ``sid`` in ``direction`` (any worker's when it
+    sent none)."""
+    rows = [r for r in history.typed(Request) if (r.meta.instance, r.meta.step) == sid and r.direction == direction]
+    mine = [r for r in rows if r.meta.worker == worker and r.key is not None]
+    keyed = mine or [r for r in rows if r.key is not None]
+    return keyed[0].key if keyed else None

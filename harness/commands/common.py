@@ -10,7 +10,7 @@ import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 from killpoint import vocab
 from killpoint.chaos.points import DB_POINTS, DEFAULT_POINTS, ORDERED_POINTS, POINTS
@@ -21,6 +21,9 @@ from killpoint.harness.run import RunConfig, RunResult
 from killpoint.harness.stats import PointStats
 from killpoint.harness.stats import total as total_stats
 from killpoint.harness.worker import REAL_TIME_TIMING, Timing
+
+if TYPE_CHECKING:
+    from killpoint.harness.exercise import Tally
 
 EXIT_VALID, EXIT_VIOLATED, EXIT_BAD_INPUT, EXIT_UNKNOWN = 0, 1, 2, 3
 
@@ -306,6 +309,8 @@ def run_config(args: argparse.Namespace, schedule, **overrides: Any) -> RunConfi
                            f"the target does not declare; it declares {', '.join(declared.points)}")
     validate_store(args.store, schedule)
     virtual = not getattr(args, "real_time", False)
+    if getattr(args, "real_time", None) is False and declared.owns_state and not declared.run_clock:
+        _warn_off_the_clock(target)
     timing = getattr(args, "timing", None) or {}
     values = dict(schedule=schedule, target=target, workload=workload, workers=args.workers,
                   seed=args.seed, store=args.store, virtual_time=virtual,
@@ -313,6 +318,20 @@ def run_config(args: argparse.Namespace, schedule, **overrides: Any) -> RunConfi
                   if timing else None)
     values.update(overrides)
     return RunConfig(**values)
+
+
+def _warn_off_the_clock(target: str) -> None:
+    """``--no-real-time`` for a target that owns its state and does not read its time from the run
+    clock: said once, instead of running it in real time without a word."""
+    import warnings
+
+    from killpoint.errors import KillpointWarning
+
+    warnings.warn(f"--no-real-time: {target} keeps its state, and its leases' times, in a store of its own, "
+                  f"whose clock the run clock cannot move, so it runs in real time with short timings "
+                  f"(lease {REAL_TIME_TIMING.lease_ttl_ms:g} ms); to run it on the run clock, compute its "
+                  f"leases from ctx.clock.now(), wait through ctx.clock and declare "
+                  f"@killpoint.target(..., run_clock=True)", KillpointWarning, stacklevel=1)
 
 
 def validate_store(spec: str, schedule=None) -> None:
@@ -360,7 +379,32 @@ class Summary:
     def valid(self) -> bool | None:
         from killpoint.harness.checkers.base import rank
 
-        return rank(r.valid for r in self.results) if self.results else None
+        if not self.results:
+            return None
+        valid = rank(r.valid for r in self.results)
+        return None if valid is True and self.reasons() else valid
+
+    def exercise(self) -> "Tally":
+        """What the runs' faults provoked, over all of them (:mod:`killpoint.harness.exercise`)."""
+        from killpoint.harness.exercise import total
+
+        return total(r.exercise for r in self.results)
+
+    def target_errors(self) -> list[tuple[str, int]]:
+        """What the target's hooks did wrong (a history() of unknown kinds or bad fields, a hook
+        that raised), each with the number of runs it happened in: said once per command, also
+        where the runs came out violated (the cause was once only in each run's HTML)."""
+        counts: Counter[str] = Counter()
+        for r in self.results:
+            counts.update(dict.fromkeys(r.target_errors, 1))
+        return list(counts.items())
+
+    def reasons(self) -> tuple[str, ...]:
+        """Why the runs together are unknown whatever each one's verdict: no pause exercised a
+        takeover, or a declared expectation (killpoint.sometimes) was never reached."""
+        from killpoint.harness.exercise import matrix_reasons
+
+        return matrix_reasons(self.exercise())
 
     def exit_code(self) -> int:
         v = self.valid
@@ -405,13 +449,16 @@ class Summary:
             **({"junit_error": self.junit_error} if self.junit_error else {}),
             "unknown": [{"schedule": str(r.config.schedule), "reasons": list(r.verdict.unknown_reasons)}
                         for r in self.results if r.valid is None],
-            "unknown_reasons": list(dict.fromkeys(reason for r in self.results if r.valid is None
-                                                  for reason in r.verdict.unknown_reasons)),
+            "unknown_reasons": list(dict.fromkeys([*self.reasons(), *(
+                reason for r in self.results if r.valid is None for reason in r.verdict.unknown_reasons)])),
+            "exercise": self.exercise().to_json(),
+            "target_errors": [{"error": e, "runs": n} for e, n in self.target_errors()],
             "results": [{"schedule": str(r.config.schedule), "target": r.config.target_name,
                          "valid": r.valid, "fired": r.fired, "unfired": list(r.unfired),
                          "workers_spawned": r.spawned, "duration_ms": round(r.duration_s * 1000, 1),
                          "run_id": r.run_id, "seed": r.config.seed, "store": redact(r.config.store),
-                         "points": s.to_json()}
+                         "points": s.to_json(),
+                         "exercise": r.exercise.to_json() if r.exercise is not None else None}
                         for r, s in zip(self.results, self.point_stats())],
             "points": total_stats(self.point_stats()).to_json(),
         }
@@ -641,6 +688,8 @@ def print_judgement(summary: Summary, results: Sequence[RunResult], *, reproduce
         if r.valid is None:
             for reason in r.verdict.unknown_reasons:
                 print(f"\n{paint.verdict('UNKNOWN')} {where}: {reason}")
+    for reason in summary.reasons():
+        print(f"\n{paint.verdict('UNKNOWN')} all runs: {reason}")
 
 
 def finish(args: argparse.Namespace, summary: Summary, title: str, lines: Sequence[str] = (),
@@ -664,7 +713,14 @@ def finish(args: argparse.Namespace, summary: Summary, title: str, lines: Sequen
     fired = sum(1 for r in summary.results for n in r.fired.values() if n)
     scheduled = sum(len(r.fired) for r in summary.results)
     judged, total = summary.judged()
-    print(f"\n{len(summary.results)} runs, {fired}/{scheduled} scheduled faults fired, "
-          f"{judged} of {total} invariants judged: {verdict}"
+    for error, n in summary.target_errors():
+        print(f"\n{paint.verdict('TARGET ERROR')} in {n} of {len(summary.results)} runs: {error}")
+    tally = summary.exercise()
+    if tally.line():
+        print(f"\nexercised: {tally.line()}")
+    brief = tally.brief()
+    print(f"\n{len(summary.results)} runs, {fired}/{scheduled} scheduled faults fired"
+          + (f" ({brief})" if brief else "")
+          + f", {judged} of {total} invariants judged: {verdict}"
           + (f"; report: {summary.report}" if summary.report else ""))
     return summary.exit_code()

@@ -88,7 +88,7 @@ def _report(args: argparse.Namespace, search: Exploration) -> int:
     elapsed = search.duration_s
     if minimal is not None:
         code = EXIT_VIOLATED
-    elif search.unknown:
+    elif search.unknown or search.reasons:
         code = EXIT_UNKNOWN
     else:
         code = EXIT_VALID
@@ -111,12 +111,15 @@ def _report(args: argparse.Namespace, search: Exploration) -> int:
             violations = [{**v.to_json(), "schedule": found["schedule"], "reproduce": found["reproduce"]}
                           for v in minimal.result.verdict.violations]
         print(json.dumps({
-            "valid": False if minimal else (None if search.unknown else True),
+            "valid": search.valid,
             "runs": search.runs, "budget": args.budget, "seed": args.seed, "target": args.target,
             "duration_s": round(elapsed, 1), "violations": violations,
             "invariants": search.invariants, "report": shown.report, "minimal": found or None,
             "counterexamples_seen": search.failures, "unfired_only": search.unfired,
-            "points": search.points.to_json(),
+            "not_exercised_only": search.not_exercised,
+            "points": search.points.to_json(), "exercise": search.exercise.to_json(),
+            "unknown_reasons": list(search.reasons) + list(dict.fromkeys(
+                reason for r in search.unknown for reason in r.verdict.unknown_reasons)),
             "unknown": [{"schedule": r.schedule, "reasons": list(r.verdict.unknown_reasons)}
                         for r in search.unknown],
         }, indent=2))
@@ -124,15 +127,22 @@ def _report(args: argparse.Namespace, search: Exploration) -> int:
             print_json_hint(args, shown)
         return code
     print(f"explore {args.target}: {search.runs} runs in {elapsed:.1f} s (budget {args.budget}, "
-          f"seed {args.seed}); {search.valid_runs} valid, {search.unfired} with a drawn fault that never fired")
+          f"seed {args.seed}); {search.valid_runs} valid, {search.unfired} with a drawn fault that never fired, "
+          f"{search.not_exercised} whose drawn pause or hang nobody took over (not exercised)")
+    if search.exercise.line():
+        print(f"exercised: {search.exercise.line()}")
     for r in search.unknown:
         print(f"\nUNKNOWN under {r.schedule}: {'; '.join(r.verdict.unknown_reasons)}")
+    for reason in search.reasons:
+        print(f"\nUNKNOWN: {reason}")
     if args.stats:
         print(f"\ncrash points over {search.points.runs} run(s), {search.points.total_fired} fired:")
         for line in search.points.lines():
             print(f"  {line}")
     if minimal is None:
-        print("\nno violation found" + ("" if not search.unknown else "; some runs could not be judged"))
+        print("\nno violation found" + ("" if not (search.unknown or search.reasons) else
+                                         "; some runs could not be judged" if search.unknown else
+                                         "; the search did not exercise what it had to"))
         _where_report(args, shown)
         return code
     experiment, result = minimal.experiment, minimal.result

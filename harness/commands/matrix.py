@@ -86,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
         # Unless --points narrows it, terminate also runs inside the PostgreSQL store's COMMIT: at
         # the target's points (the ones it declares, and only those) and the store's own.
         terminate_points = points if args.points is not None else points + DB_POINTS
-        plans = generator.matrix(steps, points, depth=1, actions=actions, terminate_points=terminate_points)
+        plans = generator.matrix(steps, points, depth=1, actions=actions, terminate_points=terminate_points,
+                                 order=tuple(declared_target(args).points))
         if not plans:
             raise BadInput(f"--points {shown(','.join(points))} --actions {shown(','.join(actions))}: no run "
                            f"to make: a pause is scheduled only where a lease is held "

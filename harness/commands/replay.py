@@ -101,6 +101,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"  {v.detail}")
     for reason in first.verdict.unknown_reasons:
         print(f"\n{paint.verdict('UNKNOWN')}: {reason}")
+    if first.valid is False:  # its unknown reasons are not printed: what the target's hooks did wrong is
+        for error in first.target_errors:
+            print(f"\n{paint.verdict('TARGET ERROR')}: {error}")
+    for reason in summary.reasons():
+        if reason not in first.verdict.unknown_reasons:
+            print(f"\n{paint.verdict('UNKNOWN')}: {reason}")
     if args.repeat > 1:
         print()
         for n, (valid, names) in enumerate(verdicts, start=1):
@@ -112,7 +118,9 @@ def run(args: argparse.Namespace) -> int:
     hint = report_hint(args, summary)
     if hint:
         print(f"\n{hint}")
+    brief = summary.exercise().brief()
     print(f"\nverdict: {paint.verdict(word[summary.valid])} ({len(summary.results)} run(s)"
+          + (f"; {brief}" if brief else "")
           + (f"; report: {summary.report}" if summary.report else "") + ")")
     print(f"reproduce: {reproduce}")
     return code

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 import uuid
 from typing import Any
@@ -58,7 +57,8 @@ import importlib  # noqa: E402
 for _module in ("billiard.pool", "celery.app.amqp", "celery.app.control", "celery.app.events", "celery.app.routes",
                 "celery.app.trace", "celery.backends.redis", "celery.concurrency.solo", "celery.events.dispatcher",
                 "celery.events.receiver", "celery.fixups.django", "celery.loaders.app", "celery.worker.autoscale",
-                "celery.worker.components", "celery.worker.consumer.consumer", "celery.worker.consumer.delayed_delivery",
+                "celery.worker.components", "celery.worker.consumer.consumer",
+                "celery.worker.consumer.delayed_delivery",
                 "celery.worker.loops", "celery.worker.pidbox", "celery.worker.strategy", "celery.worker.worker",
                 "kombu.asynchronous.hub", "kombu.matcher", "kombu.mixins", "kombu.pidbox", "kombu.transport.redis",
                 "kombu.transport.pyamqp"):

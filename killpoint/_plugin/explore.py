@@ -56,4 +56,4 @@ def explore(handle: "Killpoint", *, target: Any, budget: int | None, seed: int |
     if found.runs > len(runs):  # the valid runs, as one record: an exploration may make thousands
         handle._record(_Run("", True, (), (), "", None), None, target=config.target_name, seed=seed,
                        count=found.runs - len(runs))
-    return _verdict(runs, judged, config.target_name, seed, total=found.runs)
+    return _verdict(runs, judged, config.target_name, seed, total=found.runs, exercise=found.exercise)

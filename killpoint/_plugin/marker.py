@@ -18,7 +18,7 @@ class _Case:
     point: str
     step: str | None
     action: str = "kill"  # the failpoint action, as ``killpoint matrix`` schedules it
-    label: str = ""  # told apart in the id: "pause" for the matrix's pause past the lease
+    label: str = ""  # told apart in the id: "pause" (or "pause-until-MOMENT") for the matrix's pauses
 
     @property
     def id(self) -> str:
@@ -37,8 +37,14 @@ def _cases(points: Sequence[str], steps: Sequence[str] | None, actions: Sequence
     from killpoint.chaos.generator import single_fault_schedules
 
     faults = [s.faults[0] for s in single_fault_schedules(steps_or_any, points, tuple(actions))]
-    return [_Case(f.point, f.step, str(f.actions), "pause" if "pause" in str(f.actions) else "")
+    return [_Case(f.point, f.step, str(f.actions), _label(f.actions.terms[0]) if "pause" in str(f.actions) else "")
             for f in faults]
+
+
+def _label(term: Any) -> str:
+    """A pause's part of an item's id: ``pause``, or ``pause-until-after_claim`` for one that comes
+    back at another worker's point (the matrix has both at each point where A holds a lease)."""
+    return f"pause-until-{term.until}" if term.until else "pause"
 
 
 _MARKER_KEYS = ("points", "target", "workers", "steps", "action", "actions", "workload", "seed", "check")

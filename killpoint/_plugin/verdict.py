@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 if TYPE_CHECKING:
     from killpoint.harness.checkers.base import Violation
@@ -39,6 +39,11 @@ class CrashVerdict:
     target: str
     seed: int
     _runs: tuple[_Run, ...] = field(default=(), repr=False)
+    # What the runs' faults provoked (killpoint.harness.exercise.Tally), and why the runs together
+    # are unknown whatever each one's verdict (no pause exercised a takeover, an expectation of
+    # killpoint.sometimes never reached).
+    exercise: Any = field(default=None, repr=False)
+    whole_reasons: tuple[str, ...] = ()
 
     @property
     def violations(self) -> tuple["Violation", ...]:
@@ -47,7 +52,8 @@ class CrashVerdict:
 
     @property
     def unknown_reasons(self) -> tuple[str, ...]:
-        return tuple(f"{r.schedule or 'no faults'}: {why}" for r in self._runs for why in r.unknown)
+        return tuple(f"{r.schedule or 'no faults'}: {why}" for r in self._runs for why in r.unknown) + \
+            tuple(f"all runs: {why}" for why in self.whole_reasons)
 
     @property
     def reproduce(self) -> tuple[str, ...]:
@@ -64,7 +70,8 @@ class CrashVerdict:
         violated = sum(1 for r in bad if r.valid is False)
         runs = f"{self.runs} crash run{'s' if self.runs != 1 else ''}"
         head = (f"killpoint: {violated} of {runs} violated an invariant" if violated else
-                f"killpoint: {len(bad)} of {runs} could not be judged, so the verdict is unknown")
+                f"killpoint: {len(bad)} of {runs} could not be judged, so the verdict is unknown" if bad else
+                f"killpoint: the {runs} together did not exercise what they had to, so the verdict is unknown")
         lines = [f"{head} (target {self.target}, seed {self.seed})" + (f"; {why}" if why else "")]
         for r in bad:
             if r.violations:
@@ -75,6 +82,10 @@ class CrashVerdict:
                 lines += ["", f"UNKNOWN under {r.schedule or 'no faults'}"]
                 lines += [f"  {reason}" for reason in r.unknown or ("the verdict is unknown",)]
             lines += _tail(r)
+        for reason in self.whole_reasons:
+            lines += ["", f"UNKNOWN over all runs: {reason}"]
+        if self.exercise is not None and self.exercise.line():
+            lines += ["", f"exercised: {self.exercise.line()}"]
         return "\n".join(lines)
 
     def assert_valid(self) -> None:
@@ -94,12 +105,19 @@ def _tail(r: _Run) -> list[str]:
 
 
 def _verdict(runs: Sequence[_Run], results: Sequence["RunResult"], target: str, seed: int, *,
-             total: int | None = None) -> CrashVerdict:
-    """Rank the runs (False > None > True); no runs at all is unknown, never valid."""
+             total: int | None = None, exercise: Any = None) -> CrashVerdict:
+    """Rank the runs (False > None > True); no runs at all is unknown, never valid. ``exercise``:
+    what the runs' faults provoked (default: counted over ``results``); runs that together
+    exercised nothing they had to are unknown (:func:`killpoint.harness.exercise.matrix_reasons`)."""
     from killpoint.harness.checkers.base import rank
+    from killpoint.harness.exercise import matrix_reasons, total as total_of
 
     total = len(runs) if total is None else total
     valid = (rank(r.valid for r in runs) if runs else True) if total else None
+    tally = total_of(r.exercise for r in results) if exercise is None else exercise
+    whole = matrix_reasons(tally) if total else ()
+    if valid is True and whole:
+        valid = None
     first_bad = next((r for r in runs if r.valid is not True and r.report), None)
     report = first_bad.report if first_bad else next((r.report for r in runs if r.report), None)
-    return CrashVerdict(valid, total, tuple(results), report, target, seed, tuple(runs))
+    return CrashVerdict(valid, total, tuple(results), report, target, seed, tuple(runs), tally, whole)
