@@ -54,7 +54,7 @@ def test_the_five_minute_worker_is_valid_and_its_broken_version_is_caught(tmp_pa
     """The README's claim, run: the worker's matrix is valid with every scheduled fault fired, and
     the edit the README suggests (a new key per attempt) exits 1 on no_duplicate_effects."""
     code, report = _matrix(QUICKSTART)
-    assert code == 0 and report["valid"] is True and report["runs"] == 32
+    assert code == 0 and report["valid"] is True and f"{report['runs']} runs, " in _read("README.md")
     assert all(r["unfired"] == [] for r in report["results"])
     source = _read("examples", "quickstart", "my_worker.py")
     edit = "key = step.key(instance)"
