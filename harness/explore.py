@@ -10,8 +10,9 @@ and well past them. :func:`explore` returns what the search found as an
 :class:`Exploration`; the ``killpoint explore`` command prints it and the pytest plugin's
 ``killpoint.explore()`` turns it into a verdict.
 
-Every draw flows from the seed. Hypothesis keeps what it found in ``database`` (laid out as pytest's
-``.hypothesis/``, examples under ``examples/``), so the same search again starts from the last
+Every draw flows from the seed. Hypothesis keeps what it found in ``database`` (a folder laid out as
+pytest's ``.hypothesis/``, a Redis server, or nothing: :mod:`killpoint.harness.examples_db`), so the
+same search again, in this process or any other that names the same database, starts from the last
 counterexample.
 """
 
@@ -21,11 +22,11 @@ import contextlib
 import dataclasses
 import hashlib
 import json
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
+from killpoint.harness.examples_db import DEFAULT_DATABASE, DatabaseSpec, opened, parse_database
 from killpoint.harness.exercise import NOT_EXERCISED, Tally, matrix_reasons, total
 from killpoint.harness.history import History
 from killpoint.harness.run import RunConfig, RunResult, Session
@@ -33,7 +34,6 @@ from killpoint.harness.stats import PointStats
 
 __all__ = ["DEFAULT_DATABASE", "Counterexample", "Exploration", "Experiment", "SAME_IDENTITY", "explore"]
 
-DEFAULT_DATABASE = os.path.join(".killpoint", "hypothesis")
 # Restart rules a run can draw, simplest first: the default mix, always the same identity, never.
 SAME_IDENTITY = (0.5, 1.0, 0.0)
 
@@ -181,13 +181,14 @@ def database_key(config: RunConfig, max_faults: int, steps: Sequence[str], point
 
 
 def explore(config: RunConfig, *, steps: Sequence[str], points: Sequence[str], budget: int = 100,
-            seed: int = 0, max_faults: int = 3, database: str | None = DEFAULT_DATABASE,
+            seed: int = 0, max_faults: int = 3, database: str | DatabaseSpec | None = DEFAULT_DATABASE,
             session: Session | None = None,
             on_run: Callable[[str, RunResult | None], None] | None = None, jobs: int = 1) -> Exploration:
     """Draw up to ``budget`` schedules over ``steps`` x ``points`` from ``seed``, run each with
     ``config`` (its schedule and restart rule replaced), and shrink the first counterexample.
 
-    ``database`` is Hypothesis's folder for the search (None: keep no examples); ``session`` the
+    ``database`` is where Hypothesis keeps the search's examples: a folder, a ``redis://`` URL,
+    ``"none"`` or None (keep nothing, write nothing), or a parsed spec; ``session`` the
     session to run in (default: a new one, closed at the end); ``on_run(schedule, result)`` is
     called before each run (``result`` None) and after it, for progress. ``jobs`` > 1 runs the
     schedules drawn before the first failure, and the confirming replays, that many side by side
@@ -196,7 +197,7 @@ def explore(config: RunConfig, *, steps: Sequence[str], points: Sequence[str], b
     from hypothesis import HealthCheck, Phase, Verbosity, given, settings
     from hypothesis import seed as hypothesis_seed
     from hypothesis import strategies as st
-    from hypothesis.database import DirectoryBasedExampleDatabase, ReadOnlyDatabase
+    from hypothesis.database import ReadOnlyDatabase
     from hypothesis.errors import Flaky
 
     from killpoint.harness.lookahead import Lookahead, drawn
@@ -214,8 +215,7 @@ def explore(config: RunConfig, *, steps: Sequence[str], points: Sequence[str], b
     experiments = st.builds(Experiment, schedules(workers, tuple(steps), points=tuple(points),
                                                   max_faults=max_faults, stalls_ms=stalls),
                             st.sampled_from(SAME_IDENTITY))
-    home = DEFAULT_DATABASE if database is None else database
-    examples = None if database is None else DirectoryBasedExampleDatabase(os.path.join(home, "examples"))
+    spec = database if isinstance(database, DatabaseSpec) else parse_database(database or "none")
     search = _Search()
     started = time.monotonic()
     note = on_run or (lambda schedule, result: None)
@@ -233,6 +233,7 @@ def explore(config: RunConfig, *, steps: Sequence[str], points: Sequence[str], b
         return test  # type: ignore[no-any-return]
 
     with contextlib.ExitStack() as stack:
+        examples, home = stack.enter_context(opened(spec))
         if session is None:
             session = stack.enter_context(Session())
         run = session.run

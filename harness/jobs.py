@@ -61,8 +61,9 @@ def _dumps(message: Any) -> bytes:
 
 
 def _runner(session: "Session", configs: Sequence["RunConfig"], conn: Any, parent_pid: int,
-            inherited: Sequence[Any] = ()) -> None:
-    """A runner process: run the configurations whose indexes arrive, send each result back."""
+            inherited: Sequence[Any] = (), base: int = 0) -> None:
+    """A runner process: run the configurations whose indexes arrive, send each result back. The
+    run of ``configs[i]`` is number ``base + i + 1`` of the session: ids unique across runners."""
     from killpoint.harness.proctitle import set_title
     from killpoint.harness.run import Session
     from killpoint.harness.supervise import _die_with_parent
@@ -89,7 +90,7 @@ def _runner(session: "Session", configs: Sequence["RunConfig"], conn: Any, paren
             if index is None:
                 return
             try:
-                result = own.run(configs[index])
+                result = own.run(configs[index], number=base + index + 1)
             except InvalidTarget as exc:  # bad input, for the parent to raise as such
                 conn.send_bytes(_dumps((index, None, InvalidTarget(str(exc)))))
                 continue
@@ -126,11 +127,12 @@ def run_many(session: "Session", configs: Sequence["RunConfig"], jobs: int) -> I
 
     fork = multiprocess.get_context("fork")
     runners: list[tuple[Any, Any]] = []
+    base = session.reserve(len(configs))  # the runs' numbers, as one process would have given them
     try:
         for _ in range(jobs):
             parent, child = fork.Pipe()
             proc = fork.Process(target=_runner, args=(session, configs, child, os.getpid(),
-                                       [c for _, c in runners] + [parent]),
+                                       [c for _, c in runners] + [parent], base),
                                  name="killpoint-runner")
             with sigint_deferred():
                 proc.start()

@@ -43,6 +43,17 @@ def clock_note(virtual: bool) -> str:
             if virtual else "run time with the clock off (--real-time): wall time")
 
 
+def clock_legend(virtual: bool) -> str:
+    """The line that says once, before a command's stories, what their times are."""
+    return f"Times are {clock_note(virtual)}; \u22ee marks such a wait."
+
+
+def _known(text: str, *values: Any) -> str:
+    """``text`` formatted with ``values``, or "" when any of them is missing: a printed field is
+    filled or left out, never "None"."""
+    return "" if any(x is None for x in values) else text.format(*values)
+
+
 def _ms(e: Event, t0: int) -> str:
     return f"{run_time(e.time - t0):>10}"
 
@@ -126,39 +137,47 @@ def _store(e: StoreEvent) -> str:
     fence = f" with fence {e.fence}" if e.fence is not None else ""
     # A target's own records may not say who wrote a change (procrastinate's job events do not).
     who = e.worker or "a worker"
+    moved = _known("{} -> {}", e.from_state, e.to_state)
     if e.kind == v.CLAIMED:
-        return (f"{who} claimed {where}{fence} "
-                f"(attempt {e.attempt}, {e.from_state} -> {e.to_state})")
+        told = ", ".join(x for x in (_known("attempt {}", e.attempt), moved) if x)
+        return f"{who} claimed {where}{fence}" + (f" ({told})" if told else "")
     if e.kind == v.COMMITTED:
         why = f"; reason: {e.reason}" if e.reason else ""
         whose = f"{e.worker}'s commit" if e.worker else "a commit"
-        return (f"accepted {whose}{fence}: {where} "
-                f"{e.from_state} -> {e.to_state} (state version {e.state_version}"
-                f"{why})")
+        told = _known("state version {}", e.state_version) + why
+        return (f"accepted {whose}{fence}: {where}" + (f" {moved}" if moved else "")
+                + (f" ({told.lstrip('; ')})" if told else ""))
     if e.kind == v.COMMIT_REJECTED:
-        return (f"REFUSED {e.worker}'s commit{fence}: the lease "
-                f"is at fence {e.lease_version}, state version {e.state_version} "
-                f"(expected {e.expected_state_version})")
+        now = ", ".join(x for x in (_known("fence {}", e.lease_version),
+                                    _known("state version {}", e.state_version)) if x)
+        expected = _known(" (expected {})", e.expected_state_version) if now else ""
+        whose = f"{e.worker}'s commit" if e.worker else "a commit"
+        return (f"REFUSED {whose}{fence}: the lease is at {now}{expected}" if now else
+                f"REFUSED {whose}{fence} on {where}: a stale write")
     if e.kind == v.STUCK_FLAGGED:
-        return (f"{e.worker} flagged {e.stuck_owner} stuck on {where}: heartbeat "
-                f"alive, no progress for {e.idle_ms} ms; lease freed")
+        owner = f" {e.stuck_owner}" if e.stuck_owner is not None else ""
+        idle = _known(" for {} ms", e.idle_ms)
+        return f"{who} flagged{owner} stuck on {where}: heartbeat alive, no progress{idle}; lease freed"
     if e.kind == v.RECEIPT_RECORDED:
-        return f"{e.worker} recorded receipt {e.key} = {e.status}"
+        what = f"receipt {e.key}" if e.key is not None else f"a receipt for {where}"
+        return f"{who} recorded {what}" + _known(" = {}", e.status)
     if e.kind == v.OPERATOR_RESOLVED:
-        return (f"operator {e.actor} moved {where} to {e.to_state} "
-                f"(evidence: {e.evidence})")
+        actor = f"operator {e.actor}" if e.actor is not None else "an operator"
+        return f"{actor} moved {where}" + _known(" to {}", e.to_state) + _known(" (evidence: {})", e.evidence)
     if e.kind == v.CREATED:
-        return f"created {where} ({e.to_state})"
+        return f"created {where}" + _known(" ({})", e.to_state)
     if e.kind in (v.RENEWED, v.RELEASED):
-        return f"{e.worker} {e.kind} its lease on {where}{fence}"
+        return f"{who} {e.kind} its lease on {where}{fence}"
     return f"{e.kind} {where}" + (f" by {e.worker}" if e.worker else "")
 
 
 def _request(r: Request) -> str:
     key = r.key or "(no key: legacy)"
     fence = f" fence {r.fence}" if r.fence is not None else ""
-    return (f"{r.meta.worker} -> {r.resource} key {key}{fence}: "
-            f"{r.status} {r.outcome}" + (" (a new effect)" if r.applied else ""))
+    who = r.meta.worker or "a client"
+    answer = " ".join(str(x) for x in (r.status, r.outcome) if x is not None)
+    return (f"{who} -> {r.resource} key {key}{fence}: {answer or 'no answer'}"
+            + (" (a new effect)" if r.applied else ""))
 
 
 def _op(e: WorkerOp) -> str:
@@ -183,13 +202,15 @@ def _worker(e: WorkerEvent) -> str:
     where = f"{e.instance}:{e.step}"
     if e.kind == v.RECOVER:
         source = f" (from the {e.source})" if e.source else ""
-        return (f"recovery evidence: receipt {e.receipt}{source}, retry-safe "
-                f"{e.retry_safe}, {e.attempts}/{e.max_attempts} attempts "
-                f"-> {e.action}")
+        receipt = f"receipt {e.receipt}{source}" if e.receipt is not None else "no receipt"
+        safe = "retry-safe" if e.retry_safe is True else "not retry-safe" if e.retry_safe is False else ""
+        attempts = _known("{}/{} attempts", e.attempts, e.max_attempts)
+        told = ", ".join(x for x in (receipt, safe, attempts) if x)
+        return f"recovery evidence: {told}" + _known(" -> {}", e.action)
     if e.kind == v.CHECKPOINT:
         return f"checkpoint of {e.instance} {e.outcome}: {e.reason}"
     if e.kind == v.HEARTBEAT_LOST:
-        return f"heartbeat found the lease on {where} gone (fence {e.fence})"
+        return f"heartbeat found the lease on {where} gone" + _known(" (fence {})", e.fence)
     if e.kind == v.STORE_UNAVAILABLE:
         how = "outcome unknown" if e.outcome_unknown else "rolled back"
         return f"store connection lost ({how}): {e.error}"
@@ -303,13 +324,17 @@ def story(result: RunResult) -> list[str]:
         effects = history.applied(instance=instance, step=step)
         out.append(f"=> {instance}:{step} ended {history.final_state(instance, step)} with "
                    f"{len(effects)} applied effect(s) in the downstream ledger")
-    judged = [r for r in result.verdict.results if r.checked]
-    word = {True: "valid", False: "VIOLATED", None: "unknown"}[result.valid]
-    out.append(f"verdict: {word} ({len(judged)} of {len(result.verdict.results)} invariants had "
-               f"something to judge; {result.duration_s * 1000:.0f} ms)")
-    out.append(f"times: {clock_note(result.config.virtual_time)}; "
-               f"{run_time(span(history))} of run time in {result.duration_s * 1000:.0f} ms of wall time")
+    out.append(verdict_line(result))
     return out
+
+
+def verdict_line(result: RunResult) -> str:
+    """A run's verdict, as a story ends: the word, how many invariants judged it, its times. What the
+    times are is said once per command (:func:`clock_legend`), not under every run."""
+    judged = sum(1 for r in result.verdict.results if r.checked)
+    word = v.VERDICT_WORDS[result.valid]
+    return (f"verdict: {word} ({judged} of {len(result.verdict.results)} invariants judged; "
+            f"{run_time(span(result.history))} of run time in {result.duration_s * 1000:.0f} ms)")
 
 
 def span(history: History) -> int:

@@ -408,17 +408,28 @@ class Session:
         if self._own_dir and not self.keep:
             shutil.rmtree(self.base_dir, ignore_errors=True)
 
-    def run(self, config: RunConfig) -> RunResult:
+    def run(self, config: RunConfig, *, number: int | None = None) -> RunResult:
+        """Run ``config``; ``number`` is the run's number in its id (default: the next of this
+        session's), given by a ``--jobs`` runner so that ids stay unique across runners."""
         _warn_before_runs([config])
-        return self._new_run(config).execute()
+        return self._new_run(config, number).execute()
 
-    def _new_run(self, config: RunConfig) -> "_Run":
+    def reserve(self, count: int) -> int:
+        """Take ``count`` run numbers for runs made elsewhere (``--jobs`` runners); returns the
+        number before the first of them."""
+        base = self._runs
+        self._runs += count
+        return base
+
+    def _new_run(self, config: RunConfig, number: int | None = None) -> "_Run":
         signals.check()  # a Ctrl-C swallowed where it landed ends the session before another run
         if self.real_time:
             config = config.with_clock(False)
-        self._runs += 1
+        if number is None:
+            self._runs += 1
+            number = self._runs
         # Numbered for people, with a random tail so that no other process can guess a live run's id.
-        run_id = f"run{self._runs:04d}-s{config.seed}-{secrets.token_hex(4)}"
+        run_id = f"run{number:04d}-s{config.seed}-{secrets.token_hex(4)}"
         return _Run(self, config, run_id)
 
     def run_in_turn(self, configs: "Sequence[RunConfig]") -> "Iterator[RunResult]":

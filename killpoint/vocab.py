@@ -26,6 +26,10 @@ INFO = "info"  # unknown: it may or may not have taken effect (indeterminate)
 EVENT = "event"  # a plain fact, not an operation
 COMPLETIONS = frozenset({OK, FAIL, INFO})
 
+# -- verdict words: what every command, the narration and the pytest plugin print for a verdict --------
+# One word per verdict everywhere (a reader of a CI log greps for one); the JSON says true/false/null.
+VERDICT_WORDS = {True: "valid", False: "VIOLATED", None: "unknown"}
+
 # -- worker journal kinds --------------------------------------------------------------------------------
 # Operations (invoke, then a completion sharing its ``op``).
 CLAIM = "claim"

@@ -12,7 +12,7 @@ The pages render :mod:`reports.model`, a plain data model that tests can read di
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from killpoint.reports.model import DEFAULT_MAX_EVENTS, build_index, build_run
 from killpoint.reports.files import write_text
@@ -45,18 +45,25 @@ def write_run_report(result: RunResult, path: str, *, max_events: int = DEFAULT_
 
 
 def write_reports(results: Sequence[RunResult], report_dir: str, *, title: str,
-                  max_events: int = DEFAULT_MAX_EVENTS, tests: Sequence[str | None] | None = None) -> str:
+                  max_events: int = DEFAULT_MAX_EVENTS, tests: Sequence[str | None] | None = None,
+                  pages: bool = True, on_page: Callable[[int, int], None] | None = None) -> str:
     """Write one report per run and an index over them into ``report_dir``; returns the index path.
 
     A single run's report shows every event; among many, each report's event table follows the
-    run's focus (see :func:`write_run_report`), so a 68-run matrix writes 3.6 MB, not 20.
-    ``tests`` names the test that made each run (a pytest node id), for the index.
+    run's focus (see :func:`write_run_report`). ``tests`` names the test that made each run (a
+    pytest node id), for the index. With ``pages`` false only the index is written (its rows link
+    no page: the runs' histories may be gone). ``on_page(done, total)`` is called after each page,
+    for progress.
     """
     os.makedirs(report_dir, exist_ok=True)
-    hrefs = [run_report_name(n) for n in range(1, len(results) + 1)]
-    for result, href in zip(results, hrefs):
+    hrefs: list[str | None] = [run_report_name(n) if pages else None for n in range(1, len(results) + 1)]
+    for n, (result, href) in enumerate(zip(results, hrefs), start=1):
+        if href is None:
+            continue
         write_run_report(result, os.path.join(report_dir, href), max_events=max_events, back=INDEX,
                          focus_table=len(results) > 1)
+        if on_page is not None:
+            on_page(n, len(results))
     index = build_index(list(results), hrefs, title=title, tests=tests)
     return write_text(os.path.join(report_dir, INDEX), render_index(index))
 

@@ -742,7 +742,7 @@ class IndexRow:
     schedule: str
     target: str
     seed: int
-    href: str  # relative link to the run report
+    href: str | None  # relative link to the run report; None: no page was written for it (the index only)
     violated: tuple[str, ...]  # invariant names
     slots: tuple[int, ...]  # filter slots of those invariants
     violations: tuple[ViolationView, ...]
@@ -790,11 +790,11 @@ class IndexReport:
 _ORDER = {"violated": 0, "unknown": 1, "valid": 2}
 
 
-def build_index(results: Sequence[RunResult], hrefs: Sequence[str], *, title: str,
+def build_index(results: Sequence[RunResult], hrefs: Sequence[str | None], *, title: str,
                 reproduce: Sequence[str] | None = None,
                 tests: Sequence[str | None] | None = None) -> IndexReport:
-    """The model of the index over many runs; ``hrefs[i]`` links to the report of ``results[i]``,
-    ``tests[i]`` (optional) names the test that made it."""
+    """The model of the index over many runs; ``hrefs[i]`` links to the report of ``results[i]``
+    (None: no page was written for it), ``tests[i]`` (optional) names the test that made it."""
     if len(hrefs) != len(results):
         raise ValueError(f"{len(results)} results but {len(hrefs)} links: give one link per run")
     if tests is not None and len(tests) != len(results):

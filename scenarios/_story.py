@@ -14,11 +14,11 @@ from typing import Any, Iterable
 from killpoint import chaos, vocab
 from killpoint.harness.checkers.base import rank
 from killpoint.harness.history import Event
-from killpoint.harness.narrate import clock_note, narrate, run_time, span
+from killpoint.harness.narrate import clock_legend, narrate, verdict_line
 from killpoint.harness.run import RunConfig, RunResult, Session
 from killpoint.harness.worker import ReferenceWorker
 
-WORD = {True: "valid", False: "VIOLATED", None: "unknown"}
+WORD = vocab.VERDICT_WORDS
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,7 @@ class Story:
     results: list[RunResult] = field(default_factory=list)
     lines: list[str] = field(default_factory=list)
     checks: list[Check] = field(default_factory=list)
+    told_clock: bool = False
 
     def say(self, text: str = "") -> None:
         self.lines.append(text)
@@ -55,13 +56,12 @@ class Story:
         self.say(f"{title}")
         self.say(f"  schedule {config.schedule or 'none'}; {config.workers} worker(s) at first; "
                  f"target {config.target_name}")
+        if not self.told_clock:  # what the times are, said once per story
+            self.say(f"  {clock_legend(result.config.virtual_time)}")
+            self.told_clock = True
         for text in narrate(result.history, steps):
             self.say(f"  {text}")
-        judged = sum(1 for r in result.verdict.results if r.checked)
-        self.say(f"  verdict: {WORD[result.valid]} ({judged} of {len(result.verdict.results)} "
-                 f"invariants had something to judge; {result.duration_s * 1000:.0f} ms)")
-        self.say(f"  times: {clock_note(result.config.virtual_time)}; {run_time(span(result.history))} "
-                 f"of run time in {result.duration_s * 1000:.0f} ms of wall time")
+        self.say(f"  {verdict_line(result)}")
         return result
 
     def expect(self, held: object, expected: str, found: str = "") -> bool:

@@ -1,4 +1,4 @@
-"""Lease takeover: the timing exercise of the durable-state chapter, run for real.
+"""Lease takeover: the classic timing exercise of lease-based workers, run for real.
 
 Two workers compete for one step, the charge of order-1, whose idempotency key is
 K = ``order-1:charge:payment-v1``. The payment provider keeps keys (a known key with the same
@@ -32,7 +32,7 @@ recovery, and never writes after a stale fence, so A's late call would not happe
 is the reference worker (or, with ``--target mutant:NAME``, that mutant) plus the retrying client
 above; everything else is the reference protocol.
 
-Afterwards the scenario answers the exercise's four questions from what happened, sending one more
+Afterwards the scenario answers four questions about it from what happened, sending one more
 real request (K with another amount) to show the third answer.
 """
 
@@ -178,9 +178,10 @@ def run(session: Session, *, target: str | WorkerFn = "reference", seed: int = 0
     story.say(f"The downstream ledger for K = {key}:")
     for e in h.requests(key=key):
         m = e.get("meta") or {}
-        story.say(f"  #{e.get('seq')} {m.get('worker')}: fence {e.get('fence')}, intent "
-                  f"{e.get('intent_hash')} -> {e.get('status')} {e.get('outcome')}"
-                  + (" (a new effect)" if e.get("applied") else ""))
+        told = ", ".join(f"{name} {e.get(field)}" for name, field in (("fence", "fence"), ("intent", "intent_hash"))
+                         if e.get(field) is not None)  # a field is told or left out, never "None"
+        story.say(f"  #{e.get('seq')} {m.get('worker') or 'a client'}: {told or 'no fence, no intent'} -> "
+                  f"{e.get('status')} {e.get('outcome')}" + (" (a new effect)" if e.get("applied") else ""))
     story.say(f"  applied effects for K: {len(h.applied(key=key))}")
 
     q3 = question[0] if question else None
@@ -235,12 +236,12 @@ def _in_the_window(story: Story, session: Session, target: str | WorkerFn, seed:
 
 
 def _answers(story: Story, h: History, key: str | None, amount: int, other: int, q3: Answer | None, seed: int) -> None:
-    """The exercise's four questions, answered from what this run did."""
+    """Four questions about the takeover, answered from what this run did."""
     refused = h.store_events(INSTANCE, STEP, vocab.COMMIT_REJECTED)
     state_version = refused[0].get("state_version") if refused else "?"
     expected = refused[0].get("expected_state_version") if refused else "?"
     story.say()
-    story.say("The exercise's four questions:")
+    story.say("Four questions, answered from what happened:")
     if not story.held:
         story.say("1-2. (answered from the run only when the story happened as told; with this "
                   "target it did not: see the checks)")

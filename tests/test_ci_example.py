@@ -47,6 +47,7 @@ def test_workflow_parses_with_postgres_as_a_service_and_uploads_junit_and_report
     assert "--junit-xml killpoint-results/" in commands and "killpoint-results" in uploads
     assert "--report-dir killpoint-report" in commands and "killpoint-report" in uploads
     assert "$KILLPOINT_STORE" in commands and job["env"]["KILLPOINT_STORE"].startswith("postgresql://")
+    assert "--database killpoint-examples" in commands and "killpoint-examples" in uploads  # they travel
 
 
 def test_workflow_killpoint_commands_run_here_and_write_what_the_uploads_collect(tmp_path, pg_dsn):
@@ -54,7 +55,7 @@ def test_workflow_killpoint_commands_run_here_and_write_what_the_uploads_collect
     env = {**os.environ, **{k: str(v) for k, v in _job()["env"].items()}, "KILLPOINT_STORE": pg_dsn,
            "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
     steps = _killpoint_steps()
-    assert [s["run"].split()[1] for s in steps] == ["--version", "matrix", "replay"]
+    assert [s["run"].split()[1] for s in steps] == ["--version", "matrix", "replay", "explore"]
     for step in steps:
         proc = subprocess.run(["bash", "-e", "-c", step["run"]], cwd=tmp_path, env=env,
                               capture_output=True, text=True, timeout=HANG_S)
@@ -65,5 +66,7 @@ def test_workflow_killpoint_commands_run_here_and_write_what_the_uploads_collect
     cases = list(matrix.iter("testcase"))
     assert len(cases) == 12 and not list(matrix.iter("failure")) and not list(matrix.iter("error"))
     assert len(list(ET.parse(tmp_path / "killpoint-results" / "replay.xml").getroot().iter("testcase"))) == 1
+    explored = ET.parse(tmp_path / "killpoint-results" / "explore.xml").getroot()
+    assert len(list(explored.iter("testcase"))) >= 20 and not list(explored.iter("failure"))
     assert (tmp_path / "killpoint-report" / "index.html").is_file()
     assert len(list((tmp_path / "killpoint-report").glob("run-*.html"))) == len(cases)

@@ -101,12 +101,34 @@ def test_json_mode_prints_exactly_one_object_on_stdout_progress_on_stderr_and_qu
     assert code == 0 and json.loads(out)["runs"] == 3 and err == ""
 
 
-def test_demo_tells_the_story_and_exits_0(capsys):
+def test_demo_tells_the_story_ends_with_one_caught_bug_and_exits_0(capsys):
+    """Protects the first screen a new user sees: the five valid runs, then one violation (a mutant
+    under the lease takeover) with its reproduce line; the exit code is the reference's verdict."""
     code, out, err = run_cli(capsys, "demo")
     assert code == 0
     assert "REFUSED A's commit with fence 1" in out
     assert "manual_intervention" in out and "flagged A stuck" in out
     assert out.strip().splitlines()[-1].endswith("valid")
+    shown = out.split("6. A@charge.after_call:1*pause on mutant:no-fence-check")[1]
+    assert "VIOLATED stale_writes_rejected at order-1:charge" in shown
+    assert "reproduce: killpoint replay 'A@charge.after_call:1*pause' --target mutant:no-fence-check" in shown
+    assert "=> caught" in shown
+    # One vocabulary: one verdict word, no empty field printed as None, what the times are said once.
+    assert "INVALID" not in out and "None" not in out
+    assert out.count("run time on the virtual clock") == 1
+    assert "had something to judge" not in out and "invariants judged;" in out
+
+
+def test_demo_fails_when_the_bug_it_shows_is_not_caught(capsys, monkeypatch):
+    """Protects the demo's promise: the mutant it shows must be caught. Shown under a schedule where
+    its invariant has nothing to catch (a kill, where no stale commit happens), the demo exits 1."""
+    from killpoint.harness.commands import demo
+
+    monkeypatch.setattr(demo, "MUTANT", ("mutant:no-fence-check", "A@charge.after_call:kill",
+                                         "stale_writes_rejected", "a bug under a schedule that cannot show it"))
+    code, out, err = run_cli(capsys, "demo")
+    assert code == 1
+    assert "=> NOT caught" in out and "was NOT caught by stale_writes_rejected" in out
 
 
 def test_the_same_seed_fires_the_same_probabilistic_faults_in_every_process():
@@ -630,7 +652,7 @@ def test_replay_narrates_the_run_and_a_failure_without_report_dir_says_how_to_ge
     assert "accepted A's commit with fence 1" in out  # the stale write, told as it happened
     # The 30 s lease, skipped by the virtual clock, is told as run time that passed, not wall time.
     assert re.search(r"\u22ee \+(29|30)\.\d s of run time\n.*B claimed order-1:charge", out)
-    assert "times: run time on the virtual clock" in out and "of wall time" in out
+    assert out.count("Times are run time on the virtual clock") == 1 and "of run time in" in out
     assert "add --report-dir DIR" in out
 
 
@@ -987,3 +1009,44 @@ def test_no_password_is_printed_whatever_its_characters(capsys, password, tail):
         for form in {password, quote(password, safe=""), password.split(" ")[0] if " " in password else password}:
             assert form not in out + err, (form, out + err)
         assert "***" in out + err
+
+
+def test_a_valid_matrix_with_report_dir_writes_the_index_and_says_so(capsys, tmp_path):
+    """Protects: --report-dir on a valid matrix (--report on-failure, the default) left a folder
+    holding only a marker, and said nothing. Now the index, its rows linking no page, and a line."""
+    import os
+
+    where = tmp_path / "rep"
+    code, out, err = run_cli(capsys, "matrix", "--steps", "charge", "--points", "after_call,before_commit",
+                             "--report-dir", str(where), "--json")
+    report = json.loads(out)
+    assert code == 0 and report["valid"] is True and report["report"] == str(where / "index.html")
+    assert sorted(p for p in os.listdir(where) if p.endswith(".html")) == ["index.html"]
+    index = (where / "index.html").read_text(encoding="utf-8")
+    assert index.count("no page") == report["runs"] == 4 and "run-0001.html" not in index
+    assert "wrote the index only (every run valid; --report always writes a page for each run)" in err
+
+
+def test_report_pages_are_announced_and_their_run_ids_are_unique_and_match_the_file_names(capsys, tmp_path):
+    """Protects: with --jobs, each runner numbered its runs from 1, so the index showed two
+    different run0001-... ids, neither matching its page's file name. Now a run's number is its
+    position, its page is named after it, and the index links each page by that name."""
+    import os
+    import re
+
+    where = tmp_path / "rep"
+    code, out, err = run_cli(capsys, "matrix", "--steps", "charge", "--points", "after_call,before_commit",
+                             "--target", "mutant:no-fence-check", "--jobs", "2", "--report", "always",
+                             "--report-dir", str(where), "--json")
+    results = json.loads(out)["results"]
+    assert code == 1 and len(results) == 4
+    ids = [r["run_id"] for r in results]
+    assert len(set(ids)) == 4
+    assert [int(re.match(r"run(\d+)-", i)[1]) for i in ids] == [1, 2, 3, 4]
+    assert sorted(p for p in os.listdir(where) if p.startswith("run-")) == [f"run-000{n}.html" for n in (1, 2, 3, 4)]
+    for n, run_id in enumerate(ids, start=1):
+        assert run_id in (where / f"run-000{n}.html").read_text(encoding="utf-8")
+    index = (where / "index.html").read_text(encoding="utf-8")
+    assert all(f'>run-000{n}.html</a>' in index for n in (1, 2, 3, 4))
+    assert "killpoint: writing 4 report pages and the index to" in err
+    assert "killpoint: wrote 4 report page(s) and the index to" in err

@@ -228,13 +228,15 @@ def test_junit_has_one_case_per_run_a_failure_per_violated_run_and_an_error_per_
     assert props["seed"] == "0" and props["report"] == "r/run-0002.html"
 
 
-def test_the_readme_tool_killpoint_example_is_a_valid_table():
+def test_the_documented_tool_killpoint_example_is_a_valid_table():
+    """Protects the [tool.killpoint] example of the configuration page (it was the README's)."""
     import os
     import re
 
     from killpoint.harness.settings import tomllib
 
-    readme = open(os.path.join(os.path.dirname(__file__), os.pardir, "README.md"), encoding="utf-8").read()
+    readme = open(os.path.join(os.path.dirname(__file__), os.pardir, "docs", "reference", "configuration.md"),
+                  encoding="utf-8").read()
     (block,) = re.findall(r"```toml\n(\[tool\.killpoint\].*?)```", readme, re.S)
     s = parse(tomllib.loads(block)["tool"]["killpoint"])
     assert s.values["seed"] == 7 and s.timing == {"lease_ttl_ms": 200.0, "heartbeat_ms": 50.0}
@@ -286,7 +288,7 @@ def test_a_summary_lets_a_valid_runs_events_go_only_when_nothing_will_draw_them(
     (["selftest", "--mutants", "random-request-id"], {"score", "mutants", "reference"}),
 ])
 def test_every_command_json_has_the_fields_the_readme_lists(argv, own, tmp_path):
-    """Protects: the README's paragraph on the JSON object (the fields every command has, those the
+    """Protects: the JSON page's paragraph on the JSON object (the fields every command has, those the
     run-by-run commands add, and each command's own), which a user's CI script reads."""
     everywhere = {"valid", "runs", "violations", "invariants", "points", "report"}
     by_run = {"unknown", "unknown_reasons", "judged", "results"}
@@ -299,5 +301,5 @@ def test_every_command_json_has_the_fields_the_readme_lists(argv, own, tmp_path)
     assert everywhere | own <= fields, (everywhere | own) - fields
     if argv[0] in ("matrix", "replay", "report", "scenario"):
         assert by_run <= fields, by_run - fields
-    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
-    assert all(f"`{name}`" in readme for name in everywhere | by_run | own)
+    page = open(os.path.join(ROOT, "docs", "reference", "json.md"), encoding="utf-8").read()
+    assert all(f"`{name}`" in page for name in everywhere | by_run | own)

@@ -14,6 +14,7 @@ import shlex
 import xml.etree.ElementTree as ET
 
 import pytest
+from hang import HANG_S
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -21,6 +22,8 @@ from killpoint import chaos
 from killpoint.chaos.strategies import MAX_SLEEP_MS, schedules
 from killpoint.harness.cli import main
 from killpoint.harness.mutants import MUTANTS
+
+pytest_plugins = ["pytester"]
 
 STEPS = ("reserve", "charge", "notify", "amend")
 
@@ -356,3 +359,136 @@ def test_explore_reports_a_worker_that_fails_with_no_fault_as_the_empty_schedule
     assert (minimal["schedule"], minimal["faults"], minimal["confirmed"]) == ("", 0, True)
     assert "receipt_first" in minimal["violated"]
     assert minimal["reproduce"].startswith("killpoint replay '' --target mutant:commit-before-receipt")
+
+
+# ---------------------------------------------------------------------------------------------
+# where the examples are kept: a folder, a Redis server shared between processes, or nothing
+
+
+@pytest.fixture
+def redis_db():
+    """A Redis URL with a key prefix of this test's own, its keys deleted afterwards. Skips without
+    a server (``KILLPOINT_REDIS_URL``, default 127.0.0.1:6379) or the redis package; fails instead
+    under ``KILLPOINT_REQUIRE_REDIS=1`` (CI sets it)."""
+    import uuid
+
+    base = os.environ.get("KILLPOINT_REDIS_URL", "redis://127.0.0.1:6379/0")
+    try:
+        import redis
+
+        client = redis.Redis.from_url(base)
+        client.ping()
+    except Exception as exc:  # noqa: BLE001 - no package, no server: skip or fail, saying which
+        if os.environ.get("KILLPOINT_REQUIRE_REDIS") == "1":
+            pytest.fail(f"KILLPOINT_REQUIRE_REDIS=1 but Redis is unusable at {base}: {exc}", pytrace=False)
+        pytest.skip(f"no Redis at {base} ({exc}); set KILLPOINT_REDIS_URL=redis://host:port/db")
+    prefix = f"killpoint-test-{uuid.uuid4().hex}:"
+    try:
+        yield f"{base}?key_prefix={prefix}", client, prefix.encode()
+    finally:
+        for key in list(client.scan_iter(match=prefix.encode() + b"*")):
+            client.delete(key)
+        client.close()
+
+
+def _explore_in(folder, *argv: str) -> tuple[int, dict]:
+    """``killpoint explore ... --json`` as its own process in ``folder``: another machine, as far as
+    the search can tell."""
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, "-m", "killpoint.harness.cli", "explore", "--target",
+                           "mutant:no-fence-check", "--workload", "single", "--json", "--quiet", *argv],
+                          cwd=folder, capture_output=True, text=True, timeout=HANG_S,
+                          env={**os.environ, "PYTHONPATH": root})
+    assert done.returncode in (0, 1), done.stderr[-2000:]
+    return done.returncode, json.loads(done.stdout)
+
+
+def test_a_counterexample_found_with_a_redis_database_replays_in_another_process_that_names_it(
+        redis_db, tmp_path):
+    """Protects counterexamples that travel: a CI job's search saves its counterexample in Redis; a
+    second process in another folder, with another seed and a budget of one draw, only names the
+    same database and finds it first. Without the database that one draw finds nothing."""
+    url, client, prefix = redis_db
+    ci, laptop, control = (tmp_path / name for name in ("ci", "laptop", "control"))
+    for folder in (ci, laptop, control):
+        folder.mkdir()
+    code, found = _explore_in(ci, "--budget", "100", "--seed", "1", "--database", url)
+    assert code == 1 and found["minimal"]["confirmed"], found["minimal"]
+    assert list(client.scan_iter(match=prefix + b"*")), "nothing was saved under the test's prefix"
+    code, again = _explore_in(laptop, "--budget", "1", "--seed", "99", "--database", url)
+    assert code == 1 and again["minimal"]["schedule"] == found["minimal"]["schedule"]
+    assert again["minimal"]["violated"] == found["minimal"]["violated"]
+    code, alone = _explore_in(control, "--budget", "1", "--seed", "99", "--database", "none")
+    assert code == 0 and alone["minimal"] is None
+    assert [p.name for p in ci.iterdir()] == [] and [p.name for p in laptop.iterdir()] == []
+
+
+def test_explore_with_database_none_writes_nothing(in_tmp, capsys):
+    """Protects ``--database none``: it wrote about twenty files of Hypothesis's caches under
+    .killpoint/hypothesis/constants/ all the same. A search that finds a counterexample (which the
+    default folder keeps) leaves nothing behind with ``none``."""
+    search = ("explore", "--target", "mutant:no-fence-check", "--workload", "single", "--budget", "60",
+              "--seed", "1", "--json", "--quiet")
+    code, out, err = cli(capsys, *search, "--database", "none")
+    assert code == 1 and json.loads(out)["minimal"] is not None, err
+    assert list(in_tmp.iterdir()) == []
+    code, out, err = cli(capsys, *search)  # the default folder keeps what it found
+    assert code == 1 and (in_tmp / ".killpoint" / "hypothesis" / "examples").is_dir()
+
+
+@pytest.mark.parametrize("value, says", [
+    ("", "name a folder"), ("http://example.com/db", "a folder, a redis:// URL or 'none'"),
+    ("redis://", "names its server"), ("redis://127.0.0.1:6379/0?key_prefix=", "key_prefix once"),
+])
+def test_a_database_that_names_nothing_usable_is_exit_2_before_any_run(in_tmp, capsys, value, says):
+    code, out, err = cli(capsys, "explore", "--budget", "1", "--workload", "single", "--database", value)
+    assert code == 2 and out == "" and says in err and len(err.strip().splitlines()) == 1, err
+    assert list(in_tmp.iterdir()) == []
+
+
+def test_a_redis_database_that_does_not_answer_is_the_infrastructure_exit_3(in_tmp, capsys):
+    """A server that does not answer is the infrastructure's failure, never a violation or bad input."""
+    pytest.importorskip("redis")
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on: bound, never listening
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        code, out, err = cli(capsys, "explore", "--budget", "1", "--workload", "single", "--database",
+                             f"redis://127.0.0.1:{port}/0", "--json")
+    assert code == 3 and json.loads(out)["valid"] is None and "did not answer" in err
+
+
+def test_the_plugin_takes_the_same_databases_and_refuses_a_bad_one_before_any_test(pytester):
+    """``--killpoint-database`` is ``killpoint explore --database``: ``none`` leaves nothing in the
+    folder pytest ran in, and a value that names no database stops the session (a usage error)."""
+    pytester.makepyfile(test_drawn="""
+def test_drawn(killpoint):
+    verdict = killpoint.explore(target="mutant:no-fence-check", workload="single", budget=2)
+    assert verdict.runs >= 2
+""")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--killpoint-database", "none", timeout=HANG_S)
+    result.assert_outcomes(passed=1)
+    assert not (pytester.path / ".killpoint").exists() and not (pytester.path / ".hypothesis").exists()
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--killpoint-database", "http://x/y",
+                                           timeout=HANG_S)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        ["*--killpoint-database 'http://x/y': a database is a folder, a redis:// URL or 'none'*"])
+
+
+def test_a_counterexample_kept_in_a_folder_replays_wherever_the_folder_is_copied(tmp_path):
+    """The CI artifact way: the job's --database folder, copied to another machine (here another
+    folder, another process, another seed, one draw), replays the counterexample first."""
+    import shutil
+
+    ci, laptop = tmp_path / "ci", tmp_path / "laptop"
+    ci.mkdir()
+    code, found = _explore_in(ci, "--budget", "100", "--seed", "1", "--database", "examples-db")
+    assert code == 1 and found["minimal"]["confirmed"]
+    shutil.copytree(ci / "examples-db", laptop / "downloaded")
+    code, again = _explore_in(laptop, "--budget", "1", "--seed", "99", "--database", "downloaded")
+    assert code == 1 and again["minimal"]["schedule"] == found["minimal"]["schedule"]

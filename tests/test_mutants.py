@@ -98,7 +98,7 @@ def test_selftest_exits_0_with_every_mutant_caught_and_the_reference_valid(capsy
 
 
 def test_selftest_json_has_the_crash_points_of_each_mutant_of_the_reference_and_of_the_whole(capsys):
-    """Protects the README's promise that --stats output is always in the JSON, as "points" of each
+    """Protects the documented promise that --stats output is always in the JSON, as "points" of each
     result and of the whole: selftest --json had no "points" at all (with or without --stats)."""
     code = main(["selftest", "--quick", "--mutants", "no-cas,no-fence-check", "--json", "-q"])
     report = json.loads(capsys.readouterr().out)

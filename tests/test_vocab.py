@@ -126,3 +126,26 @@ def test_every_event_kind_a_real_run_writes_is_in_the_vocabulary():
     assert {e.type for e in h.events} <= {vocab.INVOKE, *vocab.COMPLETIONS, vocab.EVENT}
     assert {e.process for e in h.events if not e.is_worker} == vocab.NON_WORKERS
     assert {vocab.CLAIMED, vocab.COMMIT_REJECTED, vocab.SPAWN, vocab.POINT} <= kinds  # the takeover happened
+
+
+@pytest.mark.parametrize("kind", sorted(vocab.STORE_KINDS))
+def test_a_store_event_from_a_sparse_history_hook_is_described_without_none(kind):
+    """Protects the narration of a target's own history() events, which often lack fields killpoint's
+    store writes (a refused ack with no lease_version, a claim with no attempt): a field is said or
+    left out, never printed as "None" ("fence None, state version None (expected None)" once)."""
+    sparse = build([ev(1, vocab.STORE, kind, instance="job-1", step="charge", worker="A", fence=1)])
+    (e,) = sparse.events
+    said = describe(e)
+    assert "None" not in said and "job-1:charge" in said
+
+
+def test_recovery_evidence_and_a_bare_ledger_row_are_described_without_none():
+    """Protects the recovery line ("receipt None, retry-safe True" once) and a ledger row sent with
+    no worker, fence or intent."""
+    h = build([ev(1, "B", vocab.RECOVER, instance="o", step="s", receipt=None, retry_safe=False, attempts=1,
+                  max_attempts=3, action="manual_review"),
+               ev(2, vocab.DOWNSTREAM, vocab.REQUEST, resource="notify", key=None, status=200,
+                  outcome=vocab.APPLIED, applied=True, meta={})])
+    recover, request = (describe(e) for e in h.events)
+    assert recover == "recovery evidence: no receipt, not retry-safe, 1/3 attempts -> manual_review"
+    assert "None" not in request and "(no key: legacy)" in request

@@ -7,10 +7,12 @@ import dataclasses
 import json
 import os
 import sys
+import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence
 
+from killpoint import vocab
 from killpoint.chaos.points import DB_POINTS, DEFAULT_POINTS, ORDERED_POINTS, POINTS
 from killpoint.errors import SHOWN_LIMIT, BadInput, shown
 from killpoint.harness.colour import Colour
@@ -374,6 +376,7 @@ class Summary:
     planned: int | None = None  # the runs the command meant to make (more than made: it stopped)
     report: str | None = None
     report_error: str | None = None  # why the reports asked for could not be written
+    report_pages: bool = True  # False: the index alone was written (every run valid, --report on-failure)
     junit_error: str | None = None  # why the --junit-xml file could not be written
     # The matrix's path exploration (harness.paths.Exploration): the later hits it found and crashed.
     exploration: Any = None
@@ -546,7 +549,7 @@ def write_junit(args: argparse.Namespace, summary: Summary, title: str) -> None:
     from killpoint.reports import run_report_name
 
     reports = None
-    if summary.report:
+    if summary.report and summary.report_pages:
         where = os.path.dirname(summary.report)
         reports = [os.path.join(where, run_report_name(n)) for n in range(1, len(summary.results) + 1)]
     summary.junit_error = write_junit_file(path, summary.results, suite=title, reproduce=replay_command,
@@ -656,13 +659,19 @@ def write_html(args: argparse.Namespace, summary: Summary, title: str) -> None:
     goes on to print its verdict and exit with its code."""
     if args.report == "never" or args.report_dir is None:
         return
-    if args.report == "on-failure" and summary.valid is True:
-        return
+    # Every run valid and pages only on failure: the index alone, which says what ran and how each
+    # verdict came out (a folder holding only a marker said nothing).
+    pages = not (args.report == "on-failure" and summary.valid is True)
     from killpoint.reports import write_reports as write
 
+    progress = _PageProgress(len(summary.results) if pages else 0, args.report_dir,
+                             quiet=bool(getattr(args, "quiet", False)))
     try:
         prepare_report_dir(args)  # done already where the command's runs started
-        summary.report = write(summary.results, args.report_dir, title=title)
+        summary.report = write(summary.results, args.report_dir, title=title, pages=pages,
+                               on_page=progress.page)
+        summary.report_pages = pages
+        progress.done()
     except BadInput as exc:  # the directory went away or bad since the command started
         summary.report_error = str(exc)
         print(f"killpoint: warning: {summary.report_error}; the verdict stands", file=sys.stderr)
@@ -670,6 +679,32 @@ def write_html(args: argparse.Namespace, summary: Summary, title: str) -> None:
         summary.report_error = (f"cannot write reports to {shown(args.report_dir)} "
                                 f"({exc.strerror or exc})")
         print(f"killpoint: warning: {summary.report_error}; the verdict stands", file=sys.stderr)
+
+
+class _PageProgress:
+    """Progress of the report pages on stderr, as the runs' progress: a line when writing starts (when
+    there is more than one page), then every 3 s, then one saying what was written; off with --quiet."""
+
+    def __init__(self, total: int, where: str, *, quiet: bool) -> None:
+        self.total, self.where, self.quiet = total, where, quiet
+        self.started = time.monotonic()
+        self.last = self.started
+        if not quiet and total > 1:
+            print(f"killpoint: writing {total} report pages and the index to {where}", file=sys.stderr)
+
+    def page(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if not self.quiet and now - self.last >= 3.0 and done < total:
+            print(f"killpoint: {done}/{total} report pages written, {now - self.started:.1f} s", file=sys.stderr)
+            self.last = now
+
+    def done(self) -> None:
+        if self.quiet:
+            return
+        took = time.monotonic() - self.started
+        what = (f"{self.total} report page(s) and the index" if self.total else
+                "the index only (every run valid; --report always writes a page for each run)")
+        print(f"killpoint: wrote {what} to {self.where} in {took:.1f} s", file=sys.stderr)
 
 
 def print_judgement(summary: Summary, results: Sequence[RunResult], *, reproduce: bool = True) -> None:
@@ -699,14 +734,15 @@ def print_judgement(summary: Summary, results: Sequence[RunResult], *, reproduce
         print(f"\n{paint.verdict('UNKNOWN')} all runs: {reason}")
 
 
-def finish(args: argparse.Namespace, summary: Summary, title: str, lines: Sequence[str] = ()) -> int:
-    """Print the outcome (text or JSON) and return the exit code."""
+def finish(args: argparse.Namespace, summary: Summary, title: str, lines: Sequence[str] = (),
+           extra_json: Mapping[str, Any] | None = None) -> int:
+    """Print the outcome (text or JSON, with ``extra_json``'s fields added) and return the exit code."""
     write_reports(args, summary, title)
     if summary.not_run:
         print(f"killpoint: stopped after run {len(summary.results)} of {summary.planned}: "
               f"{summary.infrastructure}; the other {summary.not_run} runs were not made", file=sys.stderr)
     if args.json:
-        print(json.dumps(summary.to_json(), indent=2))
+        print(json.dumps({**summary.to_json(), **(extra_json or {})}, indent=2))
         print_json_hint(args, summary)
         return summary.exit_code()
     for line in lines:
@@ -718,7 +754,7 @@ def finish(args: argparse.Namespace, summary: Summary, title: str, lines: Sequen
     if hint:
         print(f"\n{hint}")
     paint = Colour.for_stream(sys.stdout)
-    verdict = paint.verdict({True: "valid", False: "INVALID", None: "unknown"}[summary.valid])
+    verdict = paint.verdict(vocab.VERDICT_WORDS[summary.valid])
     fired = sum(1 for r in summary.results for n in r.fired.values() if n)
     scheduled = sum(len(r.fired) for r in summary.results)
     judged, total = summary.judged()

@@ -30,7 +30,8 @@ from typing import Any
 from killpoint.harness.commands.common import (EXIT_UNKNOWN, EXIT_VALID, EXIT_VIOLATED, BadInput, Summary,
                                                add_common, jobs_of, print_json_hint, progress_for, report_hint,
                                                run_config, target_points, whole, write_html, write_junit)
-from killpoint.harness.explore import DEFAULT_DATABASE, Exploration
+from killpoint.harness.examples_db import DEFAULT_DATABASE, parse_database
+from killpoint.harness.explore import Exploration
 
 HELP = ("search schedules with Hypothesis (several faults per run); shrink a failure to a minimal "
         "schedule and print how to replay it")
@@ -47,9 +48,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="comma-separated crash points (default: all but the PostgreSQL store's "
                         "before_db_commit and in_db_commit)")
     p.add_argument("--steps", default=None, help="comma-separated step names (default: all)")
-    p.add_argument("--database", default=DEFAULT_DATABASE, metavar="DIR",
-                   help=f"Hypothesis's folder for this search: examples and caches (default: "
-                        f"{DEFAULT_DATABASE}; 'none' to keep no examples)")
+    p.add_argument("--database", default=DEFAULT_DATABASE, metavar="DB",
+                   help=f"where Hypothesis keeps the examples it found, so a failure found once replays "
+                        f"first next time, here or on any machine naming the same database: a folder "
+                        f"(default: {DEFAULT_DATABASE}; a CI job can upload it as an artifact), a "
+                        f"redis://HOST:PORT[/DB][?key_prefix=P] URL shared between machines, or 'none' "
+                        f"to keep and write nothing")
 
 
 def _check_database(where: str) -> None:
@@ -88,20 +92,16 @@ def run(args: argparse.Namespace) -> int:
         raise BadInput(f"--budget {args.budget}: use a whole number of at least 1")
     if args.max_faults < 1:
         raise BadInput(f"--max-faults {args.max_faults}: use a whole number of at least 1")
-    if not args.database.strip():  # before: '' kept Hypothesis's folders in the working directory
-        from killpoint.errors import shown
-
-        raise BadInput(f"--database {shown(args.database)}: name a folder, or 'none' to keep no examples, "
-                       f"or leave --database out for {DEFAULT_DATABASE}")
-    if args.database != "none":
-        _check_database(args.database)
+    database = parse_database(args.database)  # a bad value is exit 2 before any run
+    if database.kind == "folder":
+        _check_database(database.location)
     points = target_points(args, args.points)
     steps = _steps(args)
     base = run_config(args, None, **overrides_for(args.target))  # validates target, store, workers
     progress = progress_for(args, None, f"killpoint explore {args.target}")  # shrinking goes past the budget
     found = explore(base, steps=steps, points=points, budget=args.budget, seed=args.seed,
                     max_faults=args.max_faults,
-                    database=None if args.database == "none" else args.database,
+                    database=database,
                     on_run=progress.step, jobs=jobs_of(args))
     progress.close()
     return _report(args, found)

@@ -11,12 +11,13 @@ import argparse
 import json
 import sys
 
+from killpoint import vocab
 from killpoint.harness.colour import Colour
 from killpoint.harness.commands.common import (EXIT_UNKNOWN, EXIT_VIOLATED, BadInput, Summary,
                                                add_common, add_same_identity, one_line, print_json_hint, print_stats,
                                                progress_for, replay_command, report_hint, run_config, same_identity,
                                                shown, whole, write_reports)
-from killpoint.harness.narrate import story
+from killpoint.harness.narrate import clock_legend, story
 
 HELP = "run one schedule again (as printed by matrix, explore or selftest) and give its verdict"
 
@@ -85,11 +86,12 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=2))
         print_json_hint(args, summary)
         return code
-    word = {True: "valid", False: "INVALID", None: "unknown"}
+    word = vocab.VERDICT_WORDS
     paint = Colour.for_stream(sys.stdout)
     first = summary.results[0]
     print(f"replay of {schedule or 'no faults'} on {first.config.target_name}, seed {first.config.seed}")
     if args.narrate:
+        print(clock_legend(first.config.virtual_time))
         for n, result in enumerate(summary.results, start=1):
             print(f"\nrun {n} of {len(summary.results)}:" if len(summary.results) > 1 else "")
             for text in story(result):

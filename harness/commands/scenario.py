@@ -14,6 +14,7 @@ import json
 import shlex
 from typing import TYPE_CHECKING, Any
 
+from killpoint import vocab
 from killpoint.harness.commands.common import (EXIT_UNKNOWN, EXIT_VALID, EXIT_VIOLATED, BadInput, Summary,
                                                add_output, add_real_time, add_seed, print_judgement, print_stats,
                                                redact, validate_store, whole, write_reports)
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
 
 HELP = ("run a named crash story (the lease-takeover exercise and others), narrate it and check "
         "the facts it must show; --list names them")
-WORD = {True: "valid", False: "INVALID", None: "unknown"}
+WORD = vocab.VERDICT_WORDS
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from killpoint import vocab
 from killpoint import chaos
 from killpoint.harness.commands.common import (add_jobs, add_real_time, add_seed, jobs_of, EXIT_VALID, EXIT_VIOLATED,
                                                BadInput, Summary, add_output,
@@ -143,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
         }, indent=2))
         return EXIT_VALID if ok else EXIT_VIOLATED
     print(table(outcomes))
-    word = {True: "valid", False: "INVALID", None: "unknown"}[reference.valid]
+    word = vocab.VERDICT_WORDS[reference.valid]
     scope = ("the mutants' schedules only" if args.quick
              else "the single-crash matrix and every mutant's schedule")
     print(f"\nreference: {word} on {len(reference.results)} runs ({scope})")

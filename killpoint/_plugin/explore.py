@@ -46,7 +46,10 @@ def explore(handle: "Killpoint", *, target: Any, budget: int | None, seed: int |
     else:
         points = tuple(p for p in own if settings.points is None or p in settings.points)
     handle._guard()
+    from killpoint.harness.examples_db import DEFAULT_DATABASE
+
     found = search(config, steps=steps, points=points, budget=share, seed=seed,
+                   database=DEFAULT_DATABASE if settings.database is None else settings.database,
                    session=handle._session_getter(), jobs=handle._jobs())
     judged = ([found.minimal.result] if found.minimal is not None else []) + list(found.unknown)
     runs = [handle._keep(result) for result in judged]

@@ -23,6 +23,9 @@ _OPTIONS = (
     ("budget", "N", "schedules killpoint.explore() draws when the test does not say (default: 100)"),
     ("shard", "K/N", "run only the K-th of N deterministic shares of the crash points of marked "
                      "tests, of each killpoint.matrix() and of each exploration's budget"),
+    ("database", "DB", "where killpoint.explore() keeps the examples Hypothesis found: a folder "
+                       "(default: .killpoint/hypothesis), a redis://HOST:PORT[/DB][?key_prefix=P] URL "
+                       "shared between machines, or none"),
     ("jobs", "N", "runs of one killpoint.matrix() or killpoint.explore() side by side, each in a "
                   "process of its own (default: the number of cores; 1 in an xdist worker, which is "
                   "already one of many)"),
@@ -48,6 +51,7 @@ class Settings:
     shard: tuple[int, int] = (1, 1)  # (K, N), 1 <= K <= N
     jobs: int | None = None  # None: the number of cores, or 1 under xdist
     real_time: bool = False  # every run with the run clock off (killpoint matrix --real-time)
+    database: str | None = None  # killpoint.explore()'s example database; None: .killpoint/hypothesis
 
     def in_shard(self, position: int) -> bool:
         """Whether the ``position``-th (0-based) member of a deterministic list is this shard's
@@ -142,6 +146,19 @@ def _settings(config: pytest.Config) -> Settings:
         if word not in _TRUE + _FALSE:
             raise pytest.UsageError(f"{where} {real_time!r}: expected true or false")
         values["real_time"] = word in _TRUE
+    database, where = _raw(config, "database")
+    if database is not None:
+        from killpoint.harness.examples_db import parse_database
+
+        try:  # as killpoint explore --database: a bad value stops the session before any test
+            spec = parse_database(database, flag=where)
+        except BadInput as exc:
+            raise pytest.UsageError(str(exc)) from None
+        if spec.kind == "folder":  # relative to where pytest was started, or to the ini file
+            base = config.invocation_params.dir if where.startswith("--") else \
+                (config.inipath.parent if config.inipath else config.rootpath)
+            database = os.path.abspath(os.path.join(base, database))
+        values["database"] = database
     points, where = _raw(config, "points")
     if points is not None:
         from killpoint.chaos.points import ORDERED_POINTS
