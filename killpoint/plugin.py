@@ -28,7 +28,7 @@ from typing import Any, Generator
 
 import pytest
 
-from killpoint import vocab
+from killpoint.vocab import VERDICT_WORDS
 # The fixtures are found by pytest as attributes of this module, the plugin it loads.
 from killpoint._plugin.fixture import Killpoint, _killpoint_session, killpoint  # noqa: F401 (pytest finds them here)
 from killpoint._plugin.marker import (_Case, _case_of, _cases, _collection_error, _declared_points,
@@ -175,7 +175,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if call.when == "call":
         pages = [(r["schedule"], r["valid"], r["page"]) for r in item.stash.get(_RUNS, None) or () if r.get("page")]
         if pages:
-            word = vocab.VERDICT_WORDS
+            word = VERDICT_WORDS
             report.sections.append(("killpoint reports", "\n".join(
                 f"{word[valid]:<9} {schedule or 'no faults'}: {page}" for schedule, valid, page in pages)))
     if call.when == "teardown":
