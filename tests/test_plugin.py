@@ -57,9 +57,12 @@ def test_one_run(killpoint):
 
 def test_a_matrix(killpoint):
     verdict = killpoint.matrix(steps=["charge"], points=["after_call", "in_call"])
-    # as killpoint matrix runs them: the kills, then A frozen past its lease at the same points
-    assert [r.schedule for r in verdict.results] == ["A@charge.after_call:kill", "A@charge.in_call:kill",
-                                                     "A@charge.after_call:1*pause", "A@charge.in_call:1*pause"]
+    # as killpoint matrix runs them: the kills, then A frozen past its lease at the same points,
+    # back in the takeover window (after the new holder's claim) and after the step moved on
+    assert [r.schedule for r in verdict.results] == [
+        "A@charge.after_call:kill", "A@charge.in_call:kill",
+        "A@charge.after_call:1*pause(until=after_claim)", "A@charge.after_call:1*pause",
+        "A@charge.in_call:1*pause(until=after_claim)", "A@charge.in_call:1*pause"]
     verdict.assert_valid()
 
 
@@ -176,12 +179,14 @@ def test_options_are_listed_in_a_killpoint_group_with_ini_equivalents(pytester):
 def test_a_suite_on_the_reference_target_passes_and_the_summary_counts_every_run(pytester):
     pytester.makepyfile(test_reference=REFERENCE_SUITE)
     result = runpytest(pytester, "-v")
-    result.assert_outcomes(passed=8)
+    result.assert_outcomes(passed=10)
     result.stdout.fnmatch_lines(["*test_checkout?after_claim? PASSED*", "*test_checkout?after_call? PASSED*",
+                                 "*test_checkout?after_claim-pause-until-after_claim? PASSED*",
                                  "*test_checkout?after_claim-pause? PASSED*",
+                                 "*test_checkout?after_call-pause-until-after_claim? PASSED*",
                                  "*test_checkout?after_call-pause? PASSED*"])
     summary = summary_of(result)
-    assert "11 crash runs in 7 tests: 11 valid, 0 violated, 0 unknown" in summary
+    assert "15 crash runs in 9 tests: 15 valid, 0 violated, 0 unknown" in summary
     assert "violations by invariant" not in summary and "reproduce:" not in summary
 
 
@@ -233,15 +238,15 @@ def test_a_broken_target_or_mutant_fails_naming_the_invariant_the_schedule_and_a
 def test_the_same_suites_pass_and_fail_alike_under_xdist_with_one_shared_index(pytester):
     pytester.makepyfile(broken_worker=BROKEN_WORKER, test_reference=REFERENCE_SUITE, test_broken=BROKEN_SUITE)
     result = runpytest(pytester, "-n", "2", "--killpoint-report-dir", "crash-reports")
-    result.assert_outcomes(passed=9, failed=3)
-    assert "2 workers [12 items]" in result.stdout.str()
+    result.assert_outcomes(passed=11, failed=3)
+    assert "2 workers [14 items]" in result.stdout.str()
     summary = summary_of(result)  # printed once, by the controller, over both workers' runs
-    assert "15 crash runs in 11 tests: 11 valid, 4 violated, 0 unknown" in summary
+    assert "19 crash runs in 13 tests: 15 valid, 4 violated, 0 unknown" in summary
     assert "killpoint replay 'A@charge.after_call:1*pause' --target broken_worker:run --seed 0" in summary
     # Each worker names its pages after itself; only the controller writes the index, over all of them.
     folder = pytester.path / "crash-reports"
     pages = sorted(p.name for p in folder.glob("*.html") if p.name != "index.html")
-    assert len(pages) == 15 and all(re.fullmatch(r"gw[01]-run-\d{4}\.html", p) for p in pages), pages
+    assert len(pages) == 19 and all(re.fullmatch(r"gw[01]-run-\d{4}\.html", p) for p in pages), pages
     index = (folder / "index.html").read_text()
     assert all(page in index for page in pages)
 
@@ -324,7 +329,8 @@ def test_settings_reach_the_runs(killpoint):
     config = verdict.results[0].config
     assert (config.seed, config.store) == (s.seed, s.store)
     assert [r.schedule for r in killpoint.matrix(workload="single").results] == [
-        f"A@charge.{p}:kill" for p in s.points] + [f"A@charge.{p}:1*pause" for p in s.points]
+        f"A@charge.{p}:kill" for p in s.points] + [
+        f"A@charge.{p}:1*pause{moment}" for p in s.points for moment in ("(until=after_claim)", "")]
 
 
 def test_explore_draws_the_budget(killpoint):
