@@ -411,7 +411,8 @@ def test_real_time_from_the_flag_or_the_table_runs_with_the_clock_off_and_gives_
         outcomes[name] = (result, *_clock_of(result))
     virtual = outcomes["virtual"][1]
     assert virtual["real_time"] is False and virtual["virtual"] == [True] and virtual["lease_ms"] == [30000]
-    assert [v for _, v, _ in virtual["verdicts"]] == [True, True, True, False]  # the pause after the call
+    # caught: the pauses in the takeover window, and the one after the call
+    assert [v for _, v, _ in virtual["verdicts"]] == [True, True, False, True, False, False]
     assert {i for _, _, names in virtual["verdicts"] for i in names} == {"stale_writes_rejected"}
     for name in ("flag", "table"):
         result, clock, marked = outcomes[name]
@@ -491,8 +492,8 @@ def test_checkout(killpoint):
 def test_the_store_option_runs_the_suite_on_postgresql(pytester, pg_dsn):
     pytester.makepyfile(test_reference=REFERENCE_SUITE)
     result = runpytest(pytester, "--killpoint-store", pg_dsn, "-k", "checkout")
-    result.assert_outcomes(passed=4)  # two points, each killed and paused past the lease
-    assert "4 crash runs in 4 tests: 4 valid" in summary_of(result)
+    result.assert_outcomes(passed=6)  # two points, each killed and paused past the lease (back in the
+    assert "6 crash runs in 6 tests: 6 valid" in summary_of(result)  # takeover window, and after it)
 
 
 def test_sigterm_mid_run_ends_the_session_as_ctrl_c_does_and_leaves_no_schema(pytester, pg_dsn):
@@ -597,9 +598,11 @@ def test_shards_split_matrices_and_marked_items_deterministically_and_together_r
         items.append(re.findall(r"test_marked\[([\w-]+)\] PASSED", out))
         assert f"(shard {k}/2)" in summary_of(result)
     points = ("before_claim", "after_claim", "before_call", "after_call", "in_call")
-    everything = [f"A@charge.{p}:kill" for p in points] + [f"A@charge.{p}:1*pause" for p in points[1:]]
+    everything = [f"A@charge.{p}:kill" for p in points] + [
+        f"A@charge.{p}:1*pause{moment}" for p in points[1:] for moment in ("(until=after_claim)", "")]
     assert matrices == [everything[0::2], everything[1::2]]
-    assert sorted(items[0] + items[1]) == sorted(list(points) + [f"{p}-pause" for p in points[1:]])
+    assert sorted(items[0] + items[1]) == sorted(
+        list(points) + [f"{p}-pause{moment}" for p in points[1:] for moment in ("-until-after_claim", "")])
     assert not set(items[0]) & set(items[1]) and abs(len(items[0]) - len(items[1])) <= 1
 
 
@@ -611,8 +614,10 @@ def test_the_example_test_in_the_readme_runs_and_passes(pytester):
     example = re.search(r"```python\n(.*?)```", doc[marker:], re.S)[1]
     pytester.makepyfile(test_crashes=example)
     result = runpytest(pytester, "-v")
-    result.assert_outcomes(passed=7)
-    result.stdout.fnmatch_lines(["*test_checkout?after_call? PASSED*", "*test_checkout?after_call-pause? PASSED*"])
+    result.assert_outcomes(passed=9)
+    result.stdout.fnmatch_lines(["*test_checkout?after_call? PASSED*",
+                                 "*test_checkout?after_call-pause-until-after_claim? PASSED*",
+                                 "*test_checkout?after_call-pause? PASSED*"])
 
 
 def test_the_worked_user_worker_example_passes_at_every_crash_point(pytester):
@@ -620,7 +625,8 @@ def test_the_worked_user_worker_example_passes_at_every_crash_point(pytester):
     for name in ("shop_worker.py", "test_shop_worker.py"):
         shutil.copy(os.path.join(folder, name), pytester.path / name)
     result = runpytest(pytester, "-v")
-    result.assert_outcomes(passed=19)  # 10 crash points killed, 7 paused past the lease, 2 more tests
+    result.assert_outcomes(passed=26)  # 10 crash points killed, 7 paused past the lease at two
+    # resume moments (the takeover window and after it), 2 more tests
     result.stdout.fnmatch_lines(["*test_every_crash_point_is_recovered_without_a_second_charge?in_call? PASSED*",
                                  "*test_killpoint_catches_a_commit_without_fencing?after_call? PASSED*"])
 
