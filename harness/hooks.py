@@ -204,9 +204,11 @@ class Hooks:
 
     def intent(self, instance: Any, step: Any) -> Mapping[str, Any] | None:
         """The parameters the target declares for ``step`` of ``instance``: its ``intent`` hook's
-        answer, else the workload's ``step.params``; None (or empty) declares none."""
+        answer, else the workload's ``step.params``; None (or empty) declares none. A target that
+        owns its state calls the downstream with parameters of its own making: without an ``intent``
+        hook it declares none (``effects_match_intent`` is then not applicable, never a false alarm)."""
         if self.target.hook("intent") is None:
-            return dict(step.params) or None
+            return None if getattr(self.target, "owns_state", False) else (dict(step.params) or None)
         raw = self._call("intent", None, instance, step)
         if raw is None or isinstance(raw, Mapping):
             return None if raw is None else dict(raw)

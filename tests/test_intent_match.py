@@ -168,5 +168,5 @@ def test_a_targets_own_intent_hook_is_what_its_effects_are_judged_against(sessio
     (res,) = [r for r in result.verdict.results if r.invariant == "effects_match_intent"]
     if hooked:
         assert res.valid is True and res.judged
-    else:
-        assert res.valid is False and "amount: expected" in res.violations[0].detail
+    else:  # a target that owns its state declares its intent through the hook, or not at all
+        assert res.valid is True and not res.judged and not res.violations
