@@ -184,8 +184,8 @@ def test_workers_and_the_downstream_do_not_show_the_command_line(tmp_path):
                 for kind in (b"killpoint-downstream", b"killpoint-runner", b"killpoint-worker-") if t.startswith(kind)}
 
     try:
-        titles = {b"killpoint-downstream", b"killpoint-runner", b"killpoint-worker-"}
-        while cli.poll() is None and not titles <= kinds():
+        wanted = {b"killpoint-downstream", b"killpoint-runner", b"killpoint-worker-"}
+        while cli.poll() is None and not wanted <= kinds():
             for pid in marked(marker):
                 if pid != cli.pid:
                     read(pid)
