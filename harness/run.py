@@ -39,7 +39,7 @@ from killpoint.harness.settings import Settings, find, load
 from killpoint.harness.store import check_faults, open_store, schema_name
 from killpoint.harness.store.base import Store
 from killpoint.errors import InfrastructureError, InvalidConfig, InvalidTarget, KillpointWarning
-from killpoint.harness.supervise import DISK_ERRORS, Supervisor, WorkerProcess, check_owned_faults, kill
+from killpoint.harness.supervise import DISK_ERRORS, Supervisor, WorkerProcess, check_owned_faults, disk_failure, kill
 from killpoint.harness.targets import WorkerFn, declared
 from killpoint.harness.worker import REAL_TIME_TIMING, Timing
 from killpoint.harness.workload import Workload, cached_workload
@@ -845,8 +845,12 @@ class _Run:
 
     def broken(self, exc: Exception, started: float) -> RunResult:
         """The run's result when its infrastructure broke: unknown, with the cause."""
-        cause = f"infrastructure failure while {self.phase}: {type(exc).__name__}: " \
-                f"{' '.join(str(exc).split())[:300]}"
+        disk = disk_failure(exc)
+        if disk is not None:  # whichever write met it first, and in which phase, the cause is the disk
+            cause = f"infrastructure failure: the disk under {self.run_dir} failed: {disk}"
+        else:
+            cause = f"infrastructure failure while {self.phase}: {type(exc).__name__}: " \
+                    f"{' '.join(str(exc).split())[:300]}"
         if os.environ.get("KILLPOINT_DEBUG"):
             traceback.print_exception(exc, file=sys.stderr)
         self.note(vocab.INFRASTRUCTURE_FAILURE, phase=self.phase, error=cause)

@@ -93,6 +93,24 @@ def disk_failed(exc: BaseException) -> bool:
     return type(exc).__module__ == "sqlite3" and ("disk is full" in str(exc) or "disk I/O" in str(exc))
 
 
+def disk_failure(exc: BaseException) -> "str | None":
+    """The words for how the disk failed, where ``exc`` (or an exception it was raised from) says
+    it did: the OS's own (``No space left on device``), SQLite's full disk in the OS's words too, so
+    that which write met the failure first (a worker's journal, the store, the harness's probe) does
+    not change what the user reads. None for any other failure (a removed folder has its own words)."""
+    seen: "BaseException | None" = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in DISK_ERRORS:
+            return os.strerror(seen.errno)
+        if type(seen).__module__ == "sqlite3":
+            if "disk is full" in str(seen):
+                return os.strerror(errno.ENOSPC)
+            if "disk I/O" in str(seen):
+                return os.strerror(errno.EIO)
+        seen = seen.__cause__
+    return None
+
+
 _PR_SET_PDEATHSIG = 1
 _PR_SET_NAME = 15
 

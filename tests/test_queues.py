@@ -18,6 +18,7 @@ import re
 import signal
 import subprocess
 import sys
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -121,6 +122,60 @@ def test_celery_pause_is_redelivered_to_another_worker_while_the_first_is_frozen
     elsewhere = [e for e in events[stop:cont] if e.kind == "point" and e.get("point") == "prerun"
                  and e.get("step") == "charge" and e.process != "A"]
     assert elsewhere, [(e.process, e.kind, dict(e.data)) for e in events]
+
+
+def _broker_sockets() -> list[tuple[int, tuple]]:
+    """This process's TCP connections to a broker port (Redis's, RabbitMQ's): (fd, peer)."""
+    import socket
+
+    from killpoint.harness.libs import brokers
+
+    ports = {urlsplit(brokers.redis_url()).port or 6379, urlsplit(brokers.amqp_url()).port or 5672}
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                continue
+            sock = socket.socket(fileno=int(fd))
+        except OSError:
+            continue
+        try:
+            peer = sock.getpeername()
+        except OSError:
+            peer = ()
+        finally:
+            sock.detach()
+        if peer and peer[1] in ports:
+            out.append((int(fd), peer))
+    return out
+
+
+@pytest.mark.parametrize("kind", ["redis", "amqp"])
+def test_celery_setup_leaves_no_broker_connection_open_in_the_harness(redis_client, kind):
+    """Protects: the Celery target's setup sent the order through Celery's pools and left an AMQP
+    connection and the result backend's subscription open in the harness; a matrix's runners, forked
+    after it, inherited them, two read one socket, and a matrix on RabbitMQ hung for ever. Only the
+    one Redis client of this process (brokers.redis_client, made again in a forked process) stays."""
+    need("celery")
+    if kind == "amqp":
+        _amqp()
+    from killpoint.harness.declaration import TargetRun
+    from killpoint.harness.libs import brokers
+    from killpoint.harness.libs import celery as celery_target
+    from killpoint.harness.libs.common import order_workload
+
+    brokers.redis_client(brokers.require_redis())  # this process's own client, connected before
+    before = _broker_sockets()
+    run = TargetRun(run_id="t", run_dir="", namespace=f"kp_test_setup_{kind}_{os.getpid()}",
+                    workload=order_workload(0), downstream_url="http://127.0.0.1:1", store="sqlite", seed=0)
+    celery_target.setup(run, kind=kind, keyed=False)
+    try:
+        assert len(celery_target._metas(run.state)) == 0  # sent, not yet run
+        left = [s for s in _broker_sockets() if s not in before]
+        assert left == [], left
+    finally:
+        celery_target.teardown(run)
+    assert list(redis_client.scan_iter(match=f"*{run.namespace}*")) == []
 
 
 def test_an_unreachable_redis_is_one_line_naming_the_variable_exit_2():

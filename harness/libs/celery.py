@@ -210,8 +210,16 @@ class Sweep(bootsteps.StartStopStep):  # type: ignore[misc]
         qos = getattr(c.task_consumer.channel, "qos", None)
         if qos is not None and hasattr(qos, "restore_visible"):
             qos.restore_visible(num=100, interval=1)
-        if _done(_worker["ctx"].run.state):
+        # Done on two ticks in a row, the hub's poll between them: a message this worker's broker
+        # connection already took (Redis's BRPOP answered, RabbitMQ's delivery in the socket) is in
+        # no list Redis or RabbitMQ shows until the hub reads it; ending on the first tick lost it,
+        # and with it the duplicate a naive task delivered again applies.
+        if not _done(_worker["ctx"].run.state):
+            _worker["done_seen"] = False
+        elif _worker.get("done_seen"):
             raise _Finished()
+        else:
+            _worker["done_seen"] = True
 
 
 # -- in a worker ----------------------------------------------------------------------------------
@@ -281,11 +289,18 @@ def setup(run: killpoint.TargetRun, *, kind: str, keyed: bool) -> None:
     app = make_app(run.state, current=False)
     task = app.tasks[TASK]
     try:
-        for inst in run.workload.instances:
-            celery.chain(*(task.si(instance=inst.id, step=spec.name).set(task_id=f"{ns}-{inst.id}-{spec.name}")
-                           for spec in inst.steps)).apply_async()
+        # On a connection of its own, closed here, as the backend's: a connection left open in the
+        # harness is inherited by every process it forks later (a matrix's runners), and two
+        # processes reading one socket each wait for the other's answer for ever.
+        with app.connection_for_write() as conn:
+            for inst in run.workload.instances:
+                celery.chain(*(task.si(instance=inst.id, step=spec.name).set(task_id=f"{ns}-{inst.id}-{spec.name}")
+                               for spec in inst.steps)).apply_async(connection=conn)
     finally:
         app.close()
+        backend = app.backend
+        backend.result_consumer.stop()  # the subscription Celery opens to hear of each task's result
+        backend.client.connection_pool.disconnect()
 
 
 def done(run: killpoint.TargetRun) -> bool:
