@@ -76,10 +76,18 @@ def single_crash_schedules(step_names: Iterable[str | None], points: Iterable[st
     return out
 
 
+def _pauses(claim: str | None) -> tuple[str, ...]:
+    """The pauses of :data:`PAUSES`, the takeover-window one resuming at ``claim`` (none without)."""
+    return tuple(p.replace("until=after_claim", f"until={claim}") for p in PAUSES
+                 if claim is not None or "until=" not in p)
+
+
 def single_fault_schedules(step_names: Iterable[str | None], points: Iterable[str],
                            actions: Sequence[str] = ("kill", "pause"),
                            terminate_points: Iterable[str] | None = None,
-                           passes: Iterable[str] | None = None) -> list[Schedule]:
+                           passes: Iterable[str] | None = None,
+                           lease: Iterable[str] | None = None,
+                           claim: str | None = None) -> list[Schedule]:
     """The single-crash schedules (``kill``); with ``pause``, worker A frozen once past its lease
     at every point where it holds one, then resumed in the takeover window (once another worker
     claimed the step, which waits meanwhile: where the target has ``after_claim``) and, in another
@@ -87,17 +95,20 @@ def single_fault_schedules(step_names: Iterable[str | None], points: Iterable[st
     ``terminate``, A's database sessions ended once at every point of ``terminate_points``
     (default ``points``), at a db point in each transaction of ``DB_HITS``. ``passes``: the points
     the target's attempts pass (its declared ones; default the built-in protocol's), where a pause's
-    moment must be."""
+    moment must be. ``lease``: the points where a worker holds a lease (default :data:`LEASE_HELD`);
+    ``claim``: the point the takeover-window pause resumes at (default ``after_claim`` where the
+    target passes it): a target's declaration (``lease_points``, ``claim_point``) gives both."""
     step_names, points = tuple(step_names), tuple(points)
     passes = tuple(HIT_ORDER if passes is None else passes)
+    held = frozenset(LEASE_HELD if lease is None else lease)
+    if claim is None and "after_claim" in passes:
+        claim = "after_claim"
     out = single_crash_schedules(step_names, points) if "kill" in actions else []
     if "pause" in actions:
         for step in step_names:
             for point in points:
-                if point in LEASE_HELD:
-                    for pause in PAUSES:
-                        if "until=after_claim" in pause and "after_claim" not in passes:
-                            continue
+                if point in held:
+                    for pause in _pauses(claim):
                         out.append(Schedule((Fault("A", point, parse_actions(pause), step),)))
     if "terminate" in actions:
         for step in step_names:
@@ -186,13 +197,14 @@ def repeated_steps(workload: Any) -> tuple[str, ...]:
 def matrix(step_names: Iterable[str], points: Iterable[str], *, depth: int = 1,
            actions: Sequence[str] = ("kill",), terminate_points: Iterable[str] | None = None,
            forms: Sequence[str] = FORMS, cross_steps: bool = False,
-           order: Sequence[str] | None = None) -> list[Planned]:
+           order: Sequence[str] | None = None, lease: Iterable[str] | None = None,
+           claim: str | None = None) -> list[Planned]:
     """Depth 1: :func:`single_fault_schedules` with ``actions`` (``order``: the target's declared
     points, where a pause's moment must be); depth 2: :func:`double_crash_schedules` with ``forms``
     (and the target's points in ``order``), each pair with its restart rule."""
     if depth == 1:
         return [Planned(s) for s in single_fault_schedules(step_names, points, actions, terminate_points,
-                                                           passes=order)]
+                                                           passes=order, lease=lease, claim=claim)]
     if depth == 2:
         return [Planned(s, same) for s, same in
                 double_crash_schedules(step_names, points, forms=forms, cross_steps=cross_steps,

@@ -83,6 +83,34 @@ def _check_points(points: Iterable[str]) -> tuple[str, ...]:
     return out
 
 
+def _check_lease(points: tuple[str, ...], lease_points: Sequence[str] | None,
+                 claim_point: str | None) -> tuple[tuple[str, ...], str | None]:
+    """The points where a worker holds a lease (where the matrix pauses it past the lease) and the
+    point a worker reaches once it holds one (where the new holder waits while a paused worker comes
+    back in the takeover window): as declared, each one of ``points``; by default the built-in
+    protocol's (:data:`killpoint.chaos.generator.LEASE_HELD`, ``after_claim``) among ``points``."""
+    from killpoint.chaos.generator import LEASE_HELD
+
+    if lease_points is None:
+        lease = tuple(p for p in points if p in LEASE_HELD)
+    else:
+        if isinstance(lease_points, str):
+            raise InvalidTarget(f"lease_points={lease_points!r}: give a tuple of point names, "
+                                f"such as ('after_lock', 'before_ack')")
+        lease = tuple(dict.fromkeys(lease_points))
+        bad = [p for p in lease if p not in points]
+        if bad:
+            raise InvalidTarget(f"lease_points: {', '.join(map(repr, bad))} is not among the target's "
+                                f"points ({', '.join(points)})")
+    if claim_point is None:
+        claim = "after_claim" if "after_claim" in points else None
+    elif claim_point not in points:
+        raise InvalidTarget(f"claim_point={claim_point!r} is not among the target's points ({', '.join(points)})")
+    else:
+        claim = claim_point
+    return lease, claim
+
+
 class Target:
     """A target and its declaration. Call it like the function it wraps: ``target(ctx)``.
 
@@ -92,6 +120,7 @@ class Target:
     def __init__(self, fn: Callable[["WorkerContext"], None], *, points: Sequence[str] | None = None,
                  owns_state: bool = False, workload: str | None = None,
                  name: str | None = None, sometimes: Sequence[str] = (), run_clock: bool = False,
+                 lease_points: Sequence[str] | None = None, claim_point: str | None = None,
                  **hooks: Callable[..., Any] | None) -> None:
         if not callable(fn):
             raise InvalidTarget(f"target {fn!r} is not callable: give a function taking a WorkerContext")
@@ -113,6 +142,7 @@ class Target:
         # (ctx.clock.now() in place of its database's now(), waits through ctx.clock): it runs on
         # the run clock, with production-like timings. Without it such a target runs in real time.
         self.run_clock = bool(run_clock)
+        self.lease_points, self.claim_point = _check_lease(self.points, lease_points, claim_point)
         self.name = name or f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', '?')}"
         self.hooks: dict[str, Callable[..., Any]] = {k: v for k, v in hooks.items() if v is not None}
         for k, v in self.hooks.items():
@@ -167,7 +197,8 @@ def target(fn: Callable[["WorkerContext"], None], /) -> "Target": ...
 @overload
 def target(fn: None = None, *, points: Sequence[str] | None = None,
            owns_state: bool = False, workload: str | None = None, sometimes: Sequence[str] = (),
-           run_clock: bool = False, setup: Callable[[TargetRun], None] | None = None,
+           run_clock: bool = False, lease_points: Sequence[str] | None = None,
+           claim_point: str | None = None, setup: Callable[[TargetRun], None] | None = None,
            done: Callable[[TargetRun], bool] | None = None,
            final_states: Callable[[TargetRun], Any] | None = None,
            history: Callable[[TargetRun], Any] | None = None,
@@ -179,7 +210,8 @@ def target(fn: None = None, *, points: Sequence[str] | None = None,
 
 def target(fn: Callable[["WorkerContext"], None] | None = None, *, points: Sequence[str] | None = None,
            owns_state: bool = False, workload: str | None = None, sometimes: Sequence[str] = (),
-           run_clock: bool = False, setup: Callable[[TargetRun], None] | None = None,
+           run_clock: bool = False, lease_points: Sequence[str] | None = None,
+           claim_point: str | None = None, setup: Callable[[TargetRun], None] | None = None,
            done: Callable[[TargetRun], bool] | None = None,
            final_states: Callable[[TargetRun], Any] | None = None,
            history: Callable[[TargetRun], Any] | None = None,
@@ -200,10 +232,15 @@ def target(fn: Callable[["WorkerContext"], None] | None = None, *, points: Seque
     every time its leases are computed from ``ctx.clock`` (``ctx.clock.now()``, epoch seconds,
     in place of its database's ``now()``) and waits through it, so it runs on the run clock (virtual
     time, production-like timings); without it such a target runs in real time with short timings.
+    ``lease_points``: the points at which a worker holds a lease, where the matrix pauses it past
+    the lease (default: those of the built-in protocol's that it declares: ``after_claim``,
+    ``before_call`` ... ``before_commit``); ``claim_point``: the point a worker reaches just after it
+    took a lease (default ``after_claim`` where declared), where the new holder waits while a worker
+    paused past its lease comes back in the takeover window (``pause(until=<claim_point>)``).
     """
     def wrap(f: Callable[["WorkerContext"], None]) -> Target:
         return Target(f, points=points, owns_state=owns_state, workload=workload, sometimes=sometimes,
-                      run_clock=run_clock, setup=setup,
+                      run_clock=run_clock, lease_points=lease_points, claim_point=claim_point, setup=setup,
                       done=done, final_states=final_states, history=history, recover=recover,
                       teardown=teardown, intent=intent)
 

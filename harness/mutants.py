@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from killpoint import vocab
 from killpoint.errors import StoreError
-from killpoint.harness import checkpoint, recovery, states
+from killpoint.harness import checkpoint, recovery, states, zoo_queue
 from killpoint.harness.downstream import Answer
 from killpoint.harness.store.base import Claim, Store, StoreUnavailable
 from killpoint.harness.store.sql import SqlStore
@@ -53,6 +53,9 @@ class Mutant:
     # Timing overrides (Timing field -> ms) for a bug that shows only when one period is short next
     # to a step's work: the same on the virtual clock and off it.
     timing: Mapping[str, float] | None = None
+    # The correct target that must stay valid on the same schedule (None: the reference worker); a
+    # mutant of a target that owns its state names its own correct twin.
+    reference: str | None = None
 
     @property
     def target_name(self) -> str:
@@ -673,6 +676,14 @@ _ZOO = (
            "hit of reserve.after_call, which only the matrix's path exploration (or --depth 2) "
            "reaches",
            "no_duplicate_effects", _runner(FreshCompensationKey), "A@reserve.after_call#3:kill"),
+    Mutant("renew-by-id-owned",
+           "a queue that keeps its jobs in a table of its own renews a job's lease by job id alone "
+           "(UPDATE jobs SET lease_until = ? WHERE id = ? AND state = 'running'): back from a pause "
+           "while the new holder holds the job, its heartbeat renews that holder's lease as its "
+           "own; back after the new holder acknowledged the job, it finds nothing to renew, so only "
+           "a pause that resumes in the takeover window shows it",
+           "lease_fenced", zoo_queue.renew_by_id, "A@charge.before_ack:1*pause(until=taken)",
+           reference="killpoint.harness.zoo_queue:fenced_renewal"),
     Mutant("reprice-on-recovery",
            "prices the charge again when it recovers it: the replayed call carries the amount "
            "plus 4% under the step's own key, so the effect applied differs from the step's intent",

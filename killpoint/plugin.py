@@ -31,7 +31,7 @@ import pytest
 from killpoint.vocab import VERDICT_WORDS
 # The fixtures are found by pytest as attributes of this module, the plugin it loads.
 from killpoint._plugin.fixture import Killpoint, _killpoint_session, killpoint  # noqa: F401 (pytest finds them here)
-from killpoint._plugin.marker import (_Case, _case_of, _cases, _collection_error, _declared_points,
+from killpoint._plugin.marker import (_Case, _case_of, _cases, _collection_error, _declared_target,
                                       _marker_kwargs)
 from killpoint._plugin.settings import KillpointUnavailable, Settings, _points, _settings, add_options
 from killpoint._plugin.state import _HANDLE, _RUNS, _STATE, _State
@@ -93,17 +93,17 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     kwargs = _marker_kwargs(name, marker.kwargs)
     settings = metafunc.config.stash[_STATE].settings
     try:
-        points = _points(kwargs["points"], settings, _declared_points(name, kwargs["target"]))
+        declared = _declared_target(name, kwargs["target"])
+        points = _points(kwargs["points"], settings, declared.points)
     except ValueError as exc:
         _collection_error(f"{name}: @pytest.mark.killpoint: {exc}")
     _check_steps(name, kwargs, settings)
-    cases = _cases(points, kwargs["steps"], kwargs["actions"], kwargs["action"])
+    cases = _cases(points, kwargs["steps"], kwargs["actions"], kwargs["action"], declared)
     if not cases:
-        from killpoint.chaos.generator import LEASE_HELD
-
         _collection_error(f"{name}: @pytest.mark.killpoint(points={kwargs['points']!r}, "
                           f"actions={kwargs['actions']!r}) makes no run: a pause is scheduled only "
-                          f"where a lease is held ({', '.join(LEASE_HELD)})")
+                          f"where a lease is held "
+                          f"({', '.join(declared.lease_points) or 'this target declares no such point'})")
     metafunc.parametrize("killpoint", cases, ids=[c.id for c in cases], indirect=True)
 
 

@@ -228,3 +228,64 @@ def test_a_pause_whose_other_workers_are_blocked_on_it_ends_as_a_named_resume_no
     [cont] = harness(result, vocab.CONT, "A")
     assert cont.get("why") == vocab.RESUMED_BLOCKED and cont.get("moment") == "after_claim"
     assert "blocked" in cont.get("reason")
+
+
+# -- a target that owns its state: its own lease points and claim point -----------------------------
+
+
+def test_a_target_declares_where_it_holds_a_lease_and_where_it_took_one():
+    """Protects: a target that owns its state names its points as it likes (``taken``,
+    ``before_ack``); the matrix paused it only at the built-in protocol's names, never in its
+    takeover window. ``lease_points`` and ``claim_point`` say where; the defaults are the protocol's
+    among the declared points, and a name that is not declared is one line naming it."""
+    import killpoint
+    from killpoint import InvalidTarget
+
+    def body(ctx):
+        return None
+
+    own = killpoint.Target(body, points=("before_take", "taken", "before_ack"), owns_state=True,
+                           lease_points=("taken", "before_ack"), claim_point="taken")
+    schedules = [str(p.schedule) for p in matrix(["charge"], own.points, actions=("kill", "pause"),
+                                                   order=own.points, lease=own.lease_points,
+                                                   claim=own.claim_point)]
+    assert schedules[3:] == ["A@charge.taken:1*pause(until=taken)", "A@charge.taken:1*pause",
+                             "A@charge.before_ack:1*pause(until=taken)", "A@charge.before_ack:1*pause"]
+    plain = killpoint.Target(body, points=("after_claim", "before_call", "before_ack"))
+    assert (plain.lease_points, plain.claim_point) == (("after_claim", "before_call"), "after_claim")
+    none = killpoint.Target(body, points=("before_take", "before_ack"), owns_state=True)
+    assert (none.lease_points, none.claim_point) == ((), None)
+    for bad, named in [({"lease_points": ("taken", "nope")}, "'nope'"), ({"claim_point": "nope"}, "'nope'"),
+                       ({"lease_points": "taken"}, "'taken'")]:
+        with pytest.raises(InvalidTarget, match=named) as caught:
+            killpoint.Target(body, points=("taken",), **bad)
+        assert "\n" not in str(caught.value)
+
+
+def _matrix_json(target):
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "killpoint.harness.cli", "matrix", "--target", target, "--json", "-q"],
+                         capture_output=True, timeout=600)
+    return out.returncode, json.loads(out.stdout)
+
+
+def test_a_heartbeat_that_renews_by_id_alone_in_a_target_that_owns_its_state_is_caught_in_its_window():
+    """Protects: a queue with its own jobs table whose heartbeat renews a running job by id alone
+    was valid on the matrix: resumed after the new holder acknowledged the job, the stale worker
+    finds nothing to renew. The matrix now pauses at the target's declared lease points and resumes
+    at its claim point, while the new holder holds the job: ``lease_fenced``, and only there. Its
+    correct twin (renewing only its own lease and fence) is valid on the same matrix, every pause
+    exercising a takeover."""
+    code, out = _matrix_json("mutant:renew-by-id-owned")
+    assert code == 1
+    caught = {v["schedule"] for v in out["violations"]}
+    assert {v["invariant"] for v in out["violations"]} == {"lease_fenced"}
+    lease_points = ("taken", "before_call", "after_call", "before_ack")
+    assert caught == {f"A@charge.{p}:1*pause(until=taken)" for p in lease_points}
+    code, out = _matrix_json("killpoint.harness.zoo_queue:fenced_renewal")
+    assert code == 0, out.get("unknown_reasons")
+    assert out["runs"] == 14 and out["exercise"]["pauses"] == out["exercise"]["pauses_exercised"] == 8
+    assert out["invariants"]["lease_fenced"]["checked"] == 14

@@ -122,12 +122,14 @@ def run(args: argparse.Namespace) -> int:
         # Unless --points narrows it, terminate also runs inside the PostgreSQL store's COMMIT: at
         # the target's points (the ones it declares, and only those) and the store's own.
         terminate_points = points if args.points is not None else points + DB_POINTS
+        declared = declared_target(args)
         plans = generator.matrix(steps, points, depth=1, actions=actions, terminate_points=terminate_points,
-                                 order=tuple(declared_target(args).points))
+                                 order=tuple(declared.points), lease=declared.lease_points,
+                                 claim=declared.claim_point)
         if not plans:
             raise BadInput(f"--points {shown(','.join(points))} --actions {shown(','.join(actions))}: no run "
                            f"to make: a pause is scheduled only where a lease is held "
-                           f"({', '.join(generator.LEASE_HELD)})")
+                           f"({', '.join(declared.lease_points) or 'this target declares no such point'})")
     else:
         text = ",".join(FORMS) if args.forms is None else args.forms
         forms = _names(text, "--forms", "both")

@@ -38,7 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     add_jobs(p)
     add_real_time(p, "turn the run clock off: real waits and short timings (see matrix --help)")
-    p.set_defaults(workers=2, workload="orders", target="reference")
+    p.set_defaults(workers=2, workload=None, target="reference")
     add_output(p)
 
 
@@ -84,19 +84,24 @@ def _chosen(text: str | None) -> list[Any]:
 
 def run(args: argparse.Namespace) -> int:
     from killpoint.chaos.generator import single_crash_schedules
-    from killpoint.harness.commands.common import workload_of
+    from killpoint.harness.commands.common import parse_schedule, workload_of
     from killpoint.harness.run import Session
 
     validate_store(args.store)
     mutants = _chosen(args.mutants)
+    own_configs: list[Any] = []
+    reference_configs: list[Any] = []
+    reference_name = getattr(args, "target", "reference")
     for m in mutants:
-        if len(chaos.parse(m.schedule).faults) > MAX_FAULTS:  # a zoo entry that breaks the rule
-            raise BadInput(f"mutant {m.name!r}: its schedule {m.schedule!r} has more than {MAX_FAULTS} faults")
-    mutant_configs = [(m, run_config(args, chaos.parse(m.schedule), target=m.target_name,
-                                     **m.run_overrides()))
-                      for m in mutants]
-    reference_configs = [run_config(args, chaos.parse(m.schedule), **m.run_overrides())
-                         for m in mutants]
+        # Each run is configured as for its own target: a mutant of a target that owns its state has
+        # its points, its workload, and a correct twin that must stay valid on the same schedule.
+        for target, configs in ((m.target_name, own_configs), (m.reference or reference_name, reference_configs)):
+            own = argparse.Namespace(**{**vars(args), "target": target})
+            schedule = parse_schedule(own, m.schedule)
+            if len(schedule.faults) > MAX_FAULTS:  # a zoo entry that breaks the rule
+                raise BadInput(f"mutant {m.name!r}: its schedule {m.schedule!r} has more than {MAX_FAULTS} faults")
+            configs.append(run_config(own, schedule, **m.run_overrides()))
+    mutant_configs = list(zip(mutants, own_configs))
     if not args.quick:
         steps = workload_of(args).step_names
         reference_configs += [run_config(args, s)

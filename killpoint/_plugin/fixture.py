@@ -115,12 +115,14 @@ class Killpoint:
             _fail(f"killpoint.matrix(depth={depth!r}): depth is 1 (single crashes) or 2 (pairs)")
         try:
             chosen = _points(points, self.settings, declared.points)
-            plans = _plans(steps, chosen, depth, actions, order=declared.points)
+            plans = _plans(steps, chosen, depth, actions, order=declared.points, lease=declared.lease_points,
+                           claim=declared.claim_point)
         except ValueError as exc:
             _fail(f"killpoint.matrix: {exc}")
         if not plans:
             _fail(f"killpoint.matrix(points={asked['points']!r}, actions={actions!r}): no run to make: "
-                  f"a pause is scheduled only where a lease is held ({', '.join(generator.LEASE_HELD)})")
+                  f"a pause is scheduled only where a lease is held "
+                  f"({', '.join(declared.lease_points) or 'this target declares no such point'})")
         if hits not in generator.HIT_MODES:
             _fail(f"killpoint.matrix(hits={hits!r}): use one of {', '.join(generator.HIT_MODES)}")
         if max_hits is not None and (type(max_hits) is not int or max_hits < 0):
@@ -307,12 +309,15 @@ class Killpoint:
 
 def _plans(steps: Sequence[str], points: Sequence[str], depth: int,
            actions: "Sequence[str] | str" = ("kill", "pause"),
-           order: Sequence[str] | None = None) -> list[Any]:
+           order: Sequence[str] | None = None, lease: Sequence[str] | None = None,
+           claim: str | None = None) -> list[Any]:
     """What ``matrix()`` runs: the generator's plans, as ``killpoint matrix`` builds them (``order``:
-    the target's declared points, the order its attempts pass them in)."""
+    the target's declared points, the order its attempts pass them in; ``lease``, ``claim``: where
+    it holds a lease and where it has just taken one)."""
     from killpoint.chaos import generator
 
-    return generator.matrix(steps, points, depth=depth, actions=_actions(actions), order=order)
+    return generator.matrix(steps, points, depth=depth, actions=_actions(actions), order=order, lease=lease,
+                            claim=claim)
 
 
 # RunConfig fields the fixture sets itself (from its own arguments and the session's options).

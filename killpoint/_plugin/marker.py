@@ -27,7 +27,7 @@ class _Case:
 
 
 def _cases(points: Sequence[str], steps: Sequence[str] | None, actions: Sequence[str],
-           action: str | None) -> list[_Case]:
+           action: str | None, declared: Any = None) -> list[_Case]:
     """A marked test's items: the schedules ``killpoint matrix`` runs for the same points, steps
     and actions, in its order (kills, a hang at the heartbeat, then pauses past the lease); with
     ``action=``, that one action at every point instead."""
@@ -36,7 +36,9 @@ def _cases(points: Sequence[str], steps: Sequence[str] | None, actions: Sequence
         return [_Case(p, s, action) for s in steps_or_any for p in points]
     from killpoint.chaos.generator import single_fault_schedules
 
-    faults = [s.faults[0] for s in single_fault_schedules(steps_or_any, points, tuple(actions))]
+    where = {} if declared is None else {"passes": declared.points, "lease": declared.lease_points,
+                                         "claim": declared.claim_point}
+    faults = [s.faults[0] for s in single_fault_schedules(steps_or_any, points, tuple(actions), **where)]
     return [_Case(f.point, f.step, str(f.actions), _label(f.actions.terms[0]) if "pause" in str(f.actions) else "")
             for f in faults]
 
@@ -86,12 +88,12 @@ def _marker_kwargs(name: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _declared_points(name: str, target: Any) -> tuple[str, ...]:
-    """The crash points a marked test's target declares (a collection error if it cannot be found)."""
+def _declared_target(name: str, target: Any) -> Any:
+    """A marked test's target's declaration (a collection error if it cannot be found)."""
     from killpoint.harness.targets import InvalidTarget, declared
 
     try:
-        return declared(target).points
+        return declared(target)
     except InvalidTarget as exc:
         _collection_error(f"{name}: @pytest.mark.killpoint(target={target!r}): {exc}")
 
