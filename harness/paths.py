@@ -31,8 +31,8 @@ from killpoint.chaos.schedule import Schedule
 from killpoint.harness.history import History
 from killpoint.harness.run import RunConfig, RunResult
 
-__all__ = ["Exploration", "discovery", "explore_hits", "explore_recovery", "kills", "points_only", "recovery_probe",
-           "trace"]
+__all__ = ["Exploration", "discovery", "explore_hits", "explore_recovery", "kills", "once_per_worker",
+           "points_only", "recovery_probe", "stepless_points", "trace"]
 
 
 def discovery(config: RunConfig) -> RunConfig:
@@ -141,3 +141,31 @@ def explore_recovery(found: Exploration, probes: Sequence[RunResult], steps: tup
                                plans=found.plans + tuple(p for _, p in added),
                                left=found.left + wanted - len(added), probes=len(probes),
                                recovery=len(added))
+
+
+def stepless_points(result: RunResult, points: Iterable[str]) -> tuple[str, ...]:
+    """The points of ``points`` that worker A passed in the fault-free run only outside any step (a
+    queue's claim loop before it knows the job: no ``ctx.at``): a fault at such a point *of a step*
+    would never fire."""
+    at_step: dict[str, bool] = {}
+    for _, step, point in trace(result.history):
+        at_step[point] = at_step.get(point, False) or step is not None
+    return tuple(p for p in points if at_step.get(p) is False)
+
+
+def once_per_worker(configs: Sequence[RunConfig], stepless: Iterable[str]) -> list[RunConfig]:
+    """``configs`` with each single fault at a step-less point moved out of its step (``A@before_claim``,
+    not ``A@charge.before_claim``, which never fires), once: the per-step copies of one fault become
+    one run."""
+    lone = frozenset(stepless)
+    out: list[RunConfig] = []
+    seen: set[str] = set()
+    for config in configs:
+        faults = config.schedule.faults
+        if len(faults) == 1 and faults[0].point in lone and faults[0].step is not None:
+            config = dataclasses.replace(config, schedule=Schedule((dataclasses.replace(faults[0], step=None),)))
+        text = str(config.schedule)
+        if text not in seen:
+            seen.add(text)
+            out.append(config)
+    return out

@@ -189,3 +189,46 @@ def test_hits_outside_any_instance_are_one_path_however_often_a_claim_loop_passe
     hits = hits_of([(None, "queue", "before_claim")] * 5 + _trace(("o1", "queue", ("after_claim",))))
     assert later_hits(hits, ("queue",), ("before_claim", "after_claim"), "paths") == []
     assert len(later_hits(hits, ("queue",), ("before_claim", "after_claim"), "all")) == 4
+
+
+# -- a point passed outside any step -------------------------------------------------------------
+
+import killpoint  # noqa: E402
+from killpoint.harness import zoo_queue  # noqa: E402
+
+
+class _ClaimLoop(zoo_queue._Worker):
+    """The zoo's queue, its claim loop outside any step (no ``ctx.at`` before it knows the job)."""
+
+    def work(self) -> None:
+        while True:
+            self.ctx.point("before_take")
+            job = self.take()
+            if job is None:
+                if self.left() == 0:
+                    return
+                self.ctx.clock.sleep(self.ctx.timing.poll_ms / 1000.0)
+                continue
+            with self.ctx.at(job["instance"], zoo_queue.STEP):
+                self.ctx.point("taken")
+                self.handle(job)
+
+
+stepless_queue = killpoint.Target(
+    lambda ctx: _ClaimLoop(ctx, renew_by_id=False).work(), name="test_paths:stepless_queue",
+    points=zoo_queue.POINTS, owns_state=True, workload="killpoint.harness.zoo_queue:jobs", run_clock=True,
+    lease_points=zoo_queue.LEASE_POINTS, claim_point="taken", setup=zoo_queue.setup, done=zoo_queue.done,
+    final_states=zoo_queue.final_states, history=zoo_queue.history)
+
+
+def test_a_point_passed_outside_any_step_is_crashed_once_per_worker_not_once_per_step(capsys):
+    """Protects: a queue whose claim loop passes ``before_take`` before it knows the job (outside
+    any step) was crashed at ``A@charge.before_take``, which never fires: a run that waited for it
+    and ended unknown. The fault-free run shows the point is passed only outside a step, and the
+    matrix crashes it there once (``A@before_take:kill``): fired, recovered, judged."""
+    code = main(["matrix", "--target", "test_paths:stepless_queue", "--json", "-q", "--actions", "kill"])
+    report = json.loads(capsys.readouterr().out)
+    schedules = [r["schedule"] for r in report["results"]]
+    assert "A@before_take:kill" in schedules and "A@charge.before_take:kill" not in schedules
+    assert code == 0 and report["valid"] is True, report["unknown_reasons"]
+    assert all(not r["unfired"] for r in report["results"])

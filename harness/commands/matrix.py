@@ -37,8 +37,8 @@ from killpoint.chaos.schedule import Schedule
 from killpoint.chaos.points import DB_POINTS
 from killpoint.harness.commands.common import (declared_target, jobs_of, Summary, until_broken, add_common, finish,
                                                parse_steps, progress_for, run_config, target_points, whole, workload_of)
-from killpoint.harness.paths import (discovery, explore_hits, explore_recovery, kills, points_only,
-                                     recovery_probe)
+from killpoint.harness.paths import (discovery, explore_hits, explore_recovery, kills, once_per_worker, points_only,
+                                     recovery_probe, stepless_points)
 from killpoint.harness.run import Session
 
 HELP = ("run every single-fault schedule (each point x each step, killed or paused past its lease), "
@@ -166,6 +166,9 @@ def run(args: argparse.Namespace) -> int:
             if found.valid is not True:
                 summary.add(found, keep_events=drawn)
                 progress.step("no faults, worker A alone", found)
+            if args.depth == 1:
+                # A point A passed only outside any step is crashed once, not once per step
+                configs = once_per_worker(configs, stepless_points(found, points))
             if args.recovery_paths:
                 # Each kill again, A alone and restarted as itself: what its recovery passes.
                 killed = kills([c.schedule for c in configs] + list(exploration.schedules))
