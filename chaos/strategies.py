@@ -8,7 +8,9 @@ Actions are chosen so that a correct worker stays correct and the verdict stays 
 
 * ``kill`` -- SIGKILL at the point (at ``in_call``: the downstream applied it, the answer is lost);
 * ``1*pause`` -- SIGSTOP until another worker moved the step on, so the worker wakes up past its
-  lease (once: a pause at every hit would stall every step the worker touches);
+  lease (once: a pause at every hit would stall every step the worker touches); given the target's
+  moments, ``1*pause(until=MOMENT)`` too: back in the takeover window (the new holder at its claim
+  point) or once the lease lapsed (``lapse``);
 * ``1*hang`` -- the business thread blocks for good while the heartbeat goes on (once: a bare
   ``hang`` is not spent like a kill, so every restart under the same identity would hang again
   and the run could never finish);
@@ -49,10 +51,11 @@ def stall_durations(lease_ttl_ms: float, stuck_bound_ms: float) -> tuple[int, ..
     return tuple(sorted({max(1, int(round(ms))) for ms in wanted}))
 
 
-def actions(stalls_ms: Sequence[int] | None = None) -> st.SearchStrategy[Chain]:
-    """A failpoint action chain: kill, or a one-off pause, hang or sleep (one of ``stalls_ms``, or
-    a short one of at most :data:`MAX_SLEEP_MS`)."""
-    plain = st.sampled_from(_PLAIN_ACTIONS)
+def actions(stalls_ms: Sequence[int] | None = None, moments: Sequence[str] = ()) -> st.SearchStrategy[Chain]:
+    """A failpoint action chain: kill, or a one-off pause (resumed once another worker moved the step
+    on, or at one of ``moments``: ``pause(until=MOMENT)``), hang or sleep (one of ``stalls_ms``, or a
+    short one of at most :data:`MAX_SLEEP_MS`)."""
+    plain = st.sampled_from(_PLAIN_ACTIONS[:2] + tuple(f"1*pause(until={m})" for m in moments) + _PLAIN_ACTIONS[2:])
     durations = st.sampled_from(tuple(stalls_ms)) if stalls_ms else st.integers(1, MAX_SLEEP_MS)
     sleep = durations.map(lambda ms: f"1*sleep({ms})")
     return st.one_of(plain, sleep).map(parse_actions)
@@ -60,25 +63,27 @@ def actions(stalls_ms: Sequence[int] | None = None) -> st.SearchStrategy[Chain]:
 
 def faults(workers: Sequence[str], steps: Sequence[str],
            points: Sequence[str] = DEFAULT_POINTS,
-           stalls_ms: Sequence[int] | None = None) -> st.SearchStrategy[Fault]:
+           stalls_ms: Sequence[int] | None = None, moments: Sequence[str] = ()) -> st.SearchStrategy[Fault]:
     """One fault: a worker, a point at a named step (or at any step), a hit number, an action."""
     if not workers or not points:
         raise ValueError("a fault needs at least one worker name and one crash point")
     step = st.one_of(st.sampled_from(tuple(steps)), st.none()) if steps else st.none()
     return st.builds(lambda worker, point, chain, step, hit: Fault(worker, point, chain, step, hit),
-                     st.sampled_from(tuple(workers)), st.sampled_from(tuple(points)), actions(stalls_ms),
+                     st.sampled_from(tuple(workers)), st.sampled_from(tuple(points)), actions(stalls_ms, moments),
                      step, st.integers(1, MAX_HIT))
 
 
 def schedules(workers: Sequence[str], steps: Sequence[str], *, points: Sequence[str] = DEFAULT_POINTS,
-              max_faults: int = 3, stalls_ms: Sequence[int] | None = None) -> st.SearchStrategy[Schedule]:
-    """A schedule of one to ``max_faults`` faults, no two at the same worker, step, point and hit.
+              max_faults: int = 3, stalls_ms: Sequence[int] | None = None,
+              moments: Sequence[str] = ()) -> st.SearchStrategy[Schedule]:
+    """A schedule of one to ``max_faults`` faults, no two at the same worker, step, point and hit
+    (``moments``: where a drawn pause may come back besides the plain pause's moment).
 
     Two faults at the same place would compete for one hit, and only the first could ever fire.
     """
     if max_faults < 1:
         raise ValueError(f"max_faults must be at least 1, not {max_faults}")
-    return st.lists(faults(workers, steps, points, stalls_ms), min_size=1, max_size=max_faults,
+    return st.lists(faults(workers, steps, points, stalls_ms, moments), min_size=1, max_size=max_faults,
                     unique_by=lambda f: (f.worker, f.step, f.point, f.hit)).map(
         lambda fs: Schedule(tuple(fs)))
 

@@ -212,8 +212,15 @@ def explore(config: RunConfig, *, steps: Sequence[str], points: Sequence[str], b
         raise ValueError(f"jobs {jobs}: use a whole number of at least 1")
     workers = [chr(ord("A") + i) for i in range(config.workers)]
     stalls = stall_durations(config.timing.lease_ttl_ms, config.timing.stuck_bound_ms)
+    # A drawn pause may also come back in the takeover window (the target's claim point) or once
+    # its lease lapsed, as the matrix's pauses do.
+    from killpoint.chaos.actions import LAPSE
+    from killpoint.harness.targets import declared
+
+    claim = declared(config.target).claim_point
+    moments = ((claim,) if claim is not None else ()) + (LAPSE,)
     experiments = st.builds(Experiment, schedules(workers, tuple(steps), points=tuple(points),
-                                                  max_faults=max_faults, stalls_ms=stalls),
+                                                  max_faults=max_faults, stalls_ms=stalls, moments=moments),
                             st.sampled_from(SAME_IDENTITY))
     spec = database if isinstance(database, DatabaseSpec) else parse_database(database or "none")
     search = _Search()

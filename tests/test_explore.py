@@ -419,8 +419,11 @@ def test_a_counterexample_found_with_a_redis_database_replays_in_another_process
     assert code == 1 and found["minimal"]["confirmed"], found["minimal"]
     assert list(client.scan_iter(match=prefix + b"*")), "nothing was saved under the test's prefix"
     code, again = _explore_in(laptop, "--budget", "1", "--seed", "99", "--database", url)
-    assert code == 1 and again["minimal"]["schedule"] == found["minimal"]["schedule"]
-    assert again["minimal"]["violated"] == found["minimal"]["violated"]
+    # one of the counterexamples the CI job saved (it may save more than the one it shrank to:
+    # a pause resumed in the takeover window is one too), confirmed again here
+    assert code == 1 and again["minimal"]["confirmed"], again["minimal"]
+    assert "stale_writes_rejected" in again["minimal"]["violated"]
+    assert "stale_writes_rejected" in found["minimal"]["violated"]
     code, alone = _explore_in(control, "--budget", "1", "--seed", "99", "--database", "none")
     assert code == 0 and alone["minimal"] is None
     assert [p.name for p in ci.iterdir()] == [] and [p.name for p in laptop.iterdir()] == []
@@ -491,4 +494,34 @@ def test_a_counterexample_kept_in_a_folder_replays_wherever_the_folder_is_copied
     assert code == 1 and found["minimal"]["confirmed"]
     shutil.copytree(ci / "examples-db", laptop / "downloaded")
     code, again = _explore_in(laptop, "--budget", "1", "--seed", "99", "--database", "downloaded")
-    assert code == 1 and again["minimal"]["schedule"] == found["minimal"]["schedule"]
+    # a counterexample the job saved (one of them: see the Redis test), found by the one draw that,
+    # with no database, finds nothing
+    assert code == 1 and again["minimal"]["confirmed"], again["minimal"]
+    assert "stale_writes_rejected" in again["minimal"]["violated"]
+    control = tmp_path / "control"
+    control.mkdir()
+    code, alone = _explore_in(control, "--budget", "1", "--seed", "99", "--database", "none")
+    assert code == 0 and alone["minimal"] is None
+
+
+@given(schedules(["A", "B"], ["charge"], moments=("after_claim", "lapse")))
+@settings(max_examples=200, deadline=None)
+def test_drawn_pauses_come_back_only_at_the_moments_given(schedule):
+    """A drawn pause is a plain one or resumes at one of the moments the search was given."""
+    for fault in schedule.faults:
+        text = str(fault.actions)
+        if "pause" in text:
+            assert text in ("1*pause", "1*pause(until=after_claim)", "1*pause(until=lapse)"), text
+    assert chaos.parse(str(schedule)) == schedule
+
+
+def test_explore_resumes_a_pause_in_the_takeover_window_and_finds_the_state_guarded_commit(capsys):
+    """Protects: a commit guarded only by the claimed state is caught only by a stale worker back
+    between the new holder's claim and its commit. Explore drew plain pauses alone: 300 draws found
+    no confirmed counterexample. It now draws pauses resumed at the target's claim point (and at the
+    lease's lapse), and the minimal counterexample is that one pause, confirmed."""
+    code = main(["explore", "--target", "mutant:state-guarded-commit", "--json", "-q", "--budget", "100",
+                 "--seed", "0", "--database", "none"])
+    minimal = json.loads(capsys.readouterr().out)["minimal"]
+    assert code == 1 and minimal["confirmed"] and minimal["faults"] == 1, minimal
+    assert "pause(until=after_claim)" in minimal["schedule"] and "stale_writes_rejected" in minimal["violated"]
