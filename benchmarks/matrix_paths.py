@@ -8,7 +8,11 @@ its runs (and the hits it explored), its wall time, and its CPU time (user + sys
 and every process it waited for: its job runners, their workers, the downstream), which is what a
 shared machine's load does not inflate.
 
-    python benchmarks/matrix_paths.py [--rounds 2] [--recovery] [--target reference]
+``--before PYTHON`` adds, in the same turns, the default matrix as an earlier checkout runs it
+(``PYTHON`` is the interpreter of a virtualenv where that checkout is installed), so a change's
+cost is measured before and after in the same minutes.
+
+    python benchmarks/matrix_paths.py [--rounds 2] [--recovery] [--target reference] [--before PYTHON]
 """
 
 from __future__ import annotations
@@ -25,12 +29,12 @@ import time
 KILLPOINT = [sys.executable, "-m", "killpoint.harness.cli"]
 
 
-def once(extra: list[str], target: str) -> dict[str, float]:
+def once(extra: list[str], target: str, python: str = sys.executable) -> dict[str, float]:
     """One matrix command: its runs, explored hits, wall seconds and CPU seconds."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
-    done = subprocess.run([*KILLPOINT, "matrix", "--target", target, "--json", "-q", *extra],
-                          capture_output=True, text=True, check=False)
+    done = subprocess.run([python, *KILLPOINT[1:], "matrix", "--target", target, "--json", "-q", *extra],
+                          capture_output=True, text=True, check=False, cwd=os.path.expanduser("~"))
     wall = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode not in (0, 1):
@@ -47,12 +51,15 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--recovery", action="store_true", help="also time one --recovery-paths matrix")
     p.add_argument("--target", default="reference")
+    p.add_argument("--before", metavar="PYTHON", help="an earlier checkout's interpreter: its default matrix too")
     args = p.parse_args()
-    modes = {"first hits (--hits first)": ["--hits", "first"], "paths (default)": []}
+    modes = {"first hits (--hits first)": ([], ["--hits", "first"]), "paths (default)": ([], [])}
+    if args.before:
+        modes["the earlier checkout's default"] = ([args.before], [])
     seen: dict[str, list[dict[str, float]]] = {name: [] for name in modes}
     for _ in range(args.rounds):
-        for name, extra in modes.items():
-            seen[name].append(once(extra, args.target))
+        for name, (python, extra) in modes.items():
+            seen[name].append(once(extra, args.target, *python))
     if args.recovery:
         seen["paths and recovery paths (--recovery-paths)"] = [once(["--recovery-paths"], args.target)]
     base = statistics.median(r["cpu"] for r in seen["first hits (--hits first)"])
