@@ -18,10 +18,12 @@ here, say which expectations a run reached.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Literal, Mapping, Sequence
+from typing import Any, Iterable, Literal, Mapping, Sequence, TypeAlias
 
 from killpoint import vocab as v
-from killpoint.harness.history import Event, History
+from killpoint.harness.events import (HarnessAction, PointHit, Request, Resume, Spawn, StoreEvent, WorkerEvent,
+                                     WorkerOp)
+from killpoint.harness.history import History
 
 __all__ = ["Exercise", "NOT_EXERCISED", "Provoked", "Tally", "exercised", "matrix_reasons", "sometimes_of", "total"]
 
@@ -233,19 +235,24 @@ class Exercise:
 
 
 # -- deriving it ----------------------------------------------------------------------------------
+# Read from the typed events (killpoint.harness.events): an event that is not in the vocabulary is
+# in no family, and makes the verdict unknown on its own.
+
+_Timed: TypeAlias = "StoreEvent | Request | WorkerOp | HarnessAction"
+
+
 def exercised(history: History, faults: Sequence[Any] = (), declared: Iterable[str] = ()) -> Exercise:
     """What the faults of ``history``'s run provoked. ``faults`` are the schedule's faults (their
     text is what a :class:`Provoked` names; fired ones are found by index in the journals);
     ``declared`` the expectations the target declared (``@killpoint.target(sometimes=...)``)."""
-    identities = {e.get("worker"): e.get("identity") for e in history.harness_events(v.SPAWN)}
-    fired: dict[int, Event] = {}
-    for e in history.worker_events(v.POINT):
-        index = e.get("fault")
-        if e.get("action") and isinstance(index, int) and index not in fired:
-            fired[index] = e
-    provoked = tuple(_provoked(history, index, e, str(faults[index]) if index < len(faults) else f"fault #{index}",
+    identities = {e.worker: e.identity for e in history.typed(Spawn)}
+    fired: dict[int, PointHit] = {}
+    for hit in history.typed(PointHit):
+        if hit.action and hit.fault is not None and hit.fault not in fired:
+            fired[hit.fault] = hit
+    provoked = tuple(_provoked(history, hit, str(faults[index]) if index < len(faults) else f"fault #{index}",
                                identities)
-                     for index, e in sorted(fired.items()))
+                     for index, hit in sorted(fired.items()))
     indeterminate, retried, decided = _indeterminate(history)
     expected, reached = sometimes_of(history)
     return Exercise(provoked, indeterminate, retried, decided, _compensations(history),
@@ -255,12 +262,11 @@ def exercised(history: History, faults: Sequence[Any] = (), declared: Iterable[s
 def sometimes_of(history: History) -> tuple[frozenset[str], frozenset[str]]:
     """(every expectation a worker evaluated, those it reached) from the ``sometimes`` events."""
     seen, reached = set(), set()
-    for e in history.worker_events(v.SOMETIMES):
-        name = e.get("name")
-        if isinstance(name, str):
-            seen.add(name)
-            if e.get("reached") is True:
-                reached.add(name)
+    for e in history.typed(WorkerEvent):
+        if e.kind == v.SOMETIMES and isinstance(e.name, str):
+            seen.add(e.name)
+            if e.reached is True:
+                reached.add(e.name)
     return frozenset(seen), frozenset(reached)
 
 
@@ -268,11 +274,21 @@ def _identity(label: str, identities: Mapping[Any, Any]) -> str:
     return str(identities.get(label) or label.split(".")[0])
 
 
-def _provoked(history: History, index: int, hit: Event, text: str, identities: Mapping[Any, Any]) -> Provoked:
-    action = str(hit.get("action"))
+def _ops(history: History, kind: str, *, type: str | None = None, process: str | None = None) -> list[WorkerOp]:
+    """The workers' operations of ``kind`` (narrowed by type and incarnation), in history order."""
+    return [e for e in history.typed(WorkerOp) if e.kind == kind and (type is None or e.type == type)
+            and (process is None or e.process == process)]
+
+
+def _store(history: History, sid: StepId, *kinds: str) -> list[StoreEvent]:
+    return [e for e in history.store_by_step().get(sid, ()) if e.kind in kinds]
+
+
+def _provoked(history: History, hit: PointHit, text: str, identities: Mapping[Any, Any]) -> Provoked:
+    action = str(hit.action)
     label = hit.process
     me = _identity(label, identities)
-    instance, step = hit.get("instance"), hit.get("step")
+    instance, step = hit.instance, hit.step
     base = Provoked(text, action, label, instance, step)  # type: ignore[arg-type]
     start = hit.time
     if action in ("kill", "terminate"):
@@ -285,8 +301,8 @@ def _provoked(history: History, index: int, hit: Event, text: str, identities: M
     held = _held(history, instance, step, me, start)
     # Resumed at its lease's lapse, with another worker held just before its claim: that claim
     # comes right after the resume, and is the takeover the pause was for.
-    lapsed = end is not None and any(e.time == end and e.get("why") == v.RESUMED_LAPSED
-                                     for e in history.harness_events(v.CONT, worker=label))
+    lapsed = end is not None and any(e.time == end and e.why == v.RESUMED_LAPSED and e.worker == label
+                                     for e in history.typed(Resume))
     by, evidence = _taken_over(history, held, label, me, start, None if lapsed else end)
     late_write = late_call = None
     if (by is not None or lapsed) and action != "hang" and end is not None:
@@ -301,13 +317,13 @@ def _window(history: History, action: str, label: str, start: int) -> tuple[int 
     and why the fault is exempt from needing a takeover (None: it is not)."""
     if action == "pause":
         stopped = False
-        for e in history.harness_events(worker=label):
-            if e.time < start:
+        for e in history.typed(HarnessAction):
+            if e.worker != label or e.time < start:
                 continue
             if e.kind == v.STOP:
                 stopped = True
             elif e.kind == v.CONT:
-                if not stopped and e.get("signal") is None:
+                if not stopped and e.signal is None:
                     return e.time, "released at once: it only waited for a restart"
                 return e.time, None
             elif e.kind in (v.EXIT, v.KILL):
@@ -326,16 +342,16 @@ def _held(history: History, instance: Any, step: Any, me: str, start: int) -> se
         if instance is not None:
             return {(instance, step)}
         return {sid for sid in history.store_by_step() if sid[1] == step} | \
-            {(e.get("instance"), step) for e in history.worker_events(v.CLAIM, step=step)} | \
-            {(e.meta.get("instance"), step) for e in history.requests(step=step)}
+            {(e.instance, step) for e in _ops(history, v.CLAIM) if e.step == step} | \
+            {(e.meta.instance, step) for e in history.typed(Request) if e.meta.step == step}
     last: dict[StepId, Any] = {}
-    for e in history.store_events(None, None, v.CLAIMED):
-        if e.time < start:
-            last[(e.get("instance"), e.get("step"))] = e.get("worker")
+    for e in history.typed(StoreEvent):
+        if e.kind == v.CLAIMED and e.time < start:
+            last[(e.instance, e.step)] = e.worker
     return {sid for sid, who in last.items() if who == me}
 
 
-def _between(e: Event, start: int, end: int | None) -> bool:
+def _between(e: _Timed, start: int, end: int | None) -> bool:
     return e.time > start and (end is None or e.time < end)
 
 
@@ -345,54 +361,53 @@ def _taken_over(history: History, held: set[StepId], label: str, me: str, start:
     if not held:
         return None, None
     claims_seen = False
-    for e in history.worker_events(v.CLAIM, type=v.OK):
-        if (e.get("instance"), e.get("step")) in held:
+    for op in _ops(history, v.CLAIM, type=v.OK):
+        if (op.instance, op.step) in held:
             claims_seen = True
-            if e.process != label and _between(e, start, end):
-                return e.process, "claim"
+            if op.process != label and _between(op, start, end):
+                return op.process, "claim"
     for sid in held:
-        for e in history.store_events(sid[0], sid[1], v.CLAIMED):
+        for e in _store(history, sid, v.CLAIMED):
             claims_seen = True
-            if e.get("worker") != me and _between(e, start, end):
-                return str(e.get("worker")), "claim"
+            if e.worker != me and _between(e, start, end):
+                return str(e.worker), "claim"
     if claims_seen:
         return None, None
     # No claim of the step anywhere (its target gives no history): a call for it by another worker.
-    for e in history.requests():
-        meta = e.meta
-        if (meta.get("instance"), meta.get("step")) in held and meta.get("worker") not in (None, me) \
-                and _between(e, start, end):
-            return str(meta.get("worker")), "call"
+    for r in history.typed(Request):
+        meta = r.meta
+        if (meta.instance, meta.step) in held and meta.worker not in (None, me) and _between(r, start, end):
+            return str(meta.worker), "call"
     return None, None
 
 
 def _late(history: History, held: set[StepId], label: str, me: str, back: int) -> tuple[LateWrite | None, str | None]:
     """The stale worker's first commit and first call for a step it held, once it came back at
     ``back`` and before it claimed that step again."""
-    again = min((e.time for e in history.worker_events(v.CLAIM, process=label)
-                 if e.time > back and (e.get("instance"), e.get("step")) in held), default=None)
+    again = min((op.time for op in _ops(history, v.CLAIM, process=label)
+                 if op.time > back and (op.instance, op.step) in held), default=None)
 
-    def in_time(e: Event) -> bool:
+    def in_time(e: _Timed) -> bool:
         return e.time > back and (again is None or e.time < again)
 
     write: LateWrite | None = None
     for sid in held:
-        for e in history.store_events(sid[0], sid[1], v.COMMITTED, v.COMMIT_REJECTED):
-            if e.get("worker") == me and in_time(e):
+        for e in _store(history, sid, v.COMMITTED, v.COMMIT_REJECTED):
+            if e.worker == me and in_time(e):
                 write = "refused" if e.kind == v.COMMIT_REJECTED else "accepted"
                 break
         if write is not None:
             break
     if write is None:  # no store event for it (a target without history()): its journal's commit
-        for e in history.worker_events(v.COMMIT, process=label):
-            if e.type in (v.OK, v.FAIL) and (e.get("instance"), e.get("step")) in held and in_time(e):
-                write = "accepted" if e.type == v.OK else "refused"
+        for op in _ops(history, v.COMMIT, process=label):
+            if op.type in (v.OK, v.FAIL) and (op.instance, op.step) in held and in_time(op):
+                write = "accepted" if op.type == v.OK else "refused"
                 break
     call = None
-    for e in history.requests():
-        meta = e.meta
-        if meta.get("worker") == me and (meta.get("instance"), meta.get("step")) in held and in_time(e):
-            call = str(e.get("outcome"))
+    for r in history.typed(Request):
+        meta = r.meta
+        if meta.worker == me and (meta.instance, meta.step) in held and in_time(r):
+            call = str(r.outcome)
             break
     return write, call
 
@@ -410,21 +425,19 @@ def _recovery(history: History, base: Provoked, died: int, label: str, me: str) 
     held = _held(history, base.instance, base.step, me, died)
     # What it was doing to the step (running it, or compensating it): a later compensation of a step
     # it finished is no recovery of its work.
-    claims = [e for sid in held for e in history.store_events(sid[0], sid[1], v.CLAIMED)]
-    doing = max((e for e in claims if e.time <= died and e.get("worker") == me),
-                key=lambda e: e.time, default=None)
-    calls = [e for e in history.requests() if (e.meta.get("instance"), e.meta.get("step")) in held]
-    direction = max((e for e in calls if e.time <= died and e.meta.get("worker") == me),
-                    key=lambda e: e.time, default=None)
-    for e in history.worker_events(v.CLAIM, type=v.OK):
-        if (e.get("instance"), e.get("step")) in held and e.process != label and e.time > died:
-            return by(e.process)
+    claims = [e for sid in held for e in _store(history, sid, v.CLAIMED)]
+    doing = max((e for e in claims if e.time <= died and e.worker == me), key=lambda e: e.time, default=None)
+    calls = [r for r in history.typed(Request) if (r.meta.instance, r.meta.step) in held]
+    direction = max((r for r in calls if r.time <= died and r.meta.worker == me), key=lambda r: r.time, default=None)
+    for op in _ops(history, v.CLAIM, type=v.OK):
+        if (op.instance, op.step) in held and op.process != label and op.time > died:
+            return by(op.process)
     for e in sorted(claims, key=lambda e: e.time):
-        if e.time > died and (doing is None or e.get("to_state") == doing.get("to_state")):
-            return by(e.get("worker"))
-    for e in calls:
-        if e.time > died and (direction is None or e.meta.get("direction") == direction.meta.get("direction")):
-            return by(e.meta.get("worker"))
+        if e.time > died and (doing is None or e.to_state == doing.to_state):
+            return by(e.worker)
+    for r in calls:
+        if r.time > died and (direction is None or r.meta.direction == direction.meta.direction):
+            return by(r.meta.worker)
     return base
 
 
@@ -432,14 +445,13 @@ def _indeterminate(history: History) -> tuple[int, int, int]:
     """(calls whose outcome their caller never learnt, those of them a later call retried, those a
     recovery then decided about): a call its worker died in (``info``), or one the downstream
     applied and never answered (``dropped``)."""
-    requests = history.requests()
+    requests = history.typed(Request)
     lost: list[tuple[int, Any, StepId, Any]] = []  # (time, key, step, direction)
-    for e in history.worker_events(v.CALL, type=v.INFO):
-        lost.append((e.time, e.get("key"), (e.get("instance"), e.get("step")), e.get("direction")))
-    for e in requests:
-        if e.get("outcome") == v.DROPPED:
-            meta = e.meta
-            lost.append((e.time, e.get("key"), (meta.get("instance"), meta.get("step")), meta.get("direction")))
+    for op in _ops(history, v.CALL, type=v.INFO):
+        lost.append((op.time, op.key, (op.instance, op.step), op.direction))
+    for r in requests:
+        if r.outcome == v.DROPPED:
+            lost.append((r.time, r.key, (r.meta.instance, r.meta.step), r.meta.direction))
     # One call seen twice (its worker died in it, and the downstream dropped its answer) counts once.
     first: dict[Any, tuple[int, Any, StepId, Any]] = {}
     for t, key, sid, direction in sorted(lost, key=lambda x: x[0]):
@@ -451,16 +463,16 @@ def _indeterminate(history: History) -> tuple[int, int, int]:
     # a later one than the lost call's is its retry (or decision). Linear in the history.
     last_key: dict[Any, int] = {}
     last_step: dict[tuple[StepId, Any], int] = {}
-    for e in requests:
-        meta = e.meta
-        if e.get("key") is not None:
-            last_key[e.get("key")] = max(last_key.get(e.get("key"), e.time), e.time)
-        where = ((meta.get("instance"), meta.get("step")), meta.get("direction"))
-        last_step[where] = max(last_step.get(where, e.time), e.time)
+    for r in requests:
+        if r.key is not None:
+            last_key[r.key] = max(last_key.get(r.key, r.time), r.time)
+        where = ((r.meta.instance, r.meta.step), r.meta.direction)
+        last_step[where] = max(last_step.get(where, r.time), r.time)
     last_decision: dict[StepId, int] = {}
-    for e in history.worker_events(v.RECOVER):
-        sid = (e.get("instance"), e.get("step"))
-        last_decision[sid] = max(last_decision.get(sid, e.time), e.time)
+    for e in history.typed(WorkerEvent):
+        if e.kind == v.RECOVER:
+            sid = (e.instance, e.step)
+            last_decision[sid] = max(last_decision.get(sid, e.time), e.time)
     retried = decided = 0
     for t, key, sid, direction in lost:
         later = last_key.get(key) if key is not None else last_step.get((sid, direction))
@@ -469,15 +481,16 @@ def _indeterminate(history: History) -> tuple[int, int, int]:
     return len(lost), retried, decided
 
 
+
 def _compensations(history: History) -> int:
     """Steps whose compensation was called, or claimed to be compensated."""
     steps: set[StepId] = set()
-    for e in history.requests():
-        if e.meta.get("direction") == "compensation":
-            steps.add((e.meta.get("instance"), e.meta.get("step")))
-    for e in history.store_events(None, None, v.CLAIMED):
-        if e.get("to_state") == "compensating":
-            steps.add((e.get("instance"), e.get("step")))
+    for r in history.typed(Request):
+        if r.meta.direction == "compensation":
+            steps.add((r.meta.instance, r.meta.step))
+    for e in history.typed(StoreEvent):
+        if e.kind == v.CLAIMED and e.to_state == "compensating":
+            steps.add((e.instance, e.step))
     return len(steps)
 
 
