@@ -9,16 +9,20 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, TypeVar
 
 from killpoint import chaos, vocab
+from killpoint.errors import InvalidEvent
 from killpoint.harness.checkers.base import rank
+from killpoint.harness.events import TypedEvent
 from killpoint.harness.history import Event
 from killpoint.harness.narrate import clock_legend, narrate, verdict_line
 from killpoint.harness.run import RunConfig, RunResult, Session
 from killpoint.harness.worker import ReferenceWorker
 
 WORD = vocab.VERDICT_WORDS
+
+_F = TypeVar("_F")  # a family of typed events
 
 
 @dataclass(frozen=True)
@@ -142,13 +146,38 @@ def worker_class(target: Any) -> type[ReferenceWorker] | None:
 # -- reading events ------------------------------------------------------------------------------
 
 
-def who(events: Iterable[Event], *fields: str) -> str:
-    """A short listing of events for a check's "found" text."""
+def typed(events: Iterable[Event], family: type[_F]) -> list[_F]:
+    """The typed forms of the events a history's question gave (``store_events``: StoreEvent,
+    ``requests`` and ``applied``: Request, ``worker_events(POINT)``: PointHit...), in order; as in
+    ``History.typed``, an event of another family or not in the vocabulary is left out."""
+    out: list[_F] = []
+    for e in events:
+        try:
+            t = e.typed
+        except InvalidEvent:
+            continue  # in the history's invalid events: its verdict says so
+        if isinstance(t, family):
+            out.append(t)
+    return out
+
+
+def who(events: Iterable[Event | TypedEvent], *fields: str) -> str:
+    """A short listing of events, as written or typed, for a check's "found" text."""
     out = []
     for e in events:
-        parts = [f"{f}={e.get(f)}" for f in fields if e.get(f) is not None]
+        values = [(f, _field(e, f)) for f in fields]
+        parts = [f"{f}={x}" for f, x in values if x is not None]
         out.append(f"{e.kind}({', '.join(parts)})" if parts else e.kind)
     return "; ".join(out) or "nothing"
 
 
-__all__ = ["Check", "Story", "WORD", "config", "who", "worker_class"]
+def _field(e: Event | TypedEvent, name: str) -> Any:
+    """One field of an event by name (None when it has none): a typed event's field, or what its
+    family does not name (its ``extra``), as the event was written."""
+    if isinstance(e, Event):
+        return e.get(name)
+    value = getattr(e, name, None)
+    return e.extra.get(name) if value is None else value
+
+
+__all__ = ["Check", "Story", "WORD", "config", "typed", "who", "worker_class"]

@@ -28,10 +28,11 @@ from typing import Any
 from killpoint import vocab
 from killpoint.harness import checkpoint
 from killpoint.harness.checkpoint import Migration, Migrations, Policy
+from killpoint.harness.events import StoreEvent, WorkerEvent
 from killpoint.harness.run import Session
 from killpoint.harness.targets import WorkerFn
 from killpoint.harness.workload import CheckpointedWorkload, InstanceSpec, default_workload
-from killpoint.scenarios._story import Story, config, who
+from killpoint.scenarios._story import Story, config, typed, who
 
 STEP = "charge"
 RESOURCES = {"payment": {"legacy": False, "fencing": True}}
@@ -102,12 +103,13 @@ def _workload(name: str, specs: list[InstanceSpec], policy: Policy,
 def _refused(story: Story, h, instance: str, because: str, what: str) -> None:
     """The facts of a refused checkpoint: the reason journaled, the step in manual review with the
     reason recorded, no request to the downstream."""
-    notes = [e for e in h.worker_events(vocab.CHECKPOINT, instance=instance) if e.get("outcome") == "refused"]
-    story.expect(notes and because in notes[0].get("reason", ""),
+    notes = [e for e in typed(h.worker_events(vocab.CHECKPOINT, instance=instance), WorkerEvent)
+             if e.outcome == "refused"]
+    story.expect(notes and because in (notes[0].reason or ""),
                  f"{instance}'s checkpoint refused: {what}", who(notes, "outcome", "reason"))
-    manual = [e for e in h.store_events(instance, STEP, vocab.COMMITTED)
-              if e.get("to_state") == "manual_intervention"
-              and "checkpoint refused" in str(e.get("reason"))]
+    manual = [e for e in typed(h.store_events(instance, STEP, vocab.COMMITTED), StoreEvent)
+              if e.to_state == "manual_intervention"
+              and "checkpoint refused" in str(e.reason)]
     story.expect(manual and h.final_state(instance, STEP) == "manual_intervention",
                  f"{instance}:{STEP} went to manual_intervention with the reason recorded",
                  f"final state {h.final_state(instance, STEP)}")
@@ -139,7 +141,8 @@ def run(session: Session, *, target: str | WorkerFn = "reference", seed: int = 0
                   "order-3 (damaged after it was written)",
                   [(i.id, STEP) for i in wl.instances]).history
     _ran(story, h, current.id, "written by v2")
-    notes = [e for e in h.worker_events(vocab.CHECKPOINT, instance=old.id) if e.get("outcome") == "migrated"]
+    notes = [e for e in typed(h.worker_events(vocab.CHECKPOINT, instance=old.id), WorkerEvent)
+             if e.outcome == "migrated"]
     story.expect(notes, f"{old.id}'s v1 checkpoint was upgraded by the registered migration",
                  who(h.worker_events(vocab.CHECKPOINT, instance=old.id), "outcome", "reason"))
     _ran(story, h, old.id, "migrated from v1")

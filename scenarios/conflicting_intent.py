@@ -20,11 +20,12 @@ Either way the provider applied exactly one effect under K: the original charge.
 from __future__ import annotations
 
 from killpoint import vocab
+from killpoint.harness.events import Request, StoreEvent, WorkerEvent
 from killpoint.harness.history import History
 from killpoint.harness.run import Session
 from killpoint.harness.targets import WorkerFn
 from killpoint.harness.workload import WORKLOADS
-from killpoint.scenarios._story import Story, config, who
+from killpoint.scenarios._story import Story, config, typed, who
 
 CHARGE, AMEND = "charge", "amend"
 
@@ -36,15 +37,15 @@ def _amended(seed: int) -> tuple[str, str]:
 
 
 def _common(story: Story, h: History, instance: str, key: str) -> None:
-    charge = [e for e in h.applied(key=key) if (e.get("meta") or {}).get("step") == CHARGE]
+    charge = [e for e in typed(h.applied(key=key), Request) if e.meta.step == CHARGE]
     story.expect(len(charge) == 1, f"the charge was applied once under {key}",
                  who(h.requests(key=key), "status", "outcome"))
-    asks = h.requests(instance=instance, step=AMEND)
-    story.expect(asks and all(e.get("key") == key for e in asks)
-                 and {e.get("intent_hash") for e in asks}.isdisjoint({e.get("intent_hash") for e in charge}),
+    asks = typed(h.requests(instance=instance, step=AMEND), Request)
+    story.expect(asks and all(e.key == key for e in asks)
+                 and {e.intent_hash for e in asks}.isdisjoint({e.intent_hash for e in charge}),
                  "the amendment was sent under the same key with another intent (amount)",
                  who(asks, "key", "intent_hash"))
-    story.expect(asks and all(e.get("status") == 422 and e.get("outcome") == "conflict" for e in asks),
+    story.expect(asks and all(e.status == 422 and e.outcome == "conflict" for e in asks),
                  "every amendment request got 422 intent_conflict, never a success or the old result",
                  who(asks, "status", "outcome"))
     effects = h.applied(key=key)
@@ -60,18 +61,18 @@ def run(session: Session, *, target: str | WorkerFn = "reference", seed: int = 0
     h = story.run(session, config(target, seed, store, ""),
                   f"1. {instance} is charged, then amended under the charge's key", steps).history
     _common(story, h, instance, key)
-    ends = [e for e in h.store_events(instance, AMEND, vocab.COMMITTED) if e.get("to_state") == "failed"]
+    ends = [e for e in typed(h.store_events(instance, AMEND, vocab.COMMITTED), StoreEvent) if e.to_state == "failed"]
     story.expect(h.final_state(instance, AMEND) == "failed" and ends
-                 and ends[-1].get("reason") == "intent_conflict",
+                 and ends[-1].reason == "intent_conflict",
                  "the amendment ended failed, with the reason intent_conflict recorded",
                  f"final {h.final_state(instance, AMEND)}; " + who(ends, "to_state", "reason"))
 
     h = story.run(session, config(target, seed, store, f"A@{AMEND}.after_call:kill"),
                   "2. the worker is killed right after the 422, before it records it", steps).history
     _common(story, h, instance, key)
-    evidence = h.worker_events(vocab.RECOVER, instance=instance, step=AMEND)
-    story.expect(evidence and evidence[-1].get("receipt") == "failed_permanent"
-                 and evidence[-1].get("action") == "record_failure",
+    evidence = typed(h.worker_events(vocab.RECOVER, instance=instance, step=AMEND), WorkerEvent)
+    story.expect(evidence and evidence[-1].receipt == "failed_permanent"
+                 and evidence[-1].action == "record_failure",
                  "recovery found the charge's receipt under the key, for another intent, and "
                  "recorded a failure instead of taking it as its own",
                  who(evidence, "source", "receipt", "action"))

@@ -19,10 +19,11 @@ request id), and the provider keeps the intent's hash and its outcome under it.
 from __future__ import annotations
 
 from killpoint import vocab
+from killpoint.harness.events import PointHit, Request, StoreEvent, WorkerEvent
 from killpoint.harness.run import Session
 from killpoint.harness.targets import WorkerFn
 from killpoint.harness.workload import WORKLOADS
-from killpoint.scenarios._story import Story, config, who
+from killpoint.scenarios._story import Story, config, typed, who
 
 INSTANCE, STEP = "order-1", "charge"
 
@@ -36,34 +37,35 @@ def run(session: Session, *, target: str | WorkerFn = "reference", seed: int = 0
                        f"B recovers", [(INSTANCE, STEP)])
     h = result.history
 
-    first = [e for e in h.requests(key=key) if (e.get("meta") or {}).get("worker") == "A"]
-    story.expect(len(first) == 1 and first[0].get("applied") and first[0].get("fence") == 1,
+    first = [e for e in typed(h.requests(key=key), Request) if e.meta.worker == "A"]
+    story.expect(len(first) == 1 and first[0].applied and first[0].fence == 1,
                  f"A's call with key {key} and fence 1 applied the charge",
                  who(first, "status", "outcome", "fence"))
-    a_writes = [e for e in h.store_events(INSTANCE, STEP, vocab.RECEIPT_RECORDED, vocab.COMMITTED,
-                                        "commit_rejected") if e.get("worker") == "A"]
-    kill = [e for e in h.worker_events(vocab.POINT, process="A", step=STEP) if e.get("action") == vocab.KILL]
-    story.expect(kill and kill[0].get("point") == "after_call" and not a_writes,
+    a_writes = [e for e in typed(h.store_events(INSTANCE, STEP, vocab.RECEIPT_RECORDED, vocab.COMMITTED,
+                                              "commit_rejected"), StoreEvent) if e.worker == "A"]
+    kill = [e for e in typed(h.worker_events(vocab.POINT, process="A", step=STEP), PointHit)
+            if e.action == vocab.KILL]
+    story.expect(kill and kill[0].point == "after_call" and not a_writes,
                  "A was killed after the call, before it wrote a receipt or a commit",
-                 who(kill + a_writes, "point", "worker", "fence"))
-    claims = h.store_events(INSTANCE, STEP, vocab.CLAIMED)
-    story.expect([(c.get("worker"), c.get("fence")) for c in claims] == [("A", 1), ("B", 2)],
+                 who([*kill, *a_writes], "point", "worker", "fence"))
+    claims = typed(h.store_events(INSTANCE, STEP, vocab.CLAIMED), StoreEvent)
+    story.expect([(c.worker, c.fence) for c in claims] == [("A", 1), ("B", 2)],
                  "A claimed with fence 1, then B with fence 2", who(claims, "worker", "fence"))
-    evidence = h.worker_events(vocab.RECOVER, process="B", step=STEP)
-    story.expect(len(evidence) == 1 and evidence[0].get("source") == "downstream"
-                 and evidence[0].get("receipt") == "succeeded"
-                 and evidence[0].get("action") == "record_completion",
+    evidence = typed(h.worker_events(vocab.RECOVER, process="B", step=STEP), WorkerEvent)
+    story.expect(len(evidence) == 1 and evidence[0].source == "downstream"
+                 and evidence[0].receipt == "succeeded"
+                 and evidence[0].action == "record_completion",
                  "B found the receipt under the key at the downstream and chose record_completion",
                  who(evidence, "source", "receipt", "action"))
     b_calls = h.worker_events(vocab.CALL, process="B", type="invoke", step=STEP)
     story.expect(not b_calls, "B did not call the provider again", who(b_calls, "key", "fence"))
-    commits = h.store_events(INSTANCE, STEP, vocab.COMMITTED)
-    story.expect([(c.get("worker"), c.get("fence"), c.get("to_state")) for c in commits]
+    commits = typed(h.store_events(INSTANCE, STEP, vocab.COMMITTED), StoreEvent)
+    story.expect([(c.worker, c.fence, c.to_state) for c in commits]
                  == [("B", 2, "succeeded")],
                  "B's commit with fence 2 (succeeded) was accepted",
                  who(commits, "worker", "fence", "to_state"))
-    effects = h.applied(instance=INSTANCE, step=STEP)
-    story.expect(len(effects) == 1 and effects[0].get("key") == key,
+    effects = typed(h.applied(instance=INSTANCE, step=STEP), Request)
+    story.expect(len(effects) == 1 and effects[0].key == key,
                  f"exactly one applied effect for the charge, under {key}",
                  f"{len(effects)} applied: " + who(effects, "key", "fence"))
     story.conclude(f"{INSTANCE}:{STEP} ended {h.final_state(INSTANCE, STEP)} with one applied effect: "

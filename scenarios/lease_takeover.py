@@ -44,6 +44,7 @@ from typing import Any
 from killpoint import chaos, vocab
 from killpoint.harness import states
 from killpoint.harness.downstream import Answer, DownstreamClient, LostResponse
+from killpoint.harness.events import Request, Resume, StoreEvent
 from killpoint.harness.history import History
 from killpoint.harness.run import Session
 from killpoint.harness.targets import WorkerFn
@@ -51,7 +52,7 @@ from killpoint.harness.store.base import Claim, Store
 from killpoint.harness.worker import ReferenceWorker, WorkerContext
 from killpoint.harness.workload import InstanceSpec, StepSpec, Workload, default_workload
 from killpoint.scenarios import checkpoint_version
-from killpoint.scenarios._story import Story, config, who, worker_class
+from killpoint.scenarios._story import Story, config, typed, who, worker_class
 
 INSTANCE, STEP = "order-1", "charge"
 RETRY_POINT = "before_retry"
@@ -142,46 +143,45 @@ def run(session: Session, *, target: str | WorkerFn = "reference", seed: int = 0
                                        after_quiescent=same_key_other_amount),
                        f"A and B compete for {INSTANCE}:{STEP}, key K = {key}", [(INSTANCE, STEP)])
     h = result.history
-    claims = h.store_events(INSTANCE, STEP, vocab.CLAIMED)
-    commits = h.store_events(INSTANCE, STEP, vocab.COMMITTED)
-    refused = h.store_events(INSTANCE, STEP, vocab.COMMIT_REJECTED)
-    calls = [e for e in h.requests(key=key) if (e.get("meta") or {}).get("worker") in ("A", "B")]
-    by = {(e.get("meta", {}).get("worker"), e.get("fence")): e for e in calls}
-    effects = h.applied(instance=INSTANCE, step=STEP)
+    claims = typed(h.store_events(INSTANCE, STEP, vocab.CLAIMED), StoreEvent)
+    commits = typed(h.store_events(INSTANCE, STEP, vocab.COMMITTED), StoreEvent)
+    refused = typed(h.store_events(INSTANCE, STEP, vocab.COMMIT_REJECTED), StoreEvent)
+    calls = [e for e in typed(h.requests(key=key), Request) if e.meta.worker in ("A", "B")]
+    by = {(e.meta.worker, e.fence): e for e in calls}
+    effects = typed(h.applied(instance=INSTANCE, step=STEP), Request)
 
-    story.expect([(c.get("worker"), c.get("fence")) for c in claims] == [("A", 1), ("B", 2)],
+    story.expect([(c.worker, c.fence) for c in claims] == [("A", 1), ("B", 2)],
                  "A claimed with fence 1, then B with fence 2, and no other claim", who(claims, "worker", "fence"))
-    a1 = [e for e in calls if e.get("meta", {}).get("worker") == "A"]
-    story.expect(a1 and a1[0].get("fence") == 1 and a1[0].get("applied"),
+    a1 = [e for e in calls if e.meta.worker == "A"]
+    story.expect(a1 and a1[0].fence == 1 and a1[0].applied,
                  "A's first call with K and fence 1 was applied (its answer lost)",
                  who(a1[:1], "status", "outcome", "fence"))
     b2 = by.get(("B", 2))
-    story.expect(b2 is not None and b2.get("outcome") == "replay" and not b2.get("applied"),
+    story.expect(b2 is not None and b2.outcome == "replay" and not b2.applied,
                  "B's call with K and fence 2 got the stored answer back: a replay, no new effect",
                  who(calls, "status", "outcome", "fence"))
-    story.expect([(c.get("worker"), c.get("fence"), c.get("to_state")) for c in commits]
+    story.expect([(c.worker, c.fence, c.to_state) for c in commits]
                  == [("B", 2, states.SUCCEEDED)],
                  "B's commit with fence 2 was accepted (succeeded), and no other commit",
                  who(commits, "worker", "fence", "to_state"))
     late = a1[1:]
-    story.expect(late and late[0].get("fence") == 1 and late[0].get("status") == 409
-                 and late[0].get("outcome") == vocab.STALE_FENCE and not late[0].get("applied")
+    story.expect(late and late[0].fence == 1 and late[0].status == 409
+                 and late[0].outcome == vocab.STALE_FENCE and not late[0].applied
                  and b2 is not None and late[0].time > b2.time,
                  "A's late call with K and fence 1 was refused by the downstream: 409 stale fence",
                  who(late, "status", "outcome", "fence"))
-    story.expect([(c.get("worker"), c.get("fence")) for c in refused] == [("A", 1)],
+    story.expect([(c.worker, c.fence) for c in refused] == [("A", 1)],
                  "A's commit with fence 1 was refused by the store, and no other was", who(refused, "worker", "fence"))
-    story.expect(len(effects) == 1 and effects[0].get("key") == key,
+    story.expect(len(effects) == 1 and effects[0].key == key,
                  "exactly one applied effect for K", f"{len(effects)}: " + who(effects, "key", "fence"))
 
     story.say()
     story.say(f"The downstream ledger for K = {key}:")
-    for e in h.requests(key=key):
-        m = e.get("meta") or {}
-        told = ", ".join(f"{name} {e.get(field)}" for name, field in (("fence", "fence"), ("intent", "intent_hash"))
-                         if e.get(field) is not None)  # a field is told or left out, never "None"
-        story.say(f"  #{e.get('seq')} {m.get('worker') or 'a client'}: {told or 'no fence, no intent'} -> "
-                  f"{e.get('status')} {e.get('outcome')}" + (" (a new effect)" if e.get("applied") else ""))
+    for e in typed(h.requests(key=key), Request):
+        told = ", ".join(f"{name} {value}" for name, value in (("fence", e.fence), ("intent", e.intent_hash))
+                         if value is not None)  # a field is told or left out, never "None"
+        story.say(f"  #{e.seq} {e.meta.worker or 'a client'}: {told or 'no fence, no intent'} -> "
+                  f"{e.status} {e.outcome}" + (" (a new effect)" if e.applied else ""))
     story.say(f"  applied effects for K: {len(h.applied(key=key))}")
 
     q3 = question[0] if question else None
@@ -208,38 +208,38 @@ def _in_the_window(story: Story, session: Session, target: str | WorkerFn, seed:
                        "again, with A back in the takeover window: after B's claim, before its commit",
                        [(INSTANCE, STEP)])
     h = result.history
-    claims = h.store_events(INSTANCE, STEP, vocab.CLAIMED)
-    commits = h.store_events(INSTANCE, STEP, vocab.COMMITTED)
-    refused = h.store_events(INSTANCE, STEP, vocab.COMMIT_REJECTED)
-    resumed = [e for e in h.of(vocab.HARNESS) if e.kind == vocab.CONT and e.get("worker") == "A"]
-    b_claim = [c for c in claims if c.get("worker") == "B"]
-    story.expect(resumed and resumed[0].get("why") == vocab.RESUMED_AT and b_claim and commits
+    claims = typed(h.store_events(INSTANCE, STEP, vocab.CLAIMED), StoreEvent)
+    commits = typed(h.store_events(INSTANCE, STEP, vocab.COMMITTED), StoreEvent)
+    refused = typed(h.store_events(INSTANCE, STEP, vocab.COMMIT_REJECTED), StoreEvent)
+    resumed = [e for e in h.typed(Resume) if e.worker == "A"]
+    b_claim = [c for c in claims if c.worker == "B"]
+    story.expect(resumed and resumed[0].why == vocab.RESUMED_AT and b_claim and commits
                  and b_claim[0].index < resumed[0].index < commits[0].index,
                  "A came back once B had claimed the step (fence 2), before B's commit",
                  who(resumed, "why", "reason"))
-    calls = [e for e in h.requests(key=key) if (e.get("meta") or {}).get("worker") in ("A", "B")]
-    late = [e for e in calls if e.get("meta", {}).get("worker") == "A"][1:]
-    story.expect(late and late[0].get("fence") == 1 and late[0].get("outcome") == vocab.REPLAY
-                 and not late[0].get("applied") and late[0].index > resumed[0].index,
+    calls = [e for e in typed(h.requests(key=key), Request) if e.meta.worker in ("A", "B")]
+    late = [e for e in calls if e.meta.worker == "A"][1:]
+    story.expect(late and late[0].fence == 1 and late[0].outcome == vocab.REPLAY
+                 and not late[0].applied and late[0].index > resumed[0].index,
                  "A's late call with K and fence 1, in the window, got the stored answer back: a "
                  "replay, no new effect (the provider had not seen fence 2 yet)",
                  who(late, "status", "outcome", "fence"))
-    story.expect([(c.get("worker"), c.get("fence")) for c in refused] == [("A", 1)],
+    story.expect([(c.worker, c.fence) for c in refused] == [("A", 1)],
                  "A's commit with fence 1 was refused by the store", who(refused, "worker", "fence"))
-    story.expect([(c.get("worker"), c.get("fence"), c.get("to_state")) for c in commits]
+    story.expect([(c.worker, c.fence, c.to_state) for c in commits]
                  == [("B", 2, states.SUCCEEDED)],
                  "B's commit with fence 2 was accepted (succeeded), and no other commit",
                  who(commits, "worker", "fence", "to_state"))
-    effects = h.applied(instance=INSTANCE, step=STEP)
-    story.expect(len(effects) == 1 and effects[0].get("key") == key,
+    effects = typed(h.applied(instance=INSTANCE, step=STEP), Request)
+    story.expect(len(effects) == 1 and effects[0].key == key,
                  "exactly one applied effect for K", f"{len(effects)}: " + who(effects, "key", "fence"))
 
 
 def _answers(story: Story, h: History, key: str | None, amount: int, other: int, q3: Answer | None, seed: int) -> None:
     """Four questions about the takeover, answered from what this run did."""
-    refused = h.store_events(INSTANCE, STEP, vocab.COMMIT_REJECTED)
-    state_version = refused[0].get("state_version") if refused else "?"
-    expected = refused[0].get("expected_state_version") if refused else "?"
+    refused = typed(h.store_events(INSTANCE, STEP, vocab.COMMIT_REJECTED), StoreEvent)
+    state_version = refused[0].state_version if refused else "?"
+    expected = refused[0].expected_state_version if refused else "?"
     story.say()
     story.say("Four questions, answered from what happened:")
     if not story.held:

@@ -23,10 +23,11 @@ the last, so every run tells the same story.
 from __future__ import annotations
 
 from killpoint import vocab
+from killpoint.harness.events import DownstreamRestart, Request, StoreEvent, StoreRestart, WorkerEvent
 from killpoint.harness.run import Session
 from killpoint.harness.targets import WorkerFn
 from killpoint.harness.workload import InstanceSpec, Workload, default_workload
-from killpoint.scenarios._story import Story, config, who
+from killpoint.scenarios._story import Story, config, typed, who
 
 STEP = "charge"
 STORE_RESTART = f"B@{STEP}.after_claim:1*pause"
@@ -56,32 +57,32 @@ def run(session: Session, *, target: str | WorkerFn = "reference", seed: int = 0
                   f"A is killed in {last.id}'s dangerous window; the store restarts under B, the "
                   f"provider under C", [(last.id, STEP)]).history
 
-    first = [e for e in h.requests(key=key) if (e.get("meta") or {}).get("worker") == "A"]
-    story.expect(len(first) == 1 and first[0].get("applied") and first[0].get("fence") == 1,
+    first = [e for e in typed(h.requests(key=key), Request) if e.meta.worker == "A"]
+    story.expect(len(first) == 1 and first[0].applied and first[0].fence == 1,
                  f"A's charge of {last.id} (fence 1) was applied before A was killed",
                  who(first, "status", "outcome", "fence"))
-    restarts = h.harness_events(vocab.STORE_RESTART)
-    story.expect(len(restarts) == 1 and restarts[0].get("killed") == ["B"],
+    restarts = typed(h.harness_events(vocab.STORE_RESTART), StoreRestart)
+    story.expect(len(restarts) == 1 and restarts[0].killed == ["B"],
                  "the store restarted right after B's claim, cutting B (and its connections) off",
                  who(restarts, "killed"))
-    claims = h.store_events(last.id, STEP, vocab.CLAIMED)
-    story.expect([(c.get("worker"), c.get("fence")) for c in claims] == [("A", 1), ("B", 2), ("C", 3)],
+    claims = typed(h.store_events(last.id, STEP, vocab.CLAIMED), StoreEvent)
+    story.expect([(c.worker, c.fence) for c in claims] == [("A", 1), ("B", 2), ("C", 3)],
                  "B's claim (fence 2) survived the restart: C had to claim with fence 3",
                  who(claims, "worker", "fence"))
-    moved = h.harness_events(vocab.DOWNSTREAM_RESTART)
-    story.expect(len(moved) == 1 and moved[0].get("pid") != moved[0].get("pid_before")
-                 and moved[0].get("address") == address and session.downstream.address == address
+    moved = typed(h.harness_events(vocab.DOWNSTREAM_RESTART), DownstreamRestart)
+    story.expect(len(moved) == 1 and moved[0].pid != moved[0].pid_before
+                 and moved[0].address == address and session.downstream.address == address
                  and session.downstream.url == url,
                  "the provider restarted as a new process on the same address",
                  who(moved, "pid_before", "pid", "address"))
-    evidence = h.worker_events(vocab.RECOVER, process="C", step=STEP)
+    evidence = typed(h.worker_events(vocab.RECOVER, process="C", step=STEP), WorkerEvent)
     story.expect(len(evidence) == 1 and moved and evidence[0].time > moved[0].time
-                 and evidence[0].get("source") == "downstream" and evidence[0].get("receipt") == "succeeded"
-                 and evidence[0].get("action") == "record_completion",
+                 and evidence[0].source == "downstream" and evidence[0].receipt == "succeeded"
+                 and evidence[0].action == "record_completion",
                  "C got A's charge from the restarted provider, by its key, and recorded completion",
                  who(evidence, "source", "receipt", "action"))
-    commits = h.store_events(last.id, STEP, vocab.COMMITTED)
-    story.expect([(c.get("worker"), c.get("fence")) for c in commits] == [("C", 3)],
+    commits = typed(h.store_events(last.id, STEP, vocab.COMMITTED), StoreEvent)
+    story.expect([(c.worker, c.fence) for c in commits] == [("C", 3)],
                  "C's commit with fence 3 was accepted", who(commits, "worker", "fence"))
     stranded = [f"{r['instance']}:{r['step']} {r['state']}" for r in h.final if r["state"] != "succeeded"]
     story.expect(not stranded, "no instance stranded: every step of every order succeeded",

@@ -16,10 +16,11 @@ hanging, with SIGKILL.
 from __future__ import annotations
 
 from killpoint import vocab
+from killpoint.harness.events import HarnessAction, PointHit, Request, StoreEvent
 from killpoint.harness.run import Session
 from killpoint.harness.targets import WorkerFn
 from killpoint.harness.workload import WORKLOADS
-from killpoint.scenarios._story import Story, config, who
+from killpoint.scenarios._story import Story, config, typed, who
 
 INSTANCE, STEP = "order-1", "charge"
 
@@ -32,30 +33,31 @@ def run(session: Session, *, target: str | WorkerFn = "reference", seed: int = 0
     h = story.run(session, cfg, f"A hangs right after claiming {INSTANCE}:{STEP}; its heartbeat goes on "
                                 f"(stuck bound {bound:g} ms)", [(INSTANCE, STEP)]).history
 
-    hang = [e for e in h.worker_events(vocab.POINT, process="A", step=STEP) if e.get("action") == "hang"]
+    hang = [e for e in typed(h.worker_events(vocab.POINT, process="A", step=STEP), PointHit) if e.action == "hang"]
     story.expect(hang, "A's business thread hung after its claim (fence 1)", who(hang, "point", "action"))
-    flags = h.store_events(INSTANCE, STEP, vocab.STUCK_FLAGGED)
+    flags = typed(h.store_events(INSTANCE, STEP, vocab.STUCK_FLAGGED), StoreEvent)
     late = (flags[0].time - hang[0].time) / 1e6 if flags and hang else None
     slack = h.stuck_slack_ms
-    story.expect(len(flags) == 1 and flags[0].get("stuck_owner") == "A" and flags[0].get("worker") != "A"
+    story.expect(len(flags) == 1 and flags[0].stuck_owner == "A" and flags[0].worker != "A"
                  and late is not None and late <= bound + slack,
                  f"another worker flagged A stuck within the bound ({bound:g} ms + {slack:g} ms slack)",
                  who(flags, "worker", "stuck_owner", "idle_ms") + (f"; after {late:.0f} ms" if late else ""))
-    claims = h.store_events(INSTANCE, STEP, vocab.CLAIMED)
-    story.expect([c.get("fence") for c in claims] == [1, 2] and claims[0].get("worker") == "A"
+    claims = typed(h.store_events(INSTANCE, STEP, vocab.CLAIMED), StoreEvent)
+    story.expect([c.fence for c in claims] == [1, 2] and claims[0].worker == "A"
                  and flags and claims[1].time > flags[0].time,
                  "A's lease held until the flag (the heartbeat kept it); then a new owner claimed "
                  "with fence 2",
                  who(claims, "worker", "fence"))
-    owner = claims[1].get("worker") if len(claims) > 1 else None
-    commits = h.store_events(INSTANCE, STEP, vocab.COMMITTED)
-    story.expect([(c.get("worker"), c.get("fence")) for c in commits] == [(owner, 2)],
+    owner = claims[1].worker if len(claims) > 1 else None
+    commits = typed(h.store_events(INSTANCE, STEP, vocab.COMMITTED), StoreEvent)
+    story.expect([(c.worker, c.fence) for c in commits] == [(owner, 2)],
                  "the new owner's commit with fence 2 was accepted", who(commits, "worker", "fence"))
-    effects = h.applied(instance=INSTANCE, step=STEP)
-    story.expect(len(effects) == 1 and effects[0].get("key") == key and effects[0].get("fence") == 2,
+    effects = typed(h.applied(instance=INSTANCE, step=STEP), Request)
+    story.expect(len(effects) == 1 and effects[0].key == key and effects[0].fence == 2,
                  f"exactly one applied effect, under {key}, made with fence 2",
                  f"{len(effects)}: " + who(effects, "key", "fence"))
-    ended = [e for e in h.harness_events(vocab.KILL, worker="A") if str(e.get("reason")).startswith("quiescent")]
+    ended = [e for e in typed(h.harness_events(vocab.KILL, worker="A"), HarnessAction)
+             if str(e.reason).startswith("quiescent")]
     story.expect(ended, "the harness ended the still-hanging A once all else was done", who(ended, "reason"))
     story.conclude("a heartbeat proves a process is alive, not that it makes progress; the progress "
                    "monitor freed the step within its bound and the takeover raised the fence.")

@@ -22,10 +22,11 @@ from typing import Any
 from killpoint import vocab
 from killpoint.harness import states
 from killpoint.harness.downstream import DownstreamClient
+from killpoint.harness.events import HarnessAction, PointHit, Request, StoreEvent, WorkerEvent
 from killpoint.harness.run import Session
 from killpoint.harness.targets import WorkerFn
 from killpoint.harness.store.base import Store
-from killpoint.scenarios._story import Story, config, who
+from killpoint.scenarios._story import Story, config, typed, who
 
 INSTANCE, STEP = "order-1", "notify"
 ACTOR = "on-call operator"
@@ -51,22 +52,23 @@ def run(session: Session, *, target: str | WorkerFn = "reference", seed: int = 0
                   f"A mails the customer of {INSTANCE} through the legacy notifier and is killed "
                   f"right after; {WORKERS} workers in all", [(INSTANCE, STEP)]).history
 
-    sent = h.requests(instance=INSTANCE, step=STEP)
-    story.expect(len(sent) == 1 and sent[0].get("key") is None and sent[0].get("applied")
-                 and (sent[0].get("meta") or {}).get("worker") == "A",
+    sent = typed(h.requests(instance=INSTANCE, step=STEP), Request)
+    story.expect(len(sent) == 1 and sent[0].key is None and sent[0].applied
+                 and sent[0].meta.worker == "A",
                  "A's call to the legacy notifier (no key) was applied",
                  who(sent, "key", "status", "outcome"))
-    kill = [e for e in h.worker_events(vocab.POINT, process="A", step=STEP) if e.get("action") == vocab.KILL]
-    story.expect(kill and kill[0].get("point") == "after_call", "A was killed right after the call",
+    kill = [e for e in typed(h.worker_events(vocab.POINT, process="A", step=STEP), PointHit)
+            if e.action == vocab.KILL]
+    story.expect(kill and kill[0].point == "after_call", "A was killed right after the call",
                  who(kill, "point", "action"))
-    evidence = h.worker_events(vocab.RECOVER, instance=INSTANCE, step=STEP)
-    story.expect(len(evidence) == 1 and evidence[0].get("receipt") is None
-                 and evidence[0].get("retry_safe") is False and evidence[0].get("action") == "manual_review",
+    evidence = typed(h.worker_events(vocab.RECOVER, instance=INSTANCE, step=STEP), WorkerEvent)
+    story.expect(len(evidence) == 1 and evidence[0].receipt is None
+                 and evidence[0].retry_safe is False and evidence[0].action == "manual_review",
                  "recovery found no receipt, an activity that is not retry-safe, and chose manual_review",
                  who(evidence, "receipt", "retry_safe", "action"))
-    entry = [e for e in h.store_events(INSTANCE, STEP, vocab.COMMITTED)
-             if e.get("to_state") == states.MANUAL]
-    story.expect(len(entry) == 1 and entry[0].get("reason"),
+    entry = [e for e in typed(h.store_events(INSTANCE, STEP, vocab.COMMITTED), StoreEvent)
+             if e.to_state == states.MANUAL]
+    story.expect(len(entry) == 1 and entry[0].reason,
                  "the step was committed to manual_intervention, with its reason",
                  who(entry, "worker", "fence", "reason"))
     if entry:
@@ -77,19 +79,19 @@ def run(session: Session, *, target: str | WorkerFn = "reference", seed: int = 0
         story.expect(not touched and not calls,
                      "after that no worker claimed, called for or wrote the step",
                      who(touched + calls, "worker", "fence", "to_state"))
-        left = [e for e in h.harness_events(vocab.EXIT) if e.time > since and e.get("code") == 0]
+        left = [e for e in typed(h.harness_events(vocab.EXIT), HarnessAction) if e.time > since and e.code == 0]
         story.expect(len(left) >= 3,
                      "at least three workers ran after it entered manual review, and each left it alone",
                      f"{len(left)}: " + who(left, "worker"))
         if not touched and not calls:
             story.say()
-            names = ", ".join(sorted(str(e.get("worker")) for e in left))
+            names = ", ".join(sorted(str(e.worker) for e in left))
             story.say(f"{len(left)} worker processes saw {INSTANCE}:{STEP} in manual review and "
                       f"finished without touching it: {names}.")
-    resolved = h.store_events(INSTANCE, STEP, vocab.OPERATOR_RESOLVED)
-    story.expect(len(resolved) == 1 and resolved[0].get("actor") == ACTOR and resolved[0].get("evidence")
-                 and resolved[0].get("from_state") == states.MANUAL
-                 and resolved[0].get("to_state") == states.SUCCEEDED,
+    resolved = typed(h.store_events(INSTANCE, STEP, vocab.OPERATOR_RESOLVED), StoreEvent)
+    story.expect(len(resolved) == 1 and resolved[0].actor == ACTOR and resolved[0].evidence
+                 and resolved[0].from_state == states.MANUAL
+                 and resolved[0].to_state == states.SUCCEEDED,
                  "an operator event (actor, evidence) moved it from manual_intervention to succeeded",
                  who(resolved, "actor", "to_state") + f"; {resolution}")
     story.expect(h.final_state(INSTANCE, STEP) == states.SUCCEEDED, "the step ended succeeded",
