@@ -20,11 +20,12 @@ still shows that name as the owner of the step it was working on, and it is temp
 from __future__ import annotations
 
 from killpoint import vocab
+from killpoint.harness.events import Request, Spawn, StoreEvent, WorkerOp
 from killpoint.harness.run import Session
 from killpoint.harness.targets import WorkerFn, resolve
 from killpoint.harness.worker import WorkerContext
 from killpoint.harness.workload import WORKLOADS
-from killpoint.scenarios._story import Story, config, who
+from killpoint.scenarios._story import Story, config, typed, who
 
 INSTANCE, STEP = "order-1", "charge"
 IDENTITY = "A"
@@ -51,22 +52,22 @@ def run(session: Session, *, target: str | WorkerFn = "reference", seed: int = 0
     h = story.run(session, config(target, seed, store, f"A@{STEP}.before_commit:kill",
                                   workload="single", workers=1, same_identity=1.0),
                   "1. A is killed before its commit and restarted as A (A.2)", [(INSTANCE, STEP)]).history
-    spawned = h.harness_events(vocab.SPAWN, worker="A.2")
-    story.expect(spawned and spawned[0].get("identity") == IDENTITY,
+    spawned = [e for e in h.typed(Spawn) if e.worker == "A.2"]
+    story.expect(spawned and spawned[0].identity == IDENTITY,
                  "the replacement A.2 runs under identity A",
                  who(h.harness_events(vocab.SPAWN), "worker", "identity"))
-    before = [e for e in h.store_events(INSTANCE, STEP) if spawned and e.time < spawned[0].time]
+    before = [e for e in typed(h.store_events(INSTANCE, STEP), StoreEvent) if spawned and e.time < spawned[0].time]
     story.expect(before and before[-1].kind == vocab.RECEIPT_RECORDED
-                 and [(c.get("worker"), c.get("fence")) for c in before if c.kind == vocab.CLAIMED] == [("A", 1)],
+                 and [(c.worker, c.fence) for c in before if c.kind == vocab.CLAIMED] == [("A", 1)],
                  "when A.2 started, the store still named A the owner, with fence 1 and no commit",
                  who(before, "worker", "fence"))
-    claims = h.worker_events(vocab.CLAIM, process="A.2", type="ok", step=STEP)
-    commits = h.worker_events(vocab.COMMIT, process="A.2", type="invoke", step=STEP)
-    story.expect([c.get("fence") for c in claims] == [2] and [c.get("fence") for c in commits] == [2],
+    ops = typed(h.worker_events(vocab.CLAIM, process="A.2", type="ok", step=STEP), WorkerOp)
+    commits = typed(h.worker_events(vocab.COMMIT, process="A.2", type="invoke", step=STEP), WorkerOp)
+    story.expect([c.fence for c in ops] == [2] and [c.fence for c in commits] == [2],
                  "A.2 did not carry on under fence 1: it claimed anew (fence 2) and committed with fence 2",
-                 "claims " + who(claims, "fence") + "; commits " + who(commits, "fence"))
-    accepted = h.store_events(INSTANCE, STEP, vocab.COMMITTED)
-    story.expect([(c.get("worker"), c.get("fence")) for c in accepted] == [(IDENTITY, 2)],
+                 "claims " + who(ops, "fence") + "; commits " + who(commits, "fence"))
+    accepted = typed(h.store_events(INSTANCE, STEP, vocab.COMMITTED), StoreEvent)
+    story.expect([(c.worker, c.fence) for c in accepted] == [(IDENTITY, 2)],
                  "the only accepted commit is A's with fence 2", who(accepted, "worker", "fence"))
     effects = h.applied(instance=INSTANCE, step=STEP)
     story.expect(len(effects) == 1, "exactly one applied effect for the charge",
@@ -77,22 +78,22 @@ def run(session: Session, *, target: str | WorkerFn = "reference", seed: int = 0
                                   wraps=target, workload="single", workers=2),
                   "2. A is frozen after its call and restarted anyway: process B runs as A too",
                   [(INSTANCE, STEP)]).history
-    claims = h.store_events(INSTANCE, STEP, vocab.CLAIMED)
-    story.expect([(c.get("worker"), c.get("fence")) for c in claims] == [(IDENTITY, 1), (IDENTITY, 2)],
+    claims = typed(h.store_events(INSTANCE, STEP, vocab.CLAIMED), StoreEvent)
+    story.expect([(c.worker, c.fence) for c in claims] == [(IDENTITY, 1), (IDENTITY, 2)],
                  "both claims are identity A's: the old process's with fence 1, the restarted one's "
                  "with fence 2", who(claims, "worker", "fence"))
-    accepted = h.store_events(INSTANCE, STEP, vocab.COMMITTED)
-    refused = h.store_events(INSTANCE, STEP, vocab.COMMIT_REJECTED)
-    story.expect([(c.get("worker"), c.get("fence")) for c in accepted] == [(IDENTITY, 2)],
+    accepted = typed(h.store_events(INSTANCE, STEP, vocab.COMMITTED), StoreEvent)
+    refused = typed(h.store_events(INSTANCE, STEP, vocab.COMMIT_REJECTED), StoreEvent)
+    story.expect([(c.worker, c.fence) for c in accepted] == [(IDENTITY, 2)],
                  "the restarted A's commit with fence 2 was accepted", who(accepted, "worker", "fence"))
-    story.expect([(c.get("worker"), c.get("fence"), c.get("lease_version")) for c in refused]
+    story.expect([(c.worker, c.fence, c.lease_version) for c in refused]
                  == [(IDENTITY, 1, 2)],
                  "the old A's commit with fence 1 was refused: the lease was at fence 2, held under "
                  "the same name", who(refused, "worker", "fence", "lease_version"))
-    effects = h.applied(instance=INSTANCE, step=STEP)
-    story.expect(len(effects) == 1 and effects[0].get("key") == key,
+    applied = typed(h.applied(instance=INSTANCE, step=STEP), Request)
+    story.expect(len(applied) == 1 and applied[0].key == key,
                  f"exactly one applied effect for the charge, under {key}",
-                 f"{len(effects)}: " + who(effects, "key", "fence"))
+                 f"{len(applied)}: " + who(applied, "key", "fence"))
     story.conclude("an identity names a worker, a fence names a lease: the restarted process had to "
                    "claim a new fence, and the process still holding the old one was refused.")
     return story
