@@ -18,6 +18,7 @@ from killpoint.harness import checkpoint
 from killpoint.harness import downstream as ds
 from killpoint.harness import history as hist
 from killpoint.harness.checkers import checking
+from killpoint.harness.events import PointHit
 from killpoint.harness.checkers.base import Verdict
 from killpoint.harness.exercise import Exercise, exercised
 from killpoint.harness.states import PENDING
@@ -160,8 +161,8 @@ def _stepless(history: hist.History, fault: Any) -> str:
     a fault at a step never matches such a hit. Empty when that is not why."""
     if fault.step is None:
         return ""
-    hits = [e for e in history.worker_events(vocab.POINT) if e.get("point") == fault.point
-            and e.get("step") is None and e.process.split(".")[0] == fault.worker]
+    hits = [e for e in history.typed(PointHit) if e.point == fault.point
+            and e.step is None and e.process.split(".")[0] == fault.worker]
     if not hits:
         return ""
     return (f": worker {fault.worker} passed {fault.point} {len(hits)} time{'s' if len(hits) != 1 else ''} "

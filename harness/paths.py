@@ -28,6 +28,7 @@ from typing import Any, Iterable, Sequence
 from killpoint import vocab
 from killpoint.chaos.generator import Hit, Planned, hits_of, later_hits, path_schedules
 from killpoint.chaos.schedule import Schedule
+from killpoint.harness.events import PointHit
 from killpoint.harness.history import History
 from killpoint.harness.run import RunConfig, RunResult
 
@@ -42,10 +43,8 @@ def discovery(config: RunConfig) -> RunConfig:
 
 def trace(history: History, worker: str = "A") -> list[tuple[Any, Any, str]]:
     """The (instance, step, point) of each hit by ``worker`` (any incarnation), in history order."""
-    mine = (worker, f"{worker}.")
-    return [(e.data.get("instance"), e.data.get("step"), str(e.data.get("point")))
-            for e in history.worker_events(vocab.POINT)
-            if e.process == worker or e.process.startswith(mine[1])]
+    return [(e.instance, e.step, e.point) for e in history.typed(PointHit)
+            if e.process == worker or e.process.startswith(f"{worker}.")]
 
 
 @dataclass(frozen=True)

@@ -65,23 +65,23 @@ def effects_match_intent(history: History) -> Result:
                       applicable=False)
     judged = 0
     violations = []
-    for e in history.applied():
+    for e in history.effects():
         meta = e.meta
-        instance, step = meta.get("instance"), meta.get("step")
+        instance, step = meta.instance, meta.step
         config = history.step_config(instance, step) if instance is not None and step is not None else None
-        direction = meta.get("direction") or "forward"
+        direction = e.direction
         expected = declared(config, direction) if config is not None else None
         if expected is None:
             continue  # a step that declares nothing, or an effect no step claims (effects_accounted's)
         judged += 1
-        expected, applied = canonical(dict(expected)), canonical(e.data.get("params"))
+        expected, applied = canonical(dict(expected)), canonical(e.params)
         if applied != expected:
-            what = f"{direction} effect under key {e.data.get('key')!r}" if e.data.get("key") is not None \
-                else f"{direction} effect on legacy resource {e.data.get('resource')!r}"
+            what = f"{direction} effect under key {e.key!r}" if e.key is not None \
+                else f"{direction} effect on legacy resource {e.resource!r}"
             violations.append(Violation(
                 NAME, instance, step,
-                f"the {what} (event {e.index}, attempt {meta.get('attempt', '?')}, worker "
-                f"{meta.get('worker', '?')}) applied other parameters than its step declared: "
+                f"the {what} (event {e.index}, attempt {'?' if meta.attempt is None else meta.attempt}, worker "
+                f"{meta.worker or '?'}) applied other parameters than its step declared: "
                 f"{_differences(expected, applied)}",
                 (e.index,)))
     if violations:
