@@ -289,3 +289,27 @@ def test_a_heartbeat_that_renews_by_id_alone_in_a_target_that_owns_its_state_is_
     assert code == 0, out.get("unknown_reasons")
     assert out["runs"] == 14 and out["exercise"]["pauses"] == out["exercise"]["pauses_exercised"] == 8
     assert out["invariants"]["lease_fenced"]["checked"] == 14
+
+
+import json  # noqa: E402
+
+import killpoint  # noqa: E402
+from killpoint.harness import zoo_queue  # noqa: E402
+from killpoint.harness.cli import main  # noqa: E402
+
+no_claim_point = killpoint.Target(
+    lambda ctx: zoo_queue._Worker(ctx, renew_by_id=False).work(), name="test_moments:no_claim_point",
+    points=zoo_queue.POINTS, owns_state=True, workload="killpoint.harness.zoo_queue:jobs", run_clock=True,
+    setup=zoo_queue.setup, done=zoo_queue.done, final_states=zoo_queue.final_states, history=zoo_queue.history)
+
+
+def test_a_target_that_does_not_say_where_it_holds_a_lease_is_told_what_the_matrix_cannot_pause(capsys):
+    """Protects: a target with points of its own names and no lease_points or claim_point got fewer
+    windows without a word. The matrix pauses at the built-in names it declares and warns, in one
+    line naming the declaration, that no pause comes back in the takeover window."""
+    code = main(["matrix", "--target", "test_moments:no_claim_point", "--actions", "pause", "--json", "-q"])
+    captured = capsys.readouterr()
+    schedules = [r["schedule"] for r in json.loads(captured.out)["results"]]
+    assert code == 0 and schedules == ["A@charge.before_call:1*pause", "A@charge.after_call:1*pause"]
+    lines = [line for line in captured.err.splitlines() if "takeover window" in line]
+    assert len(lines) == 1 and "claim_point=" in lines[0], captured.err

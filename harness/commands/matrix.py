@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+from typing import Any
 
 from killpoint.chaos import generator
 from killpoint.chaos.generator import ACTIONS, FORMS
@@ -78,6 +79,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --depth 2 only: pair faults on different steps too (workers form only)")
 
 
+def _say_missing_windows(target: str, declared: Any) -> None:
+    """A warning when the matrix cannot pause where the target's workers hold a lease, or cannot
+    bring a paused worker back in the takeover window: its declaration does not say where."""
+    import warnings
+
+    from killpoint.errors import KillpointWarning
+
+    how = "name them in its declaration: @killpoint.target(..., lease_points=(...), claim_point=...)"
+    if not declared.lease_points:
+        warnings.warn(f"--actions pause: {target} declares no point where a worker holds a lease, so no "
+                      f"pause is scheduled; {how}", KillpointWarning, stacklevel=1)
+    elif declared.claim_point is None:
+        warnings.warn(f"--actions pause: {target} declares no point a worker reaches once it has taken a lease, "
+                      f"so no pause comes back in the takeover window (only after the new holder moved "
+                      f"the step on); {how}", KillpointWarning, stacklevel=1)
+
+
 def run(args: argparse.Namespace) -> int:
     from killpoint.harness.commands.common import BadInput, _names, redact, shown
 
@@ -123,6 +141,8 @@ def run(args: argparse.Namespace) -> int:
         # the target's points (the ones it declares, and only those) and the store's own.
         terminate_points = points if args.points is not None else points + DB_POINTS
         declared = declared_target(args)
+        if "pause" in actions:
+            _say_missing_windows(args.target, declared)
         plans = generator.matrix(steps, points, depth=1, actions=actions, terminate_points=terminate_points,
                                  order=tuple(declared.points), lease=declared.lease_points,
                                  claim=declared.claim_point)
