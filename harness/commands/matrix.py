@@ -79,6 +79,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --depth 2 only: pair faults on different steps too (workers form only)")
 
 
+def _users_own(target: Any) -> bool:
+    """A target the user declared (``pkg.module:function``), whose declaration the user can change:
+    not the reference, a mutant, or one of killpoint's library and server targets."""
+    from killpoint.harness import libs
+    from killpoint.harness.targets import _server_target
+
+    if not isinstance(target, str) or target == "reference" or target.startswith("mutant:"):
+        return False
+    try:
+        return not libs.is_library_target(target) and _server_target(target) is None
+    except Exception:  # noqa: BLE001 - a server target whose SDK is missing: not the user's own
+        return False
+
+
 def _say_missing_windows(target: str, declared: Any) -> None:
     """A warning when the matrix cannot pause where the target's workers hold a lease, or cannot
     bring a paused worker back in the takeover window: its declaration does not say where."""
@@ -141,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
         # the target's points (the ones it declares, and only those) and the store's own.
         terminate_points = points if args.points is not None else points + DB_POINTS
         declared = declared_target(args)
-        if "pause" in actions:
+        if "pause" in actions and _users_own(args.target):
             _say_missing_windows(args.target, declared)
         plans = generator.matrix(steps, points, depth=1, actions=actions, terminate_points=terminate_points,
                                  order=tuple(declared.points), lease=declared.lease_points,
