@@ -122,11 +122,13 @@ class RunConfig:
         def bad(name: str, why: str) -> InvalidConfig:
             return InvalidConfig(f"RunConfig({name}={getattr(self, name)!r}): {why}")
 
+        from killpoint.harness import inputs  # the words the command line and the plugin use
+
         if (isinstance(self.workers, bool) or not isinstance(self.workers, numbers.Integral)
-                or not 1 <= self.workers <= 26):
-            raise bad("workers", "give a number of workers from 1 to 26")
+                or not 1 <= self.workers <= inputs.MAX_WORKERS):
+            raise bad("workers", inputs.bad_workers(None) or "")
         if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral):
-            raise bad("seed", "give an integer")
+            raise bad("seed", inputs.bad_seed(None) or "")
         if (isinstance(self.bound_s, bool) or not isinstance(self.bound_s, (int, float))
                 or not 0 < self.bound_s <= 86_400):
             raise bad("bound_s", "give a number of seconds above 0 and at most 86400 (a day)")

@@ -28,6 +28,7 @@ from typing import Any, Generator
 
 import pytest
 
+from killpoint.harness import inputs
 from killpoint.vocab import VERDICT_WORDS
 # The fixtures are found by pytest as attributes of this module, the plugin it loads.
 from killpoint._plugin.fixture import Killpoint, _killpoint_session, killpoint  # noqa: F401 (pytest finds them here)
@@ -120,11 +121,9 @@ def _check_steps(name: str, kwargs: dict[str, Any], settings: Any) -> None:
             workload if workload is not None else default_for(kwargs["target"], declared(kwargs["target"])), seed)
     except InvalidWorkload as exc:
         _collection_error(f"{name}: @pytest.mark.killpoint(workload={workload!r}): {exc}")
-    bad = [s for s in kwargs["steps"] or () if s not in built.step_names]
-    if bad:
-        _collection_error(f"{name}: @pytest.mark.killpoint(steps={kwargs['steps']!r}): unknown step "
-                          f"{', '.join(map(repr, bad))}; the {built.name} workload's steps are "
-                          f"{', '.join(built.step_names)}")
+    wrong = inputs.unknown_steps(kwargs["steps"] or (), built.name, built.step_names)
+    if wrong:
+        _collection_error(f"{name}: @pytest.mark.killpoint(steps={kwargs['steps']!r}): {wrong}")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -464,7 +464,7 @@ def test_integer_options_still_read_plain_digits(capsys):
                              "--actions", "kill", "--workers", "03", "--jobs", "1", "--depth", "1", "--json", "-q")
     assert code == 0 and json.loads(out)["runs"] == 1
     code, out, err = run_cli(capsys, "matrix", "--workers", "-1")  # the range, as --workers 0
-    assert code == 2 and "--workers -1: use a number from 1 to 26" in err
+    assert code == 2 and "--workers -1: use a number of workers from 1 to 26" in err
 
 
 @pytest.mark.parametrize("argv, named", [

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Se
 from killpoint import vocab
 from killpoint.chaos.points import DB_POINTS, DEFAULT_POINTS, ORDERED_POINTS, POINTS
 from killpoint.errors import SHOWN_LIMIT, BadInput, shown
+from killpoint.harness import inputs
 from killpoint.harness.colour import Colour
 from killpoint.harness.redact import redact  # noqa: F401 (the commands' one redaction)
 from killpoint.harness.run import RunConfig, RunResult
@@ -72,8 +73,7 @@ def _seed(text: str) -> int:
 
     number = whole_number(text)
     if number is None:  # argparse says "argument --seed: " first
-        raise argparse.ArgumentTypeError(f"{shown(text)}: give a whole number in ASCII digits "
-                                         f"(a leading minus allowed)")
+        raise argparse.ArgumentTypeError(f"{shown(text)}: {inputs.bad_seed(text)}")
     return number
 
 
@@ -200,16 +200,16 @@ def _names(text: str, option: str, left_out: str = "all") -> tuple[str, ...]:
     return chosen
 
 
-def parse_steps(text: str | None, known: Iterable[str]) -> tuple[str, ...]:
-    """The steps named by ``--steps`` (any of ``known``), or without it all of ``known``."""
+def parse_steps(text: str | None, known: Iterable[str], workload: str = "") -> tuple[str, ...]:
+    """The steps named by ``--steps`` (any of ``known``, the steps of the workload named
+    ``workload``), or without it all of ``known``."""
     known = tuple(known)
     if text is None:
         return known
     chosen = _names(text, "--steps")
-    bad = [s for s in chosen if s not in known]
-    if bad:
-        raise BadInput(f"--steps: unknown step {', '.join(map(shown, bad))}; "
-                       f"the workload's steps are {', '.join(known)}")
+    wrong = inputs.unknown_steps(chosen, workload, known)
+    if wrong:
+        raise BadInput(f"--steps: {wrong}")
     return chosen
 
 
@@ -221,10 +221,9 @@ def parse_points(text: str | None, known: Iterable[str] = POINTS,
     if text is None:
         return tuple(p for p in known if p in set(default))
     chosen = _names(text, "--points")
-    bad = [p for p in chosen if p not in known]
-    if bad:
-        raise BadInput(f"--points: unknown crash point {', '.join(map(shown, bad))}; "
-                       f"valid names are {', '.join(known)}")
+    wrong = inputs.unknown_points(chosen, known)
+    if wrong:
+        raise BadInput(f"--points: {wrong}")
     return chosen
 
 
@@ -272,10 +271,9 @@ def target_points(args: argparse.Namespace, text: str | None) -> tuple[str, ...]
     if text is None:
         return tuple(target.points)
     chosen = _names(text, "--points")
-    bad = [p for p in chosen if p not in target.points]
-    if bad:
-        raise BadInput(f"--points: unknown crash point {', '.join(map(shown, bad))}; "
-                       f"the target declares {', '.join(target.points)}")
+    wrong = inputs.unknown_points(chosen, target.points)
+    if wrong:
+        raise BadInput(f"--points: {wrong}")
     return chosen
 
 
@@ -292,8 +290,8 @@ def parse_schedule(args: argparse.Namespace, text: str):
 
 
 def run_config(args: argparse.Namespace, schedule, **overrides: Any) -> RunConfig:
-    if args.workers < 1 or args.workers > 26:
-        raise BadInput(f"--workers {args.workers}: use a number from 1 to 26")
+    if inputs.bad_workers(args.workers):
+        raise BadInput(f"--workers {args.workers}: {inputs.bad_workers(args.workers)}")
     target = getattr(args, "target", "reference")
     declared = declared_target(args)
     workload = workload_name(args)

@@ -81,7 +81,8 @@ def _check_database(where: str) -> None:
 def _steps(args: argparse.Namespace) -> tuple[str, ...]:
     from killpoint.harness.commands.common import parse_steps, workload_of
 
-    return parse_steps(args.steps, workload_of(args).step_names)
+    workload = workload_of(args)
+    return parse_steps(args.steps, workload.step_names, workload.name)
 
 
 def run(args: argparse.Namespace) -> int:

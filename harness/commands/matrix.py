@@ -33,6 +33,7 @@ import sys
 from typing import Any
 
 from killpoint.chaos import generator
+from killpoint.harness import inputs
 from killpoint.chaos.generator import ACTIONS, FORMS
 from killpoint.chaos.schedule import Schedule
 from killpoint.chaos.points import DB_POINTS
@@ -135,15 +136,14 @@ def run(args: argparse.Namespace) -> int:
     points = target_points(args, args.points)
     actions: tuple[str, ...] = ()
     workload = workload_of(args)
-    steps = parse_steps(args.steps, workload.step_names)
+    steps = parse_steps(args.steps, workload.step_names, workload.name)
     if args.steps is None and args.depth == 2:
         steps = generator.repeated_steps(workload)
     if args.depth == 1:
         actions = _names(args.actions, "--actions", "kill,pause")
-        bad = [a for a in actions if a not in ACTIONS]
-        if bad:
-            raise BadInput(f"--actions: unknown action {', '.join(map(shown, bad)) or shown(args.actions)}; "
-                           f"use any of {', '.join(ACTIONS)}")
+        wrong = inputs.unknown_actions(actions, ACTIONS)
+        if wrong:
+            raise BadInput(f"--actions: {wrong}")
         if "terminate" in actions and not str(args.store).startswith(("postgresql://", "postgres://")):
             raise BadInput(f"--actions terminate: ending a worker's database sessions needs a "
                            f"postgresql:// store, not --store {shown(redact(args.store))}")

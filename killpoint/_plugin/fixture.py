@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable, Generator, NoReturn, Sequence
 
 import pytest
 
+from killpoint.harness import inputs
 from killpoint._plugin.marker import _Case, _collection_error, _marker_kwargs
 from killpoint._plugin.settings import Settings, _points
 from killpoint._plugin.state import _HANDLE, _RUNS, _STATE, INDEX, _State
@@ -107,10 +108,9 @@ class Killpoint:
         if steps is None and depth == 2:
             steps = generator.repeated_steps(built)
         steps = steps if steps is not None else known
-        bad = [s for s in steps if s not in known]
-        if bad:
-            _fail(f"killpoint.matrix(steps={asked['steps']!r}): unknown step {', '.join(map(repr, bad))}; "
-                  f"the {built.name} workload's steps are {', '.join(known)}")
+        wrong = inputs.unknown_steps(steps, built.name, known)
+        if wrong:
+            _fail(f"killpoint.matrix(steps={asked['steps']!r}): {wrong}")
         if type(depth) is not int or depth not in (1, 2):  # True and 1.0 equal 1: they ran as depth 1
             _fail(f"killpoint.matrix(depth={depth!r}): depth is 1 (single crashes) or 2 (pairs)")
         try:
@@ -351,9 +351,9 @@ def _actions(actions: "Sequence[str] | str") -> tuple[str, ...]:
 
     items = actions.split(",") if isinstance(actions, str) else list(actions)
     chosen = tuple(a.strip() for a in items if isinstance(a, str) and a.strip())
-    bad = [a for a in chosen if a not in ACTIONS]
-    if bad or not chosen or len(chosen) != len(items):  # an empty item ('kill,') is a slip, as --actions says
-        raise ValueError(f"actions={actions!r}: use any of {', '.join(ACTIONS)}")
+    wrong = inputs.unknown_actions(chosen if len(chosen) == len(items) else (*chosen, ""), ACTIONS)
+    if wrong:  # an empty item ('kill,') is a slip, as --actions says
+        raise ValueError(f"actions={actions!r}: {wrong}")
     return chosen
 
 def _points_fired(result: "RunResult") -> dict[str, Any]:

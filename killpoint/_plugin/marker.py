@@ -8,6 +8,8 @@ from typing import Any, Mapping, NoReturn, Sequence
 
 import pytest
 
+from killpoint.harness import inputs
+
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
 
 
@@ -63,9 +65,12 @@ def _marker_kwargs(name: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:
     items = out["actions"].split(",") if isinstance(out["actions"], str) else list(out["actions"])
     actions = tuple(a.strip() for a in items if isinstance(a, str) and a.strip())
     # An empty item ('kill,') is a slip, as killpoint matrix --actions says, never a quiet "and nothing".
-    if not actions or len(actions) != len(items) or any(a not in ("kill", "pause") for a in actions):
-        _collection_error(f"{name}: @pytest.mark.killpoint(actions={out['actions']!r}): use kill "
-                          f"and/or pause, as killpoint matrix --actions")
+    wrong = inputs.unknown_actions(actions if len(actions) == len(items) else (*actions, ""), ("kill", "pause"))
+    if wrong:
+        _collection_error(f"{name}: @pytest.mark.killpoint(actions={out['actions']!r}): {wrong}")
+    for key, check in (("workers", inputs.bad_workers), ("seed", inputs.bad_seed)):
+        if (key != "seed" or out[key] is not None) and check(out[key]):
+            _collection_error(f"{name}: @pytest.mark.killpoint({key}={out[key]!r}): {check(out[key])}")
     out["actions"] = actions
     for key in ("points", "steps"):
         value = out[key]

@@ -10,6 +10,7 @@ from typing import Any, Sequence
 import pytest
 
 from killpoint.errors import BadInput
+from killpoint.harness import inputs
 from killpoint.errors import KillpointUnavailable as KillpointUnavailable
 
 # Every option: its name after the --killpoint- prefix (the ini key is killpoint_NAME), metavar, help.
@@ -194,10 +195,9 @@ def _points(asked: Sequence[str] | None, settings: Settings,
 
     declared = tuple(declared) if declared else DEFAULT_POINTS
     points = tuple(asked) if asked else declared
-    undeclared = [p for p in points if p not in declared]
-    if undeclared:
-        raise ValueError(f"points {undeclared!r}: the target does not declare them; it declares "
-                         f"{', '.join(declared)}")
+    wrong = inputs.unknown_points(points, declared)
+    if wrong:
+        raise ValueError(f"points={list(asked or ())!r}: {wrong}")
     if settings.points is not None:
         narrowed = tuple(p for p in points if p in settings.points)
         if points and not narrowed:
