@@ -28,7 +28,6 @@ from typing import Any, Generator
 
 import pytest
 
-from killpoint.harness import inputs
 from killpoint.vocab import VERDICT_WORDS
 # The fixtures are found by pytest as attributes of this module, the plugin it loads.
 from killpoint._plugin.fixture import Killpoint, _killpoint_session, killpoint  # noqa: F401 (pytest finds them here)
@@ -121,6 +120,7 @@ def _check_steps(name: str, kwargs: dict[str, Any], settings: Any) -> None:
             workload if workload is not None else default_for(kwargs["target"], declared(kwargs["target"])), seed)
     except InvalidWorkload as exc:
         _collection_error(f"{name}: @pytest.mark.killpoint(workload={workload!r}): {exc}")
+    from killpoint.harness import inputs  # not at load time: the plugin loads in every session
     wrong = inputs.unknown_steps(kwargs["steps"] or (), built.name, built.step_names)
     if wrong:
         _collection_error(f"{name}: @pytest.mark.killpoint(steps={kwargs['steps']!r}): {wrong}")

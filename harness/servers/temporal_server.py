@@ -149,14 +149,16 @@ class _Querier:
         return value  # type: ignore[no-any-return]
 
 
-_querier: _Querier | None = None
+_querier: tuple[int, _Querier] | None = None  # (the process it belongs to, the helper)
 
 
 def _query(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Ask this process's helper. A process forked after the harness made its helper (a ``--jobs``
+    runner) makes its own: the inherited helper is not its child, and its pipe is the harness's."""
     global _querier
-    if _querier is None or not _querier.proc.is_alive():
-        _querier = _Querier()
-    return _querier.ask(cfg)
+    if _querier is None or _querier[0] != os.getpid() or not _querier[1].proc.is_alive():
+        _querier = (os.getpid(), _Querier())
+    return _querier[1].ask(cfg)
 
 
 def _quiet_runtime() -> Any:

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any, Callable, Generator, NoReturn, Sequence
 
 import pytest
 
-from killpoint.harness import inputs
 from killpoint._plugin.marker import _Case, _collection_error, _marker_kwargs
 from killpoint._plugin.settings import Settings, _points
 from killpoint._plugin.state import _HANDLE, _RUNS, _STATE, INDEX, _State
@@ -108,6 +107,7 @@ class Killpoint:
         if steps is None and depth == 2:
             steps = generator.repeated_steps(built)
         steps = steps if steps is not None else known
+        from killpoint.harness import inputs  # not at load time: the plugin loads in every session
         wrong = inputs.unknown_steps(steps, built.name, known)
         if wrong:
             _fail(f"killpoint.matrix(steps={asked['steps']!r}): {wrong}")
@@ -351,6 +351,7 @@ def _actions(actions: "Sequence[str] | str") -> tuple[str, ...]:
 
     items = actions.split(",") if isinstance(actions, str) else list(actions)
     chosen = tuple(a.strip() for a in items if isinstance(a, str) and a.strip())
+    from killpoint.harness import inputs  # not at load time: the plugin loads in every session
     wrong = inputs.unknown_actions(chosen if len(chosen) == len(items) else (*chosen, ""), ACTIONS)
     if wrong:  # an empty item ('kill,') is a slip, as --actions says
         raise ValueError(f"actions={actions!r}: {wrong}")

@@ -8,7 +8,6 @@ from typing import Any, Mapping, NoReturn, Sequence
 
 import pytest
 
-from killpoint.harness import inputs
 
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
 
@@ -65,6 +64,7 @@ def _marker_kwargs(name: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:
     items = out["actions"].split(",") if isinstance(out["actions"], str) else list(out["actions"])
     actions = tuple(a.strip() for a in items if isinstance(a, str) and a.strip())
     # An empty item ('kill,') is a slip, as killpoint matrix --actions says, never a quiet "and nothing".
+    from killpoint.harness import inputs  # not at load time: the plugin loads in every session
     wrong = inputs.unknown_actions(actions if len(actions) == len(items) else (*actions, ""), ("kill", "pause"))
     if wrong:
         _collection_error(f"{name}: @pytest.mark.killpoint(actions={out['actions']!r}): {wrong}")

@@ -10,7 +10,6 @@ from typing import Any, Sequence
 import pytest
 
 from killpoint.errors import BadInput
-from killpoint.harness import inputs
 from killpoint.errors import KillpointUnavailable as KillpointUnavailable
 
 # Every option: its name after the --killpoint- prefix (the ini key is killpoint_NAME), metavar, help.
@@ -195,6 +194,7 @@ def _points(asked: Sequence[str] | None, settings: Settings,
 
     declared = tuple(declared) if declared else DEFAULT_POINTS
     points = tuple(asked) if asked else declared
+    from killpoint.harness import inputs  # not at load time: the plugin loads in every session
     wrong = inputs.unknown_points(points, declared)
     if wrong:
         raise ValueError(f"points={list(asked or ())!r}: {wrong}")
