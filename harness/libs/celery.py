@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 import uuid
 from typing import Any
 
@@ -129,22 +128,13 @@ def _step(task: Any, instance: str, step: str, keyed: bool) -> dict[str, Any]:
         else:
             key = uuid.uuid4().hex
         ctx.point("before_call")
-        status, body = _call(spec, key, instance, step)
+        status, body = _worker["http"].post_step(spec, key, instance, step)
         ctx.point("after_call")
     if status >= 300:
         raise RuntimeError(f"{spec.resource} answered {status}: {body}")
     return {"status": status, "effect": body.get("effect_id"), "replay": bool(body.get("replay")),
             "worker": ctx.worker_id}
 
-
-def _call(spec: Any, key: str, instance: str, step: str) -> tuple[int, dict[str, Any]]:
-    for _ in range(500):
-        status, body = _worker["http"].post(spec.resource, spec.params, key=key, instance=instance, step=step)
-        if status == 409 and body.get("error") == "in_flight":
-            time.sleep(0.005)  # another delivery of this task is calling with the same key
-            continue
-        return status, body
-    raise RuntimeError(f"{spec.resource}: key {key!r} stayed in flight")
 
 
 class AckedRequest(Request):  # type: ignore[misc]

@@ -14,7 +14,7 @@ import http.client
 import json
 import threading
 import time
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 from urllib.parse import urlsplit
 
 from killpoint.harness.worker import REAL_TIME_TIMING
@@ -81,6 +81,17 @@ class Downstream:
             self._local.conn = None
             raise
         return answer.status, (json.loads(raw) if raw else {})
+
+    def post_step(self, spec: Any, key: str, instance: str, step: str) -> tuple[int, dict[str, Any]]:
+        """POST a step's intent; while another delivery of the same task is calling under the same
+        key (409 ``in_flight``), ask again a moment later: the answer is then that call's."""
+        for _ in range(500):
+            status, body = self.post(spec.resource, spec.params, key=key, instance=instance, step=step)
+            if status == 409 and body.get("error") == "in_flight":
+                time.sleep(0.005)
+                continue
+            return status, body
+        raise RuntimeError(f"{spec.resource}: key {key!r} stayed in flight")
 
 
 class PauseGuard:
@@ -159,3 +170,33 @@ def monotonic_ns(epoch_ms: float | None, fallback: int) -> int:
     if epoch_ms is None:
         return fallback
     return int(epoch_ms * 1_000_000) - (time.time_ns() - time.monotonic_ns())
+
+
+def queue_targets(lib: str, points: tuple[str, ...], work: Callable[[Any], None], setup: Callable[..., None], *,
+                  done: Callable[..., bool], final_states: Callable[..., Any],
+                  teardown: Callable[..., None]) -> dict[str, Any]:
+    """A task queue's ``naive`` and ``keyed`` targets: ``work(ctx)`` in each worker, ``setup(run,
+    keyed=...)`` and the other hooks in the harness, on the order workload; a target that owns its
+    state (the queue's)."""
+    import killpoint
+
+    def declare(variant: str) -> Any:
+        keyed = variant == "keyed"
+        return killpoint.Target(work, name=f"{lib}:{variant}", points=points, owns_state=True,
+                                workload="killpoint.harness.libs.common:order_workload",
+                                setup=lambda run: setup(run, keyed=keyed), done=done, final_states=final_states,
+                                teardown=teardown)
+
+    return {"naive": declare("naive"), "keyed": declare("keyed")}
+
+
+def named_target(lib: str, targets: Mapping[str, Any], variant: str) -> Any:
+    """``targets[variant]``, or an InvalidTarget naming the known ones."""
+    import killpoint
+
+    try:
+        return targets[variant]
+    except KeyError:
+        raise killpoint.InvalidTarget(f"unknown {lib} target {variant!r}: known are "
+                                      f"{', '.join(f'{lib}:{v}' for v in targets)}") from None
+

@@ -32,7 +32,7 @@ from typing import Any
 
 import killpoint
 from killpoint.harness.libs import brokers
-from killpoint.harness.libs.common import Downstream, order_workload
+from killpoint.harness.libs.common import Downstream, named_target, order_workload, queue_targets
 
 # Imported in the parent, before any fork.
 import dramatiq  # noqa: E402
@@ -110,22 +110,13 @@ def _step(instance: str, step: str, keyed: bool) -> dict[str, Any]:
         else:
             key = uuid.uuid4().hex
         ctx.point("before_call")
-        status, body = _call(spec, key, instance, step)
+        status, body = _worker["http"].post_step(spec, key, instance, step)
         ctx.point("after_call")
     if status >= 300:
         raise RuntimeError(f"{spec.resource} answered {status}: {body}")
     return {"status": status, "effect": body.get("effect_id"), "replay": bool(body.get("replay")),
             "worker": ctx.worker_id}
 
-
-def _call(spec: Any, key: str, instance: str, step: str) -> tuple[int, dict[str, Any]]:
-    for _ in range(500):
-        status, body = _worker["http"].post(spec.resource, spec.params, key=key, instance=instance, step=step)
-        if status == 409 and body.get("error") == "in_flight":
-            time.sleep(0.005)  # another delivery of this message is calling with the same key
-            continue
-        return status, body
-    raise RuntimeError(f"{spec.resource}: key {key!r} stayed in flight")
 
 
 # -- in a worker ----------------------------------------------------------------------------------
@@ -200,27 +191,12 @@ def teardown(run: killpoint.TargetRun) -> None:
         brokers.purge(run.state["space"], redis=run.state["backend"])
 
 
-def _declare(variant: str) -> killpoint.Target:
-    keyed = variant == "keyed"
-
-    def body(ctx: killpoint.WorkerContext) -> None:
-        _work(ctx)
-
-    return killpoint.Target(body, name=f"dramatiq:{variant}", points=POINTS, owns_state=True,
-                            workload="killpoint.harness.libs.common:order_workload",
-                            setup=lambda run: setup(run, keyed=keyed), done=done, final_states=final_states,
-                            teardown=teardown)
-
-
-TARGETS = {"naive": _declare("naive"), "keyed": _declare("keyed")}
+TARGETS = queue_targets("dramatiq", POINTS, lambda ctx: _work(ctx), setup, done=done, final_states=final_states,
+                        teardown=teardown)
 
 
 def target_named(variant: str) -> killpoint.Target:
-    try:
-        return TARGETS[variant]
-    except KeyError:
-        raise killpoint.InvalidTarget(f"unknown dramatiq target {variant!r}: known are "
-                                      f"{', '.join('dramatiq:' + v for v in TARGETS)}") from None
+    return named_target("dramatiq", TARGETS, variant)  # type: ignore[no-any-return]
 
 
 __all__ = ["POINTS", "final_states", "make_broker", "order_workload", "target_named"]

@@ -31,7 +31,7 @@ from typing import Any
 
 import killpoint
 from killpoint.harness.libs import brokers
-from killpoint.harness.libs.common import Downstream, order_workload
+from killpoint.harness.libs.common import Downstream, named_target, order_workload, queue_targets
 
 # Imported in the parent, before any fork.
 import rq  # noqa: E402
@@ -57,22 +57,13 @@ def step_job(instance: str, step: str) -> dict[str, Any]:
     key = f"{instance}:{step}:{spec.resource}" if ctx.run.state["keyed"] else uuid.uuid4().hex
     with ctx.at(instance, step):
         ctx.point("before_call")
-        status, body = _call(spec, key, instance, step)
+        status, body = _worker["http"].post_step(spec, key, instance, step)
         ctx.point("after_call")
     if status >= 300:
         raise RuntimeError(f"{spec.resource} answered {status}: {body}")
     return {"status": status, "effect": body.get("effect_id"), "replay": bool(body.get("replay")),
             "worker": ctx.worker_id}
 
-
-def _call(spec: Any, key: str, instance: str, step: str) -> tuple[int, dict[str, Any]]:
-    for _ in range(500):
-        status, body = _worker["http"].post(spec.resource, spec.params, key=key, instance=instance, step=step)
-        if status == 409 and body.get("error") == "in_flight":
-            time.sleep(0.005)  # another execution of this job is calling with the same key
-            continue
-        return status, body
-    raise RuntimeError(f"{spec.resource}: key {key!r} stayed in flight")
 
 
 class Worker(SimpleWorker):  # type: ignore[misc]
@@ -162,27 +153,12 @@ def teardown(run: killpoint.TargetRun) -> None:
         brokers.purge(run.state["space"], GLOBAL_SETS, redis=run.state["backend"])
 
 
-def _declare(variant: str) -> killpoint.Target:
-    keyed = variant == "keyed"
-
-    def body(ctx: killpoint.WorkerContext) -> None:
-        _work(ctx)
-
-    return killpoint.Target(body, name=f"rq:{variant}", points=POINTS, owns_state=True,
-                            workload="killpoint.harness.libs.common:order_workload",
-                            setup=lambda run: setup(run, keyed=keyed), done=done, final_states=final_states,
-                            teardown=teardown)
-
-
-TARGETS = {"naive": _declare("naive"), "keyed": _declare("keyed")}
+TARGETS = queue_targets("rq", POINTS, lambda ctx: _work(ctx), setup, done=done, final_states=final_states,
+                        teardown=teardown)
 
 
 def target_named(variant: str) -> killpoint.Target:
-    try:
-        return TARGETS[variant]
-    except KeyError:
-        raise killpoint.InvalidTarget(f"unknown rq target {variant!r}: known are "
-                                      f"{', '.join('rq:' + v for v in TARGETS)}") from None
+    return named_target("rq", TARGETS, variant)  # type: ignore[no-any-return]
 
 
 __all__ = ["POINTS", "final_states", "order_workload", "rq", "step_job", "target_named"]
