@@ -190,7 +190,18 @@ def pytest_testnodeready(node: Any) -> None:
     """xdist controller: a worker is up; a SIGTERM or SIGHUP this process gets is passed on to it."""
     from killpoint._plugin import interrupt
 
-    interrupt.worker_started(getattr(node, "workerinfo", {}).get("pid"))
+    interrupt.worker_started(_worker_pid(node))
+
+
+def _worker_pid(node: Any) -> Any:
+    """The xdist worker's process id: what its ``workerinfo`` says where xdist sends it, else the
+    process execnet started for it (xdist 3.8 sends no pid: the signal was passed on to nobody, and
+    the session waited out xdist's 10 s for its workers before killing them)."""
+    pid = getattr(node, "workerinfo", {}).get("pid")
+    if pid is None:
+        popen = getattr(getattr(getattr(node, "gateway", None), "_io", None), "popen", None)
+        pid = getattr(popen, "pid", None)
+    return pid
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -932,6 +932,19 @@ def test_slow(killpoint):
 def test_slow_too(killpoint):
     killpoint.run("", target=blocks, workload="single", workers=1)
 ''')
+    # Each xdist worker says which signal ended its session: the one passed on to it, or none (xdist's
+    # teardown interrupts a worker it waited 10 s for, with no signal).
+    pytester.makeconftest(f'''
+import os
+
+
+def pytest_keyboard_interrupt(excinfo):
+    from killpoint.harness import signals
+
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        with open({str(pytester.path)!r} + "/interrupted." + os.environ["PYTEST_XDIST_WORKER"], "w") as fh:
+            fh.write(str(signals.received()))
+''')
     proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:hypothesispytest",
                              "-q", *xdist, "test_slow.py"], cwd=pytester.path,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -948,6 +961,9 @@ def test_slow_too(killpoint):
         said = {"SIGTERM": "terminated (SIGTERM)", "SIGHUP": "hung up (SIGHUP)"}[sig]
         assert f"killpoint: {said}; every process it started has been ended" in out, out
         assert "Traceback" not in out, out
+        if xdist:  # the signal was passed on to each xdist worker, which ended its own session
+            said = {p.name: p.read_text() for p in pytester.path.glob("interrupted.*")}
+            assert said == {f"interrupted.gw{n}": str(int(getattr(signal, sig))) for n in (0, 1)}, (said, out)
         for _ in range(100):  # a worker is reaped by its own session as it ends
             if all(_comm(w) != "kp-worker" for w in workers):
                 break
