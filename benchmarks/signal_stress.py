@@ -7,7 +7,12 @@ its marker in the environment (workers, the downstream, runners), no folder in i
 PostgreSQL schema named with its PID. Prints one line a trial and a summary: the exit codes, the
 time from the signal to the exit, and every survivor. Bounded: ``--trials N`` (default 20).
 
-    python benchmarks/signal_stress.py --trials 40 --seed 1 [--store postgresql://...]
+``--plugin`` runs a pytest session instead (a test of ``killpoint.matrix()`` and one of a single
+crash, one process or ``-n 2`` under pytest-xdist, on SQLite or PostgreSQL), signalled the same
+way: it must exit with pytest's interrupted code (2), or 0 when it finished first, and leave
+nothing, as the command does.
+
+    python benchmarks/signal_stress.py --trials 40 --seed 1 [--store postgresql://...] [--plugin]
 
 Exit status 0 when nothing survived and every command ended, 1 otherwise.
 """
@@ -47,6 +52,7 @@ def marked(marker: str) -> list[int]:
 
 
 def schemas_of(dsn: str, pid: int) -> list[str]:
+    """killpoint's schemas made by the process ``pid``."""
     import psycopg
 
     with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
@@ -72,19 +78,40 @@ def pg_reachable(dsn: str) -> bool:
         return False
 
 
-def trial(n: int, rng: random.Random, store: str | None) -> dict:
+PLUGIN_TESTS = '''
+def test_a_matrix(killpoint):
+    killpoint.matrix(steps=["charge"]).assert_valid()
+
+
+def test_one_crash(killpoint):
+    killpoint.run("A@charge.after_call:kill").assert_valid()
+'''
+
+
+def trial(n: int, rng: random.Random, store: str | None, plugin: bool = False) -> dict:
     marker = f"kp-stress-{uuid.uuid4().hex}"
     tmp = tempfile.mkdtemp(prefix="kp-stress-")
-    argv = ["matrix", "--steps", "charge", "-q", "--jobs", rng.choice(["1", "2"])]
-    if store is not None and rng.random() < 0.5:
-        argv += ["--store", store]
+    pg = store is not None and rng.random() < 0.5
+    if plugin:
+        project = tempfile.mkdtemp(prefix="kp-stress-project-")
+        with open(os.path.join(project, "test_stress.py"), "w") as fh:
+            fh.write(PLUGIN_TESTS)
+        argv = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:hypothesispytest",
+                *rng.choice([[], ["-n", "2"]]), *(["--killpoint-store", store] if pg else []), "test_stress.py"]
+        cwd, expected = project, {signal.SIGINT: 2, signal.SIGTERM: 2, signal.SIGHUP: 2}
+    else:
+        project = None
+        argv = ["-c", "import sys; from killpoint._main import main; sys.exit(main())",  # the console script's
+                "matrix", "--steps", "charge", "-q", "--jobs", rng.choice(["1", "2"]),
+                *(["--store", store] if pg else [])]
+        cwd, expected = ROOT, EXPECTED
     sig = rng.choice([signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
     delay = rng.uniform(0.05, 6.0)
     env = {**os.environ, "KILLPOINT_TEST_MARK": marker, "PYTHONPATH": ROOT, "TMPDIR": tmp}
-    entry = "import sys; from killpoint._main import main; sys.exit(main())"  # the console script's
-    proc = subprocess.Popen([sys.executable, "-c", entry, *argv], env=env, cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, *argv], env=env, cwd=cwd,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     time.sleep(delay)
+    owners = {proc.pid, *marked(marker)}  # whose PID a schema of this trial's runs may carry (xdist's workers)
     sent = time.monotonic()
     exited_first = proc.poll() is not None
     if not exited_first:
@@ -104,17 +131,27 @@ def trial(n: int, rng: random.Random, store: str | None) -> dict:
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
-    folders = os.listdir(tmp)
+    folders = [f for f in os.listdir(tmp) if not f.startswith("pytest-of-")]  # pytest's own basetemp
     shutil.rmtree(tmp, ignore_errors=True)
+    if project is not None:
+        shutil.rmtree(project, ignore_errors=True)
     schemas: list[str] = []
-    if "--store" in argv:
-        schemas = schemas_of(store, proc.pid)  # type: ignore[arg-type]
+    if pg:
+        # a schema carries the PID of the process that ran its run: the command, or a pytest process
+        schemas = [s for pid in sorted(owners) for s in schemas_of(store, pid)]  # type: ignore[arg-type]
         drop(store, schemas)  # type: ignore[arg-type]
     text = err.decode(errors="replace")
-    return {"n": n, "argv": " ".join(argv).replace(store or "\0", "PG"), "signal": signal.Signals(sig).name,
-            "delay": delay, "code": proc.returncode, "expected": 0 if exited_first else EXPECTED[sig],
+    shown = " ".join(a for a in argv if not a.startswith("import sys")).replace(store or "\0", "PG")
+    # Ended by the signal itself: it landed before pytest's session began (its imports, the plugin's
+    # loading), where Python's default acts (for SIGINT, a KeyboardInterrupt traceback); nothing of
+    # killpoint's had started, and the survivors' check below still holds it to leaving nothing.
+    early = plugin and proc.returncode == -sig
+    if early:
+        expected = {sig: -sig}
+    return {"n": n, "argv": shown, "signal": signal.Signals(sig).name,
+            "delay": delay, "code": proc.returncode, "expected": 0 if exited_first else expected[sig],
             "took": took, "hung": hung, "survivors": survivors, "folders": folders, "schemas": schemas,
-            "tracebacks": text.count("Traceback"), "finished_first": exited_first}
+            "tracebacks": text.count("Traceback"), "finished_first": exited_first, "err": text, "early": early}
 
 
 def main() -> int:
@@ -122,25 +159,31 @@ def main() -> int:
     p.add_argument("--trials", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--store", default=os.environ.get("KILLPOINT_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test"))
+    p.add_argument("--plugin", action="store_true", help="signal a pytest session using the plugin instead")
+    p.add_argument("--show", action="store_true", help="print the end of a bad trial's output")
     args = p.parse_args()
     store = args.store if pg_reachable(args.store) else None
     rng = random.Random(args.seed)
     results = []
     for n in range(1, args.trials + 1):
-        r = trial(n, rng, store)
+        r = trial(n, rng, store, args.plugin)
         results.append(r)
         bad = r["hung"] or r["survivors"] or r["folders"] or r["schemas"] or r["code"] != r["expected"]
         print(f"{n:>3} {r['signal']:<7} at {r['delay']:4.1f} s  {r['argv']:<52} exit {r['code']:>3} "
               f"in {r['took']:5.2f} s{'  (finished first)' if r['finished_first'] else ''}"
+              f"{'  (before the plugin loaded: the signal default)' if r['early'] else ''}"
               f"{'  tracebacks ' + str(r['tracebacks']) if r['tracebacks'] else ''}"
               f"{'  BAD: ' + str({k: r[k] for k in BAD_KEYS}) if bad else ''}",
               flush=True)
+        if (bad or r["tracebacks"]) and args.show:
+            print("      " + r["err"][-1500:].replace("\n", "\n      "), flush=True)
     took = [r["took"] for r in results if not r["finished_first"]]
     survivors = sum(len(r["survivors"]) for r in results)
     left = sum(len(r["folders"]) + len(r["schemas"]) for r in results)
     wrong = sum(1 for r in results if r["code"] != r["expected"] or r["hung"])
     print(f"\n{len(results)} trials: {survivors} surviving processes, {left} folders or schemas left, "
-          f"{wrong} wrong exit codes or hangs, {sum(r['tracebacks'] > 0 for r in results)} with a traceback; "
+          f"{wrong} wrong exit codes or hangs, {sum(r['tracebacks'] > 0 for r in results)} with a traceback "
+          f"({sum(r['early'] for r in results)} ended by the signal before the session began); "
           f"signal to exit: median {statistics.median(took) if took else 0:.2f} s, max {max(took, default=0):.2f} s")
     return 0 if survivors == left == wrong == 0 else 1
 

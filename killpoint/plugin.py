@@ -71,6 +71,20 @@ def pytest_configure(config: pytest.Config) -> None:
         interrupt.install()
 
 
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: Any) -> Any:
+    """The tests are over: a SIGTERM or SIGHUP landing in pytest's own teardown (xdist ending its
+    workers) no longer raises there (a traceback, exit 1); the session ends interrupted instead."""
+    from killpoint._plugin import interrupt
+
+    interrupt.finishing()
+    try:
+        return (yield)
+    finally:
+        if interrupt.received_while_finishing():
+            session.exitstatus = pytest.ExitCode.INTERRUPTED
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     from killpoint._plugin import interrupt
 

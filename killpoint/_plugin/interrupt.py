@@ -18,13 +18,14 @@ import signal
 import threading
 from typing import Any
 
-__all__ = ["install", "uninstall", "worker_started", "received_line"]
+__all__ = ["finishing", "install", "received_line", "received_while_finishing", "uninstall", "worker_started"]
 
 _SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 _NAMES: dict[int, str] = {signal.SIGTERM: "terminated (SIGTERM)", signal.SIGHUP: "hung up (SIGHUP)",
                           signal.SIGINT: "interrupted"}
 _installed: dict[int, Any] = {}
 _workers: set[int] = set()  # the controller's xdist workers, by PID
+_finishing: list[bool] = []  # set once the tests are over: a signal then is remembered, not raised
 
 
 def _handler(signum: int, frame: Any) -> None:
@@ -36,7 +37,21 @@ def _handler(signum: int, frame: Any) -> None:
             os.kill(pid, signum)
         except OSError:
             _workers.discard(pid)
+    if _finishing:  # no test or run left to end: raised now it would only break pytest's own teardown
+        return
     raise signals.Terminated(signum)
+
+
+def finishing() -> None:
+    """The tests are over (``pytest_sessionfinish``): a signal from now on is passed on and remembered,
+    and ends the session as interrupted once pytest's own teardown (xdist's, of its workers) is done."""
+    _finishing.append(True)
+
+
+def received_while_finishing() -> bool:
+    from killpoint.harness import signals
+
+    return bool(_finishing) and signals.received() is not None
 
 
 def install() -> None:
@@ -57,6 +72,7 @@ def uninstall() -> None:
             signal.signal(sig, previous)
         del _installed[sig]
     _workers.clear()
+    _finishing.clear()
 
 
 def worker_started(pid: Any) -> None:
