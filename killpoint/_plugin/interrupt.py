@@ -54,8 +54,26 @@ def received_while_finishing() -> bool:
     return bool(_finishing) and signals.received() is not None
 
 
+def _int_handler(signum: int, frame: Any) -> None:
+    """Ctrl-C as Python has it (a KeyboardInterrupt), passed on to the xdist workers first: a SIGINT
+    sent to the controller alone (a CI runner's cancel) otherwise reached none of them, and the
+    session waited on xdist's teardown for their runs."""
+    for pid in list(_workers):
+        try:
+            os.kill(pid, signum)
+        except OSError:
+            _workers.discard(pid)
+    if _finishing:  # in pytest's own teardown: remembered, the session ends interrupted
+        from killpoint.harness import signals
+
+        signals._received.append(signum)
+        return
+    raise KeyboardInterrupt
+
+
 def install() -> None:
-    """From now on, SIGTERM and SIGHUP end the session as Ctrl-C does (see the module)."""
+    """From now on, SIGTERM and SIGHUP end the session as Ctrl-C does (see the module), and Ctrl-C
+    reaches the xdist workers too."""
     if threading.current_thread() is not threading.main_thread():
         return
     from killpoint.harness import signals
@@ -64,11 +82,13 @@ def install() -> None:
     for sig in _SIGNALS:
         if sig not in _installed and signal.getsignal(sig) == signal.SIG_DFL:
             _installed[sig] = signal.signal(sig, _handler)
+    if signal.SIGINT not in _installed and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        _installed[signal.SIGINT] = signal.signal(signal.SIGINT, _int_handler)
 
 
 def uninstall() -> None:
     for sig, previous in list(_installed.items()):
-        if signal.getsignal(sig) is _handler:
+        if signal.getsignal(sig) in (_handler, _int_handler):
             signal.signal(sig, previous)
         del _installed[sig]
     _workers.clear()
