@@ -13,6 +13,8 @@ from typing import Any, Iterable, Sequence
 from killpoint.errors import shown
 
 MAX_WORKERS = 26  # worker identities A to Z
+WORKERS_WORDS = f"use a number of workers from 1 to {MAX_WORKERS}"
+SEED_WORDS = "give a whole number in ASCII digits (a leading minus allowed)"
 
 
 def unknown_points(chosen: Iterable[str], valid: Sequence[str]) -> str | None:
@@ -39,16 +41,21 @@ def unknown_actions(chosen: Sequence[Any], allowed: Sequence[str]) -> str | None
     return None
 
 
+def action_names(value: Sequence[Any] | str, allowed: Sequence[str]) -> tuple[tuple[str, ...], str | None]:
+    """``actions=`` as ``--actions`` reads it (a comma-separated string or a sequence of names), and
+    what is wrong with it (:func:`unknown_actions`; an empty item such as ``kill,`` too)."""
+    items = value.split(",") if isinstance(value, str) else list(value)
+    names = tuple(a.strip() for a in items if isinstance(a, str) and a.strip())
+    return names, unknown_actions(names if len(names) == len(items) else (*names, ""), allowed)
+
+
 def bad_workers(value: Any) -> str | None:
-    if type(value) is int and 1 <= value <= MAX_WORKERS:
-        return None
-    return f"use a number of workers from 1 to {MAX_WORKERS}"
+    return None if type(value) is int and 1 <= value <= MAX_WORKERS else WORKERS_WORDS
 
 
 def bad_seed(value: Any) -> str | None:
-    if type(value) is int:
-        return None
-    return "give a whole number in ASCII digits (a leading minus allowed)"
+    return None if type(value) is int else SEED_WORDS
 
 
-__all__ = ["MAX_WORKERS", "bad_seed", "bad_workers", "unknown_actions", "unknown_points", "unknown_steps"]
+__all__ = ["MAX_WORKERS", "SEED_WORDS", "WORKERS_WORDS", "action_names", "bad_seed", "bad_workers",
+           "unknown_actions", "unknown_points", "unknown_steps"]

@@ -126,9 +126,9 @@ class RunConfig:
 
         if (isinstance(self.workers, bool) or not isinstance(self.workers, numbers.Integral)
                 or not 1 <= self.workers <= inputs.MAX_WORKERS):
-            raise bad("workers", inputs.bad_workers(None) or "")
+            raise bad("workers", inputs.WORKERS_WORDS)
         if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral):
-            raise bad("seed", inputs.bad_seed(None) or "")
+            raise bad("seed", inputs.SEED_WORDS)
         if (isinstance(self.bound_s, bool) or not isinstance(self.bound_s, (int, float))
                 or not 0 < self.bound_s <= 86_400):
             raise bad("bound_s", "give a number of seconds above 0 and at most 86400 (a day)")

@@ -22,16 +22,16 @@ production-like timings; ``lease_points`` and ``claim_point`` tell the matrix wh
 
 from __future__ import annotations
 
-import http.client
+import contextlib
 import json
 import os
 import sqlite3
 import time
-from typing import Any
-from urllib.parse import urlsplit
+from typing import Any, Iterator
 
 import killpoint
 from killpoint import InstanceSpec, StepSpec, TargetRun, Workload, WorkerContext
+from killpoint.harness.libs.common import Downstream
 
 POINTS = ("before_take", "taken", "before_call", "after_call", "before_ack", "after_ack")
 LEASE_POINTS = ("taken", "before_call", "after_call", "before_ack")
@@ -66,15 +66,11 @@ class _Worker:
         self.ctx, self.renew_by_id = ctx, renew_by_id
         self.db = _db(ctx.run_dir)
         self.ttl_s = ctx.timing.lease_ttl_ms / 1000.0
-        url = urlsplit(ctx.downstream_url)
-        self.http = http.client.HTTPConnection(url.hostname or "127.0.0.1", url.port, timeout=30)
-        self.path = url.path.rstrip("/")
+        self.http = Downstream(ctx.downstream_url, ctx.worker_id)
 
     def work(self) -> None:
         while True:
-            with self.ctx.at(None, STEP):
-                self.ctx.point("before_take")
-                job = self.take()
+            job = self.next_job()
             if job is None:
                 if self.left() == 0:
                     return
@@ -84,14 +80,28 @@ class _Worker:
                 self.ctx.point("taken")
                 self.handle(job)
 
-    def take(self) -> dict[str, Any] | None:
-        now = self.ctx.clock.now()
+    def next_job(self) -> dict[str, Any] | None:
+        """The claim loop's turn: ``before_take`` (at the queue's step, no job yet), then a take."""
+        with self.ctx.at(None, STEP):
+            self.ctx.point("before_take")
+            return self.take()
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
         self.db.execute("BEGIN IMMEDIATE")
         try:
+            yield
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.db.execute("COMMIT")
+
+    def take(self) -> dict[str, Any] | None:
+        now = self.ctx.clock.now()
+        with self.transaction():
             row = self.db.execute("SELECT id, state FROM jobs WHERE state = 'pending' OR (state = 'running' "
                                   "AND lease_until < ?) ORDER BY id LIMIT 1", (now,)).fetchone()
             if row is None:
-                self.db.execute("COMMIT")
                 return None
             got = self.db.execute(
                 "UPDATE jobs SET state = 'running', version = version + 1, owner = ?, lease_until = ?, "
@@ -100,10 +110,6 @@ class _Worker:
                 (self.ctx.worker_id, now + self.ttl_s, row[0])).fetchone()
             job = dict(zip(("id", "instance", "params", "fence", "attempt", "version"), got))
             self.event("claimed", job, row[1], "running")
-            self.db.execute("COMMIT")
-        except BaseException:
-            self.db.execute("ROLLBACK")
-            raise
         return job
 
     def renew(self, job: dict[str, Any]) -> bool:
@@ -115,15 +121,10 @@ class _Worker:
         else:
             sql, args = ("UPDATE jobs SET lease_until = ? WHERE id = ? AND owner = ? AND fence = ?",
                          (until, job["id"], self.ctx.worker_id, job["fence"]))
-        self.db.execute("BEGIN IMMEDIATE")
-        try:
+        with self.transaction():
             renewed = self.db.execute(sql, args).rowcount == 1
             if renewed:
                 self.event("renewed", job, "running", "running")
-            self.db.execute("COMMIT")
-        except BaseException:
-            self.db.execute("ROLLBACK")
-            raise
         return renewed
 
     def handle(self, job: dict[str, Any]) -> None:
@@ -141,26 +142,13 @@ class _Worker:
         self.ctx.point("after_ack")
 
     def call(self, job: dict[str, Any]) -> int:
-        headers = {"Content-Type": "application/json", "Idempotency-Key": f"{job['id']}:{STEP}",
-                   "Fencing-Token": str(job["fence"]), "Fencing-Scope": job["id"],
-                   "Killpoint-Instance": job["instance"], "Killpoint-Step": STEP,
-                   "Killpoint-Worker": self.ctx.worker_id, "Killpoint-Attempt": str(job["attempt"])}
-        body = json.dumps({"params": json.loads(job["params"])})
-        for attempt in (1, 2):  # once more on a fresh connection if the server closed the kept one
-            try:
-                self.http.request("POST", f"{self.path}/resources/payment", body=body, headers=headers)
-                answer = self.http.getresponse()
-                answer.read()
-                return answer.status
-            except (http.client.HTTPException, ConnectionError):
-                self.http.close()
-                if attempt == 2:
-                    raise
-        raise AssertionError("unreachable")
+        status, _ = self.http.post("payment", json.loads(job["params"]), key=f"{job['id']}:{STEP}",
+                                   instance=job["instance"], step=STEP, attempt=job["attempt"],
+                                   fence=job["fence"], scope=job["id"])
+        return status
 
     def ack(self, job: dict[str, Any], outcome: str) -> None:
-        self.db.execute("BEGIN IMMEDIATE")
-        try:
+        with self.transaction():
             row = self.db.execute("UPDATE jobs SET state = ?, version = version + 1, owner = NULL, lease_until = NULL "
                                   "WHERE id = ? AND owner = ? AND fence = ? RETURNING version",
                                   (outcome, job["id"], self.ctx.worker_id, job["fence"])).fetchone()
@@ -168,10 +156,6 @@ class _Worker:
                 self.event("commit_rejected", job, "running", outcome)
             else:
                 self.event("committed", {**job, "version": row[0]}, "running", outcome)
-            self.db.execute("COMMIT")
-        except BaseException:
-            self.db.execute("ROLLBACK")
-            raise
 
     def left(self) -> int:
         return int(self.db.execute("SELECT count(*) FROM jobs WHERE state IN ('pending', 'running')").fetchone()[0])

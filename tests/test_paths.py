@@ -200,18 +200,9 @@ from killpoint.harness import zoo_queue  # noqa: E402
 class _ClaimLoop(zoo_queue._Worker):
     """The zoo's queue, its claim loop outside any step (no ``ctx.at`` before it knows the job)."""
 
-    def work(self) -> None:
-        while True:
-            self.ctx.point("before_take")
-            job = self.take()
-            if job is None:
-                if self.left() == 0:
-                    return
-                self.ctx.clock.sleep(self.ctx.timing.poll_ms / 1000.0)
-                continue
-            with self.ctx.at(job["instance"], zoo_queue.STEP):
-                self.ctx.point("taken")
-                self.handle(job)
+    def next_job(self):
+        self.ctx.point("before_take")
+        return self.take()
 
 
 stepless_queue = killpoint.Target(

@@ -290,8 +290,9 @@ def parse_schedule(args: argparse.Namespace, text: str):
 
 
 def run_config(args: argparse.Namespace, schedule, **overrides: Any) -> RunConfig:
-    if inputs.bad_workers(args.workers):
-        raise BadInput(f"--workers {args.workers}: {inputs.bad_workers(args.workers)}")
+    wrong = inputs.bad_workers(args.workers)
+    if wrong:
+        raise BadInput(f"--workers {args.workers}: {wrong}")
     target = getattr(args, "target", "reference")
     declared = declared_target(args)
     workload = workload_name(args)

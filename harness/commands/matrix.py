@@ -33,10 +33,10 @@ import sys
 from typing import Any
 
 from killpoint.chaos import generator
-from killpoint.harness import inputs
 from killpoint.chaos.generator import ACTIONS, FORMS
 from killpoint.chaos.schedule import Schedule
 from killpoint.chaos.points import DB_POINTS
+from killpoint.harness import inputs
 from killpoint.harness.commands.common import (declared_target, jobs_of, Summary, until_broken, add_common, finish,
                                                parse_steps, progress_for, run_config, target_points, whole, workload_of)
 from killpoint.harness.paths import (discovery, explore_hits, explore_recovery, kills, once_per_worker, points_only,
@@ -84,14 +84,11 @@ def _users_own(target: Any) -> bool:
     """A target the user declared (``pkg.module:function``), whose declaration the user can change:
     not the reference, a mutant, or one of killpoint's library and server targets."""
     from killpoint.harness import libs
-    from killpoint.harness.targets import _server_target
+    from killpoint.harness.targets import SERVER_TARGETS
 
     if not isinstance(target, str) or target == "reference" or target.startswith("mutant:"):
         return False
-    try:
-        return not libs.is_library_target(target) and _server_target(target) is None
-    except Exception:  # noqa: BLE001 - a server target whose SDK is missing: not the user's own
-        return False
+    return not libs.is_library_target(target) and target.partition(":")[0] not in SERVER_TARGETS
 
 
 def _say_missing_windows(target: str, declared: Any) -> None:

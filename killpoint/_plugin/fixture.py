@@ -349,13 +349,13 @@ def _actions(actions: "Sequence[str] | str") -> tuple[str, ...]:
     """``actions=`` as ``--actions`` reads it: a comma-separated string or a sequence of names."""
     from killpoint.chaos.generator import ACTIONS
 
-    items = actions.split(",") if isinstance(actions, str) else list(actions)
-    chosen = tuple(a.strip() for a in items if isinstance(a, str) and a.strip())
     from killpoint.harness import inputs  # not at load time: the plugin loads in every session
-    wrong = inputs.unknown_actions(chosen if len(chosen) == len(items) else (*chosen, ""), ACTIONS)
-    if wrong:  # an empty item ('kill,') is a slip, as --actions says
+
+    chosen, wrong = inputs.action_names(actions, ACTIONS)
+    if wrong:
         raise ValueError(f"actions={actions!r}: {wrong}")
     return chosen
+
 
 def _points_fired(result: "RunResult") -> dict[str, Any]:
     """The crash points a run reached and fired, plain enough to travel from an xdist worker."""

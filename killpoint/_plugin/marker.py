@@ -61,16 +61,14 @@ def _marker_kwargs(name: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:
                                 f"{', '.join(map(repr, unknown))}; it takes {', '.join(_MARKER_KEYS)}")
     out = {"points": None, "target": "reference", "workers": 2, "steps": None, "action": None,
            "actions": ("kill", "pause"), "workload": None, "seed": None, "check": True, **kwargs}
-    items = out["actions"].split(",") if isinstance(out["actions"], str) else list(out["actions"])
-    actions = tuple(a.strip() for a in items if isinstance(a, str) and a.strip())
-    # An empty item ('kill,') is a slip, as killpoint matrix --actions says, never a quiet "and nothing".
     from killpoint.harness import inputs  # not at load time: the plugin loads in every session
-    wrong = inputs.unknown_actions(actions if len(actions) == len(items) else (*actions, ""), ("kill", "pause"))
+    actions, wrong = inputs.action_names(out["actions"], ("kill", "pause"))
     if wrong:
         _collection_error(f"{name}: @pytest.mark.killpoint(actions={out['actions']!r}): {wrong}")
     for key, check in (("workers", inputs.bad_workers), ("seed", inputs.bad_seed)):
-        if (key != "seed" or out[key] is not None) and check(out[key]):
-            _collection_error(f"{name}: @pytest.mark.killpoint({key}={out[key]!r}): {check(out[key])}")
+        wrong = None if key == "seed" and out[key] is None else check(out[key])
+        if wrong:
+            _collection_error(f"{name}: @pytest.mark.killpoint({key}={out[key]!r}): {wrong}")
     out["actions"] = actions
     for key in ("points", "steps"):
         value = out[key]
