@@ -198,7 +198,7 @@ def test_an_unreachable_rabbitmq_is_one_line_naming_the_variable_exit_2(redis_cl
     assert len(lines) == 1 and "KILLPOINT_AMQP_URL" in lines[0] and "guest:guest" not in lines[0], lines
 
 
-@pytest.mark.parametrize("target", ["celery:keyed", "dramatiq:keyed", "arq:keyed", "rq:keyed"])
+@pytest.mark.parametrize("target", ["celery:keyed", "dramatiq:keyed", "arq:keyed", "rq:keyed", "huey:keyed"])
 def test_an_interrupted_run_leaves_nothing_in_the_broker(redis_client, target):
     """Ctrl-C while a worker is frozen (the pause waits out a redelivery): the run's keys are gone
     once the command exited 130."""
@@ -298,3 +298,62 @@ def test_rq_keyed_matrix_is_valid_with_every_declared_point_fired(redis_client):
     code, out = matrix("rq:keyed")
     assert_keyed_valid_everywhere("rq:keyed", code, out)
     assert_nothing_left(redis_client, out)
+
+
+# -- Huey -------------------------------------------------------------------------------------------
+
+
+def test_huey_naive_matrix_exits_1_on_the_duplicate_a_reaped_task_applies(redis_client):
+    """Huey takes a task off its queue with no acknowledgement; the targets' reaper (what a Huey
+    user must write for a task that must be done) enqueues a lost or frozen step again, and the
+    naive task's new key applies the effect twice."""
+    need("huey")
+    code, out = matrix("huey:naive")
+    assert_naive_caught(code, out, same_step=False)
+    # killed after the effect and before Huey stored the result, or frozen past the lease
+    assert {f"A@{step}.{point}" for step in ("reserve", "charge")
+            for point in ("after_call:kill", "before_call:1*pause", "after_call:1*pause")} \
+        <= {v["schedule"] for v in out["violations"]}
+    assert_nothing_left(redis_client, out)
+
+
+def test_huey_keyed_matrix_is_valid_with_every_declared_point_fired(redis_client):
+    need("huey")
+    code, out = matrix("huey:keyed")
+    assert_keyed_valid_everywhere("huey:keyed", code, out)
+    assert_nothing_left(redis_client, out)
+
+
+def test_a_huey_task_lost_off_the_queue_is_enqueued_again_once_by_two_reapers(redis_client):
+    """What the reaper protects: a task a worker took off Huey's queue and died with (no lease
+    taken) is enqueued again once its grace has passed -- once, though two workers reap at once --
+    and not while its grace or a lease holds."""
+    need("huey")
+    import time
+
+    from killpoint.harness.libs import brokers, huey as target
+    from killpoint.harness.libs.common import order_workload
+
+    workload = order_workload(0)
+    space = f"killpoint_test_reaper_{os.getpid()}"
+    state = {"keyed": True, "backend": brokers.require_redis(), "space": space, "name": "killpoint",
+             "steps": [(i.id, s.name) for i in workload.instances for s in i.steps]}
+    try:
+        assert target._enqueue(state, "order-1", "reserve")
+        app, _ = target._huey(state)
+        assert app.dequeue() is not None  # taken by a worker that died before Huey started it
+        target.reap(state, workload)
+        assert app.storage.queue_size() == 0  # its grace holds
+        time.sleep(target.LEASE_S * 1.5)  # a lower bound: later is the same
+        target.reap(state, workload)
+        target.reap(state, workload)  # a second worker's reaper, which sees the same lost step
+        assert app.storage.queue_size() == 1
+        task = app.dequeue()
+        assert tuple(task.args) == ("order-1", "reserve")
+        # taken and started (its lease held): not reaped
+        redis_client.set(target._lease_key(state, "order-1", "reserve"), "B", px=60_000)
+        redis_client.delete(target._grace_key(state, "order-1", "reserve"))
+        target.reap(state, workload)
+        assert app.storage.queue_size() == 0
+    finally:
+        brokers.purge_redis(state["backend"], space)
