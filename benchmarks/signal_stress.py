@@ -37,6 +37,14 @@ EXPECTED = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}
 
 BAD_KEYS = ('hung', 'survivors', 'folders', 'schemas', 'code')
 
+def _default_signals() -> None:
+    """In the command's child, before it runs: the three signals at their defaults, as a CI runner
+    starts a job. Started from ``nohup`` or as a shell's background job, this script would pass
+    on an ignored SIGHUP or SIGINT, which the command rightly keeps ignoring."""
+    for sig in EXPECTED:
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def marked(marker: str) -> list[int]:
     found = []
     for entry in os.listdir("/proc"):
@@ -108,7 +116,7 @@ def trial(n: int, rng: random.Random, store: str | None, plugin: bool = False) -
     sig = rng.choice([signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
     delay = rng.uniform(0.05, 6.0)
     env = {**os.environ, "KILLPOINT_TEST_MARK": marker, "PYTHONPATH": ROOT, "TMPDIR": tmp}
-    proc = subprocess.Popen([sys.executable, *argv], env=env, cwd=cwd,
+    proc = subprocess.Popen([sys.executable, *argv], env=env, cwd=cwd, preexec_fn=_default_signals,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     time.sleep(delay)
     owners = {proc.pid, *marked(marker)}  # whose PID a schema of this trial's runs may carry (xdist's workers)

@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 import uuid
+from typing import Callable
 
 import pytest
 
@@ -26,10 +27,20 @@ from test_processes import ROOT, children_of, wait_until_gone
 from hang import HANG_S
 
 
-def _cli(*argv: str, marker: str, tmpdir: str) -> subprocess.Popen:
+def _signals_at(disposition) -> "Callable[[], None]":
+    """A preexec_fn: the command starts with SIGINT, SIGTERM and SIGHUP at ``disposition`` (their
+    defaults, as a CI runner starts a job, whatever this session was started with; or ignored)."""
+    def preexec() -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, disposition)
+    return preexec
+
+
+def _cli(*argv: str, marker: str, tmpdir: str, signals=signal.SIG_DFL) -> subprocess.Popen:
     env = {**os.environ, "KILLPOINT_TEST_MARK": marker, "PYTHONPATH": ROOT, "TMPDIR": tmpdir}
     return subprocess.Popen([sys.executable, "-m", "killpoint.harness.cli", *argv], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
+                            preexec_fn=_signals_at(signals))
 
 
 def _schemas_of(pg_dsn: str, pid: int) -> list[str]:
@@ -186,6 +197,23 @@ def test_sigterm_ends_like_ctrl_c_exit_143_with_no_process_folder_or_schema_left
     assert _schemas_of(pg_dsn, cli.pid) == []
     assert os.listdir(tmp_path) == []  # the session's folder (run files, journals, ledger) is gone
 
+
+
+def test_a_command_started_ignoring_sighup_keeps_ignoring_it(tmp_path):
+    """``nohup killpoint matrix ... &`` must survive the terminal closing: a signal the command was
+    started ignoring (nohup's SIGHUP; SIGINT for a background job of a shell without job control)
+    stays ignored, and the command ends as it would have (exit 0, its JSON), leaving nothing."""
+    marker = f"kp-{uuid.uuid4().hex}"
+    cli = _cli("matrix", "--steps", "charge", "--json", "--jobs", "1", marker=marker, tmpdir=str(tmp_path),
+               signals=signal.SIG_IGN)
+    _wait(lambda: len(children_of(cli.pid)) >= 2, 60, "a worker", cli)
+    cli.send_signal(signal.SIGHUP)
+    cli.send_signal(signal.SIGINT)
+    out, err = cli.communicate(timeout=HANG_S)
+    assert cli.returncode == 0, err.decode(errors="replace")[-2000:]
+    assert json.loads(out)["valid"] is True
+    assert wait_until_gone(marker) == []
+    assert os.listdir(tmp_path) == []
 
 
 class _Proxy:
