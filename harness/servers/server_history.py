@@ -192,18 +192,18 @@ def temporal_events(instance: str, events: Sequence[Mapping[str, Any]], *, steps
             by_id[eid] = open_scheduled[str(e["activity_id"])] = row
         elif what == "started":
             sid = int(e["scheduled"])
-            step, comp = activity_of.get(sid), compensation.get(sid, False)
-            if step is None:
+            of_step, comp = activity_of.get(sid), compensation.get(sid, False)
+            if of_step is None:
                 raise ValueError(f"temporal history: ActivityTaskStarted {eid} refers to scheduled event "
                                  f"{sid}, which the history does not have")
-            by_id[eid] = chains.add(step, vocab.CLAIMED, states.COMPENSATING if comp else states.RUNNING, e["t"],
+            by_id[eid] = chains.add(of_step, vocab.CLAIMED, states.COMPENSATING if comp else states.RUNNING, e["t"],
                                     after=by_id[sid], worker=worker_of(e.get("identity")),
                                     attempt=e.get("attempt"), identity=e.get("identity"),
                                     retried_after=e.get("failure"), **common)
         elif what in _OUTCOMES:
             sid, started = int(e["scheduled"]), int(e.get("started") or 0)
-            step, comp = activity_of.get(sid), compensation.get(sid, False)
-            if step is None:
+            of_step, comp = activity_of.get(sid), compensation.get(sid, False)
+            if of_step is None:
                 raise ValueError(f"temporal history: {common['event']} {eid} refers to scheduled event "
                                  f"{sid}, which the history does not have")
             to_state = _OUTCOMES[what][1 if comp else 0]
@@ -212,19 +212,20 @@ def temporal_events(instance: str, events: Sequence[Mapping[str, Any]], *, steps
             fields = {"worker": worker_of(e.get("identity")), "identity": e.get("identity"),
                       "failure": e.get("failure"), **common}
             if ref is None:  # its start is not in the history: a gap of one version
-                by_id[eid] = chains.add(step, vocab.COMMITTED, to_state, e["t"], missing=before, **fields)
+                by_id[eid] = chains.add(of_step, vocab.COMMITTED, to_state, e["t"], missing=before, **fields)
             else:
-                by_id[eid] = chains.add(step, vocab.COMMITTED, to_state, e["t"], after=ref, **fields)
+                by_id[eid] = chains.add(of_step, vocab.COMMITTED, to_state, e["t"], after=ref, **fields)
         elif what == "closed":
-            chains.settle_pending(steps, e["t"], f"WorkflowExecution{str(e.get('how', 'closed')).title()}")
+            how = "".join(word.title() for word in str(e.get("how", "closed")).split("_"))
+            chains.settle_pending(steps, e["t"], f"WorkflowExecution{how}")
         else:
             raise ValueError(f"temporal history: event {eid} of kind {what!r} is not one this mapping knows")
     for p in pending:
-        row = open_scheduled.get(str(p["activity_id"]))
+        waiting = open_scheduled.get(str(p["activity_id"]))
         step, comp = _activity(str(p["activity_id"]))
-        if row is None or chains.last.get(step) is not row:
+        if waiting is None or chains.last.get(step) is not waiting:
             continue  # its scheduled event is not in the history read, or the step has moved on since
-        chains.add(step, vocab.CLAIMED, states.COMPENSATING if comp else states.RUNNING, p["t"], after=row,
+        chains.add(step, vocab.CLAIMED, states.COMPENSATING if comp else states.RUNNING, p["t"], after=waiting,
                    worker=worker_of(p.get("identity")), attempt=p.get("attempt"), identity=p.get("identity"),
                    event="PendingActivityInfo (the attempt in flight)")
     return chains.rows
