@@ -150,10 +150,11 @@ def trial(n: int, rng: random.Random, store: str | None, plugin: bool = False) -
         drop(store, schemas)  # type: ignore[arg-type]
     text = err.decode(errors="replace")
     shown = " ".join(a for a in argv if not a.startswith("import sys")).replace(store or "\0", "PG")
-    # Ended by the signal itself: it landed before pytest's session began (its imports, the plugin's
-    # loading), where Python's default acts (for SIGINT, a KeyboardInterrupt traceback); nothing of
-    # killpoint's had started, and the survivors' check below still holds it to leaving nothing.
-    early = plugin and proc.returncode == -sig
+    # Ended by the signal itself: it landed where Python's default acts -- before killpoint's first
+    # line ran (the interpreter's start and imports; for pytest, before the plugin loaded), or after
+    # the command put the defaults back on its way out; nothing of killpoint's was running, and the
+    # checks above still hold it to leaving nothing.
+    early = proc.returncode == -sig
     if early:
         expected = {sig: -sig}
     return {"n": n, "argv": shown, "signal": signal.Signals(sig).name,
@@ -179,7 +180,7 @@ def main() -> int:
         bad = r["hung"] or r["survivors"] or r["folders"] or r["schemas"] or r["code"] != r["expected"]
         print(f"{n:>3} {r['signal']:<7} at {r['delay']:4.1f} s  {r['argv']:<52} exit {r['code']:>3} "
               f"in {r['took']:5.2f} s{'  (finished first)' if r['finished_first'] else ''}"
-              f"{'  (before the plugin loaded: the signal default)' if r['early'] else ''}"
+              f"{'  (outside killpoint: the signal default)' if r['early'] else ''}"
               f"{'  tracebacks ' + str(r['tracebacks']) if r['tracebacks'] else ''}"
               f"{'  BAD: ' + str({k: r[k] for k in BAD_KEYS}) if bad else ''}",
               flush=True)
@@ -191,7 +192,7 @@ def main() -> int:
     wrong = sum(1 for r in results if r["code"] != r["expected"] or r["hung"])
     print(f"\n{len(results)} trials: {survivors} surviving processes, {left} folders or schemas left, "
           f"{wrong} wrong exit codes or hangs, {sum(r['tracebacks'] > 0 for r in results)} with a traceback "
-          f"({sum(r['early'] for r in results)} ended by the signal before the session began); "
+          f"({sum(r['early'] for r in results)} ended by the signal's default, outside killpoint's code); "
           f"signal to exit: median {statistics.median(took) if took else 0:.2f} s, max {max(took, default=0):.2f} s")
     return 0 if survivors == left == wrong == 0 else 1
 

@@ -399,16 +399,22 @@ class Session:
         self.close()
 
     def close(self) -> None:
-        for w in list(self._live.values()):
-            kill(w)
-        self._live.clear()
-        if self._client is not None:
-            self._client.close()
-            self._client = None
-        if self._own_downstream:
-            self.downstream.stop()
-        if self._own_dir and not self.keep:
-            shutil.rmtree(self.base_dir, ignore_errors=True)
+        # Signals held until the session is gone: one raised halfway (a Ctrl-C as a matrix ends)
+        # skipped the rest, and the session's folder stayed. It is raised once everything is ended.
+        with signals.sigint_deferred():
+            try:
+                for w in list(self._live.values()):
+                    kill(w)
+                self._live.clear()
+                if self._client is not None:
+                    self._client.close()
+                    self._client = None
+                if self._own_downstream:
+                    self.downstream.stop()
+            finally:
+                if self._own_dir and not self.keep:
+                    shutil.rmtree(self.base_dir, ignore_errors=True)
+            signals.drop_repeats()
 
     def run(self, config: RunConfig, *, number: int | None = None) -> RunResult:
         """Run ``config``; ``number`` is the run's number in its id (default: the next of this

@@ -576,3 +576,31 @@ def test_a_report_dir_that_cannot_be_written_gets_no_hint_to_add_one(tmp_path):
     assert "killpoint: warning: cannot write reports to" in text and "the verdict stands" in text, text[-3000:]
     assert "add --report-dir" not in text, text[-3000:]
     assert wait_until_gone(marker) == []
+
+
+def test_a_signal_landing_while_a_session_closes_is_raised_after_its_folder_is_gone(tmp_path, monkeypatch):
+    """Protects: a Ctrl-C that landed as a matrix ended (the session closing) was raised halfway
+    through Session.close and skipped the rest: exit 130, and the session's folder left behind
+    (1 of 51 trials of benchmarks/signal_stress.py). The signal is now held until the session is
+    gone, then raised."""
+    from killpoint.harness import signals
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    session = Session()
+    stop = session.downstream.stop
+
+    def stop_and_be_interrupted() -> None:
+        os.kill(os.getpid(), signal.SIGINT)  # delivered at once, unless held
+        stop()
+
+    monkeypatch.setattr(session.downstream, "stop", stop_and_be_interrupted)
+    signals.install_handlers()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            session.close()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    assert os.listdir(tmp_path) == []
+    assert not session.downstream.alive
