@@ -334,9 +334,16 @@ _targets: dict[str, killpoint.Target] = {}
 
 
 def target_named(variant: str) -> killpoint.Target:
+    from killpoint.harness.libs import apps
+
+    if variant not in VARIANTS and apps.is_app(variant):  # the user's own app: celery:pkg.tasks:order_flow
+        from killpoint.harness.libs import celery_app
+
+        return celery_app.target_for(variant)
     if variant not in VARIANTS:
         raise killpoint.InvalidTarget(f"unknown celery target {variant!r}: known are "
-                                      f"{', '.join('celery:' + v for v in VARIANTS)}")
+                                      f"{', '.join('celery:' + v for v in VARIANTS)}, or your own app's "
+                                      f"order as celery:pkg.module:function")
     if variant not in _targets:
         _targets[variant] = _declare(variant)
     return _targets[variant]
