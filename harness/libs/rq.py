@@ -158,6 +158,12 @@ TARGETS = queue_targets("rq", POINTS, lambda ctx: _work(ctx), setup, done=done, 
 
 
 def target_named(variant: str) -> killpoint.Target:
+    from killpoint.harness.libs import apps
+
+    if variant not in TARGETS and apps.is_app(variant):  # the user's own jobs: rq:pkg.jobs:place_order
+        from killpoint.harness.libs import rq_app
+
+        return rq_app.target_for(variant)
     return named_target("rq", TARGETS, variant)  # type: ignore[no-any-return]
 
 
