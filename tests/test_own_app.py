@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -156,6 +158,45 @@ def test_each_example_suite_passes_through_the_pytest_plugin(pytester, redis_cli
         time.sleep(1)
         left = {key for key in left if redis_client.exists(key)}
     assert left == set()
+
+
+@pytest.mark.parametrize("folder, target", [("celery_app", CELERY_FIXED), ("rq_app", RQ_FIXED)])
+def test_an_interrupted_run_of_your_own_app_leaves_nothing_in_redis(redis_client, folder, target):
+    """Ctrl-C while a worker is frozen in the order's first task: exit 130, the run's keys gone."""
+    need(target.split(":")[0])
+    first = "A@reserve_stock.prerun:1*pause" if folder == "celery_app" else "A@reserve_stock.started:1*pause"
+    proc = subprocess.Popen([sys.executable, "-m", "killpoint.harness.cli", "replay", first, "--target", target, "-q"],
+                            cwd=os.path.join(EXAMPLES, folder), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        seen: set = set()
+        while proc.poll() is None and not seen:  # the run's first keys: it is under way
+            seen = set(redis_client.scan_iter(match=f"*killpoint_run*_p{proc.pid}_*", count=1000))
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=HANG_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert seen, "the run made no key before it ended"
+    assert proc.returncode == 130
+    spaces = {re.search(r"killpoint_run\w+", k.decode()).group(0) for k in seen}
+    assert [k for ns in spaces for k in redis_client.scan_iter(match=f"*{ns}*", count=1000)] == []
+
+
+def test_the_points_a_module_marks_are_its_literal_killpoint_point_calls_in_source_order(tmp_path, monkeypatch):
+    from killpoint.harness.libs import apps
+
+    (tmp_path / "marked_jobs.py").write_text(
+        "import killpoint\nfrom killpoint import point as mark\n\n"
+        "def job(order_id):\n    killpoint.point('before_call')\n    name = 'built'\n"
+        "    killpoint.point(name)\n    mark('after_call')\n    killpoint.point('before_call')\n"
+        "    other.point('not_ours')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import marked_jobs
+
+    assert apps.user_points([marked_jobs.job]) == ("before_call", "after_call")
+    assert apps.step_names(["shop.tasks.charge", "shop.other.charge", "x.9lives"]) == ["charge", "charge-2", "t9lives"]
 
 
 # -- bad input ---------------------------------------------------------------------------------------

@@ -79,7 +79,8 @@ class Order:
             raise killpoint.InvalidTarget(f"target {shown('celery:' + spec)}: {type(found).__name__} is "
                                           f"not a function or a task")
         leaves = self.leaves(self.canvas(apps.ORDER_ID))
-        owners = {id(leaf.type.app): leaf.type.app for leaf in leaves}
+        tasks = [self.task_of(leaf) for leaf in leaves]
+        owners = {id(task.app): task.app for task in tasks}
         if len(owners) != 1:
             raise killpoint.InvalidTarget(f"target {shown('celery:' + spec)}: the order's tasks belong to "
                                           f"{len(owners)} Celery apps; one order, one app")
@@ -90,7 +91,7 @@ class Order:
                                           f"with no broker and no worker to crash")
         self.tasks = [leaf.task for leaf in leaves]
         self.steps = apps.step_names(self.tasks)
-        self.points = apps.user_points(leaf.type.run for leaf in leaves)
+        self.points = apps.user_points(task.run for task in tasks)
 
     def canvas(self, order_id: str) -> Any:
         try:
@@ -104,6 +105,14 @@ class Order:
                 f"signature: return the order's canvas (a chain, a group, a signature) and killpoint "
                 f"sends it; do not send it yourself")
         return made
+
+    def task_of(self, leaf: Any) -> Any:
+        """The task a signature of the canvas calls."""
+        try:
+            return leaf.type
+        except Exception:  # noqa: BLE001 - celery's NotRegistered (a KeyError), or the app's own failure
+            raise killpoint.InvalidTarget(f"target {shown('celery:' + self.spec)}: its canvas calls "
+                                          f"{shown(leaf.task)}, a task no app has registered") from None
 
     def leaves(self, sig: Any) -> list[Any]:
         """The task signatures of a canvas, in the order its tasks run."""
