@@ -96,7 +96,7 @@ def test_one_crash(killpoint):
 '''
 
 
-def trial(n: int, rng: random.Random, store: str | None, plugin: bool = False) -> dict:
+def trial(n: int, rng: random.Random, store: str | None, plugin: bool = False, max_delay: float = 6.0) -> dict:
     marker = f"kp-stress-{uuid.uuid4().hex}"
     tmp = tempfile.mkdtemp(prefix="kp-stress-")
     pg = store is not None and rng.random() < 0.5
@@ -114,7 +114,7 @@ def trial(n: int, rng: random.Random, store: str | None, plugin: bool = False) -
                 *(["--store", store] if pg else [])]
         cwd, expected = ROOT, EXPECTED
     sig = rng.choice([signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
-    delay = rng.uniform(0.05, 6.0)
+    delay = rng.uniform(0.05, max_delay)
     env = {**os.environ, "KILLPOINT_TEST_MARK": marker, "PYTHONPATH": ROOT, "TMPDIR": tmp}
     proc = subprocess.Popen([sys.executable, *argv], env=env, cwd=cwd, preexec_fn=_default_signals,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
@@ -140,6 +140,10 @@ def trial(n: int, rng: random.Random, store: str | None, plugin: bool = False) -
         except OSError:
             pass
     folders = [f for f in os.listdir(tmp) if not f.startswith("pytest-of-")]  # pytest's own basetemp
+    # what each folder left holds, for the report: which part of the command wrote it
+    folders = [f + "/{" + ", ".join(sorted(os.path.relpath(os.path.join(d, n), os.path.join(tmp, f))
+                                           for d, _, names in os.walk(os.path.join(tmp, f)) for n in names)) + "}"
+               for f in folders]
     shutil.rmtree(tmp, ignore_errors=True)
     if project is not None:
         shutil.rmtree(project, ignore_errors=True)
@@ -170,12 +174,13 @@ def main() -> int:
     p.add_argument("--store", default=os.environ.get("KILLPOINT_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test"))
     p.add_argument("--plugin", action="store_true", help="signal a pytest session using the plugin instead")
     p.add_argument("--show", action="store_true", help="print the end of a bad trial's output")
+    p.add_argument("--max-delay", type=float, default=6.0, help="latest moment a signal is sent, in seconds")
     args = p.parse_args()
     store = args.store if pg_reachable(args.store) else None
     rng = random.Random(args.seed)
     results = []
     for n in range(1, args.trials + 1):
-        r = trial(n, rng, store, args.plugin)
+        r = trial(n, rng, store, args.plugin, args.max_delay)
         results.append(r)
         bad = r["hung"] or r["survivors"] or r["folders"] or r["schemas"] or r["code"] != r["expected"]
         print(f"{n:>3} {r['signal']:<7} at {r['delay']:4.1f} s  {r['argv']:<52} exit {r['code']:>3} "

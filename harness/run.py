@@ -373,6 +373,9 @@ class Session:
         self.keep = keep
         # A downstream given is borrowed (a --jobs runner shares its parent's): never stopped here.
         self._own_downstream = downstream is None
+        self._runs = 0
+        self._live: dict[int, WorkerProcess] = {}
+        self._client: ds.DownstreamClient | None = None  # the harness's connections, for every run
         try:
             self.downstream = downstream or ds.start(os.path.join(self.base_dir,
                                                                   "downstream-ledger.sqlite"))
@@ -380,9 +383,6 @@ class Session:
             if self._own_dir:
                 shutil.rmtree(self.base_dir, ignore_errors=True)
             raise
-        self._runs = 0
-        self._live: dict[int, WorkerProcess] = {}
-        self._client: ds.DownstreamClient | None = None  # the harness's connections, for every run
 
     def client_for(self, run_id: str) -> ds.DownstreamClient:
         """The harness's client of ``run_id``, over the session's connection to the downstream."""
