@@ -7,8 +7,9 @@ documentation writes a job that must survive a worker's death. The queue's name 
 carry the run's namespace (see :mod:`killpoint.harness.libs.brokers`).
 
 Each killpoint worker process runs RQ's ``SimpleWorker`` (jobs in the worker's own process) in burst
-passes, and between passes RQ's registry maintenance (``rq.registry.clean_registries``, which RQ's
-worker runs every ``maintenance_interval``, 10 minutes by default). RQ's recovery of a dead or frozen
+passes, and between passes RQ's registry maintenance (``rq.registry.clean_registries`` under the
+queue's maintenance lock, as RQ's worker runs it every ``maintenance_interval``, 10 minutes by
+default). RQ's recovery of a dead or frozen
 worker's job is there: an execution whose heartbeat expired is abandoned, and a job with retries
 left is enqueued again. RQ makes that expiry the job monitoring interval plus 60 s; here the
 worker's ``get_heartbeat_ttl`` gives :data:`HEARTBEAT_TTL_S`, whole seconds of Redis's real time
@@ -99,9 +100,21 @@ def _work(ctx: Any) -> None:
     queue = Queue(state["queue"], connection=client)
     worker = Worker([queue], connection=client, name=f"{state['space']}-{ctx.worker_id}")
     while not _done(state):
-        clean_registries(queue)  # RQ's maintenance: abandoned executions retried
+        maintain(queue)
         worker.work(burst=True, logging_level="CRITICAL")
         time.sleep(POLL_S)
+
+
+def maintain(queue: Any) -> None:
+    """RQ's registry maintenance (abandoned executions retried), under the queue's maintenance lock
+    as RQ's worker runs it (``Worker.clean_registries``): two workers cleaning at once can both see
+    one expired execution and both retry its job, which is then queued twice, and RQ runs it again
+    after it finished."""
+    if queue.acquire_maintenance_lock():
+        try:
+            clean_registries(queue)
+        finally:
+            queue.release_maintenance_lock()
 
 
 # -- the run's state, read in the harness and in workers -------------------------------------------

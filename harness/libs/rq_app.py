@@ -29,11 +29,11 @@ import killpoint
 from killpoint.chaos import points as chaos
 from killpoint.errors import shown
 from killpoint.harness.libs import apps, brokers
-from killpoint.harness.libs.rq import GLOBAL_SETS, HEARTBEAT_TTL_S, POLL_S, STATES  # imports RQ, before any fork
+from killpoint.harness.libs.rq import (GLOBAL_SETS, HEARTBEAT_TTL_S, POLL_S, STATES,  # imports RQ, before any fork
+                                      maintain)
 
 import redis  # noqa: E402
 from rq import Queue, SimpleWorker  # noqa: E402
-from rq.registry import clean_registries  # noqa: E402
 
 BEFORE = ("started",)
 AFTER = ("finished",)
@@ -164,7 +164,7 @@ def _work(ctx: Any) -> None:
     queue = Queue(state["queue"], connection=client)
     worker = Worker([queue], connection=client, name=f"{state['space']}-{ctx.worker_id}")
     while not _done(state):
-        clean_registries(queue)  # RQ's maintenance: abandoned executions retried
+        maintain(queue)  # RQ's maintenance, under its lock: abandoned executions retried
         worker.work(burst=True, logging_level="CRITICAL")
         time.sleep(POLL_S)
 
