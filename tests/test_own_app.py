@@ -26,7 +26,7 @@ import pytest
 
 from hang import HANG_S
 from test_libs import assert_naive_caught, fired_points, need
-from test_queues import _broker_sockets, _redis, assert_nothing_left, namespaces
+from test_queues import _broker_sockets, _redis, assert_nothing_left, assert_rq_history_judged, namespaces
 
 pytest_plugins = ["pytester"]
 
@@ -126,9 +126,11 @@ def test_rq_jobs_as_written_are_caught_by_no_duplicate_effects_and_their_fix_is_
     assert_naive_caught(code, out)
     caught = {v["schedule"] for v in out["violations"]}
     assert {"A@charge_card.after_call:kill", "A@charge_card.started:1*pause"} <= caught
+    assert_rq_history_judged(out)  # RQ's record of the user's jobs, as for rq:*
     assert_nothing_left(redis_client, out)
     code, out = matrix("rq_app", RQ_FIXED)
     assert_fixed_valid_everywhere("rq_app", RQ_FIXED, code, out)
+    assert_rq_history_judged(out)
     assert_nothing_left(redis_client, out)
     ours = namespaces(out)
     for global_set in ("rq:workers", "rq:queues"):

@@ -89,7 +89,7 @@ def _config(state: dict[str, Any]) -> dict[str, Any]:
     conf: dict[str, Any] = {
         "broker_url": state["broker"], "result_backend": state["backend"],
         "result_backend_transport_options": {"global_keyprefix": prefix},
-        "result_extended": True,  # the worker and the delivery are kept with each result: history()
+        "result_extended": True,  # the worker is kept with each result (one per task: no history(), see the docs)
         "task_default_queue": queue, "task_default_exchange": queue, "task_default_routing_key": queue,
         "task_acks_late": True, "worker_prefetch_multiplier": 1,
         "worker_enable_remote_control": False, "worker_send_task_events": False,

@@ -16,7 +16,8 @@ passes with RQ's registry maintenance between them, as the built-in ``rq:*`` tar
 (:data:`~killpoint.harness.libs.rq.HEARTBEAT_TTL_S`, RQ's whole seconds) is abandoned, and a job
 with retries left is enqueued again. Crash points: ``started`` (RQ recorded the job as started), the
 user's own ``killpoint.point(...)`` calls in the job modules, ``finished`` (RQ recorded the success
-and enqueued the dependent jobs).
+and enqueued the dependent jobs). ``history()`` and ``final_states()`` are RQ's own record of each
+job, as for ``rq:*`` (:func:`killpoint.harness.libs.rq.read_history`).
 """
 
 from __future__ import annotations
@@ -28,12 +29,12 @@ from typing import Any, Callable
 import killpoint
 from killpoint.chaos import points as chaos
 from killpoint.errors import shown
-from killpoint.harness.libs import apps, brokers
-from killpoint.harness.libs.rq import GLOBAL_SETS, HEARTBEAT_TTL_S, POLL_S, STATES  # imports RQ, before any fork
+from killpoint.harness.libs import apps, brokers, queue_history
+from killpoint.harness.libs.rq import (GLOBAL_SETS, HEARTBEAT_TTL_S, POLL_S, maintain,  # imports RQ, before any fork
+                                      read_history)
 
 import redis  # noqa: E402
 from rq import Queue, SimpleWorker  # noqa: E402
-from rq.registry import clean_registries  # noqa: E402
 
 BEFORE = ("started",)
 AFTER = ("finished",)
@@ -164,7 +165,7 @@ def _work(ctx: Any) -> None:
     queue = Queue(state["queue"], connection=client)
     worker = Worker([queue], connection=client, name=f"{state['space']}-{ctx.worker_id}")
     while not _done(state):
-        clean_registries(queue)  # RQ's maintenance: abandoned executions retried
+        maintain(queue)  # RQ's maintenance, under its lock: abandoned executions retried
         worker.work(burst=True, logging_level="CRITICAL")
         time.sleep(POLL_S)
 
@@ -212,10 +213,14 @@ def done(run: killpoint.TargetRun) -> bool:
     return _done(run.state)
 
 
+def history(run: killpoint.TargetRun) -> list[dict[str, Any]]:
+    state = run.state
+    return read_history(brokers.redis_client(state["redis"]), state["tasks"], state["space"])
+
+
 def final_states(run: killpoint.TargetRun) -> dict[tuple[str, str], str]:
-    statuses = _statuses(run.state)
-    return {where: STATES.get(statuses.get(job_id) or "queued", "pending")
-            for job_id, where in run.state["tasks"].items()}
+    """Where each job's record leaves its step: from the same events as history()."""
+    return queue_history.final_states_of(history(run), run.state["tasks"].values())
 
 
 def teardown(run: killpoint.TargetRun) -> None:
@@ -242,8 +247,9 @@ def target_for(spec: str) -> killpoint.Target:
         _targets[spec] = killpoint.Target(
             body, name=f"rq:{spec}", points=BEFORE + mine + AFTER, owns_state=True,
             workload=apps.workload_name("rq", spec), lease_points=BEFORE + mine,
-            setup=lambda run: setup(run, spec=spec), done=done, final_states=final_states, teardown=teardown)
+            setup=lambda run: setup(run, spec=spec), done=done, final_states=final_states, history=history,
+            teardown=teardown)
     return _targets[spec]
 
 
-__all__ = ["Order", "OrderQueue", "final_states", "order", "setup", "target_for", "teardown", "workload"]
+__all__ = ["Order", "OrderQueue", "final_states", "history", "order", "setup", "target_for", "teardown", "workload"]
