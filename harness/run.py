@@ -368,19 +368,25 @@ class Session:
                  downstream: "ds.DownstreamProcess | None" = None):
         self.real_time = real_time  # every run with the clock off (--real-time), whatever its config
         self._own_dir = base_dir is None
-        self.base_dir = base_dir or tempfile.mkdtemp(prefix="killpoint-", dir=None if keep else run_files_dir())
-        os.makedirs(self.base_dir, exist_ok=True)
-        self.keep = keep
-        # A downstream given is borrowed (a --jobs runner shares its parent's): never stopped here.
-        self._own_downstream = downstream is None
-        self._runs = 0
-        self._live: dict[int, WorkerProcess] = {}
-        self._client: ds.DownstreamClient | None = None  # the harness's connections, for every run
+        # Held while made: a signal raised inside mkdtemp (or inside the first gettempdir()'s probe
+        # file) would leave what it made without a name to remove it by; from then on, any failure
+        # to start the session removes the folder.
+        self.base_dir = base_dir or ""
         try:
+            with signals.sigint_deferred():  # a signal held here is raised inside the try
+                self.base_dir = base_dir or tempfile.mkdtemp(prefix="killpoint-",
+                                                             dir=None if keep else run_files_dir())
+            os.makedirs(self.base_dir, exist_ok=True)
+            self.keep = keep
+            # A downstream given is borrowed (a --jobs runner shares its parent's): never stopped here.
+            self._own_downstream = downstream is None
+            self._runs = 0
+            self._live: dict[int, WorkerProcess] = {}
+            self._client: ds.DownstreamClient | None = None  # the harness's connections, for every run
             self.downstream = downstream or ds.start(os.path.join(self.base_dir,
                                                                   "downstream-ledger.sqlite"))
         except BaseException:
-            if self._own_dir:
+            if self._own_dir and self.base_dir:
                 shutil.rmtree(self.base_dir, ignore_errors=True)
             raise
 

@@ -638,3 +638,34 @@ def test_a_signal_landing_in_a_run_s_cleanup_is_raised_after_its_schema_is_dropp
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     assert _schemas_of(pg_dsn, os.getpid()) == []
+
+
+def test_a_signal_landing_while_a_session_makes_its_folder_leaves_no_folder(tmp_path, monkeypatch):
+    """Protects: a Ctrl-C landing inside the session's mkdtemp (or the first gettempdir()'s probe
+    file) left an unnamed folder or file in the temporary folder (1 of 80 stress trials). It is now
+    held until the folder has a name, then raised, and the folder removed."""
+    import tempfile
+
+    from killpoint.harness import signals
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
+    real_mkdtemp = tempfile.mkdtemp
+    made = []
+
+    def mkdtemp_and_be_interrupted(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)  # delivered at once, unless held
+        made.append(real_mkdtemp(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp_and_be_interrupted)
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    signals.install_handlers()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            Session()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    assert made and os.path.dirname(made[0]) == str(tmp_path)  # it was made, where we look
+    assert os.listdir(tmp_path) == []
