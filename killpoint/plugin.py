@@ -92,6 +92,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: Any) -> Any:
             session.exitstatus = pytest.ExitCode.INTERRUPTED
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_keyboard_interrupt(excinfo: pytest.ExceptionInfo[BaseException]) -> None:
+    """Before pytest draws the interrupt's traceback: entries a signal left without a line number
+    go (pytest fails on them; see :func:`killpoint._plugin.interrupt.drop_unlocated_frames`)."""
+    _interrupt.drop_unlocated_frames(excinfo.tb)
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     from killpoint._plugin import interrupt
 

@@ -1045,3 +1045,25 @@ def test_x():
             proc.wait()
     assert proc.returncode == pytest.ExitCode.INTERRUPTED, out
     assert "KeyboardInterrupt" in out and "while pytest was starting" not in out, out
+
+
+def test_traceback_entries_with_no_line_number_are_left_out_before_pytest_draws_an_interrupt():
+    """Protects: a SIGHUP that landed on an instruction with no line number (CPython 3.11 gives such
+    a traceback entry ``tb_lineno`` None) made pytest fail drawing the KeyboardInterrupt (a
+    TypeError, INTERNALERROR, exit 1 instead of 2): 1 of 131 plugin stress trials. The entries go;
+    the others, in order, stay."""
+    from types import SimpleNamespace
+
+    from killpoint._plugin.interrupt import drop_unlocated_frames
+
+    inner = SimpleNamespace(tb_lineno=None, tb_next=None)
+    located = SimpleNamespace(tb_lineno=12, tb_next=inner)
+    unlocated = SimpleNamespace(tb_lineno=None, tb_next=located)
+    outer = SimpleNamespace(tb_lineno=3, tb_next=unlocated)
+    drop_unlocated_frames(outer)
+    chain, tb = [], outer
+    while tb is not None:
+        chain.append(tb.tb_lineno)
+        tb = tb.tb_next
+    assert chain == [3, 12]
+    drop_unlocated_frames(None)  # nothing to do
