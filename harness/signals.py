@@ -82,24 +82,53 @@ def check() -> None:
         _raise_for(_received[0])
 
 
+# Invariant: one list per open sigint_deferred() block of the main thread, innermost last: the
+# signals its handlers recorded instead of acting on them.
+_held: list[list[int]] = []
+
+
 @contextlib.contextmanager
 def sigint_deferred() -> Iterator[None]:
-    """Hold SIGINT and SIGTERM blocked: around a fork, and until its child is registered, so that
-    whatever the signal interrupts, the child is known to whoever ends the processes."""
+    """Hold SIGINT, SIGTERM and SIGHUP until the block ends, then act on the first one held as its
+    handler would have: around a fork (until the child is registered, so that whoever ends the
+    processes knows it), and around cleanups that must not stop halfway.
+
+    Blocking the signals in this thread is not enough: the kernel hands a process's signal to any
+    thread that does not block it (a proxy's, a library's), and Python then runs its handler in the
+    main thread all the same. So in the main thread the handlers themselves are swapped, for the
+    block's length, for ones that only record the signal."""
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+    import threading
+
+    handlers: dict[int, Any] = {}
+    held: list[int] = []
+    if threading.current_thread() is threading.main_thread():
+        for sig in SIGNALS:
+            handler = signal.getsignal(sig)
+            if callable(handler):
+                handlers[sig] = signal.signal(sig, lambda signum, frame: held.append(signum))
+        _held.append(held)
     try:
         yield
     finally:
+        if handlers:
+            _held.pop()
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        if held:  # as its handler would have, now that the block is done
+            handlers[held[0]](held[0], None)
 
 
 def drop_repeats() -> None:
-    """Inside :func:`sigint_deferred`, once the processes are ended: discard a SIGINT or SIGTERM
-    held meanwhile if one was received before it (a repeat of a signal the command is already
-    ending for). Let through, it would be raised wherever the mask is restored -- in a generator's
-    cleanup, where Python prints it as "Exception ignored" -- and tell nothing new."""
+    """Inside :func:`sigint_deferred`, once the processes are ended: discard a signal held meanwhile
+    if one was received before it (a repeat of a signal the command is already ending for). Let
+    through, it would be raised where the block ends -- in a generator's cleanup, where Python
+    prints it as "Exception ignored" -- and tell nothing new."""
     if not _received:
         return
+    if _held:
+        _held[-1].clear()
     for sig in signal.sigpending() & SIGNALS:
         signal.sigtimedwait([sig], 0)
 
