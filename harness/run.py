@@ -39,7 +39,10 @@ from killpoint.harness.settings import Settings, find, load
 from killpoint.harness.store import check_faults, open_store, schema_name
 from killpoint.harness.store.base import Store
 from killpoint.errors import InfrastructureError, InvalidConfig, InvalidTarget, KillpointWarning
-from killpoint.harness.supervise import DISK_ERRORS, Supervisor, WorkerProcess, check_owned_faults, disk_failure, kill
+from killpoint.harness.disk import DISK_ERRORS, disk_failure
+from killpoint.harness.identities import check_owned_faults
+from killpoint.harness.starts import WorkerProcess, kill
+from killpoint.harness.supervise import Supervisor
 from killpoint.harness.targets import WorkerFn, declared
 from killpoint.harness.worker import REAL_TIME_TIMING, Timing
 from killpoint.harness.workload import Workload, cached_workload

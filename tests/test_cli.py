@@ -510,7 +510,7 @@ def test_a_schedule_may_name_a_replacement_a_run_can_start():
     # With one worker, the first replacement is a fresh identity B: depth 2's workers form uses it.
     from killpoint import chaos
     from killpoint.errors import BadInput
-    from killpoint.harness.supervise import check_schedule
+    from killpoint.harness.identities import check_schedule
 
     check_schedule(chaos.parse("A@charge.after_call:kill,B@charge.after_call:kill"),
                    steps=("charge",), workers=1)

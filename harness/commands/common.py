@@ -298,7 +298,7 @@ def run_config(args: argparse.Namespace, schedule, **overrides: Any) -> RunConfi
     workload = workload_name(args)
     steps = workload_of(args).step_names  # checked before any run starts
     if schedule is not None:
-        from killpoint.harness.supervise import check_schedule
+        from killpoint.harness.identities import check_schedule
 
         check_schedule(schedule, steps=steps, workers=args.workers, owns_state=declared.owns_state)
         undeclared = [str(f) for f in schedule.faults
