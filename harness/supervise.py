@@ -95,39 +95,9 @@ class Supervisor(Pauses):
             live = self.live()
             active = [w for w in live if w.state == "running"]
             if not active:
-                paused = [w for w in live if w.state == "paused"]
-                if paused:
-                    if any(w.until is not None for w in paused) and not self.owns_state and self.finished():
-                        for w in paused:
-                            self._resume(w, vocab.RESUMED_DONE, reason="the work was finished without it")
-                        continue
-                    if not self.halted and len(self.workers) < self.spawn_cap:
-                        # Nobody left to move the frozen worker's step on (one worker, the others
-                        # hung or frozen too, or they gave up on its lease and exited): start
-                        # another once the lease lapsed, as for a killed one, so the pause outlives
-                        # the lease and the late worker meets the takeover.
-                        if self.wait_for_lapse(live, sentinels=[w.proc.sentinel for w in live]):
-                            continue
-                        self.replace(paused[-1])
-                        continue
-                    for w in paused:
-                        self.maybe_resume(w, others_active=False)
-                    continue
-                finished = self.finished()
-                if finished or self.halted or len(self.workers) >= self.spawn_cap:
-                    for w in live:  # only hung workers are left: end them
-                        self.kill_worker(w, "quiescent: the run is done and this worker hangs")
-                    if finished or self.halted:  # halted: unknown, for the exception it raised
-                        return False, finished
-                    # the workers keep dying: the run could not finish
-                    self.note(vocab.BOUND_HIT, reason=f"{len(self.workers)} worker processes spawned, "
-                                                      f"the cap; the target keeps failing")
-                    return True, False
-                self.start_gated()
-                if not self.live() or all(w.state != "running" for w in self.live()):
-                    if self.wait_for_lapse(live, sentinels=[w.proc.sentinel for w in live]):
-                        continue
-                    self.replace(live[-1] if live else self.workers[-1])
+                over = self._nobody_running(live)
+                if over is not None:
+                    return over
                 continue
             if time.monotonic() > deadline or self.clock.now() > run_deadline:
                 if time.monotonic() > deadline:
@@ -184,3 +154,41 @@ class Supervisor(Pauses):
                 for w in self.live():
                     self.kill_worker(w, "quiescent: the target's done() says the work is finished")
                 return False, True
+
+    def _nobody_running(self, live: list[WorkerProcess]) -> "tuple[bool, bool] | None":
+        """A turn of :meth:`supervise` with no worker running: resume a frozen one, start a
+        replacement, or end the run. The run's outcome when it is over, None to look again."""
+        paused = [w for w in live if w.state == "paused"]
+        if paused:
+            if any(w.until is not None for w in paused) and not self.owns_state and self.finished():
+                for w in paused:
+                    self._resume(w, vocab.RESUMED_DONE, reason="the work was finished without it")
+                return None
+            if not self.halted and len(self.workers) < self.spawn_cap:
+                # Nobody left to move the frozen worker's step on (one worker, the others
+                # hung or frozen too, or they gave up on its lease and exited): start
+                # another once the lease lapsed, as for a killed one, so the pause outlives
+                # the lease and the late worker meets the takeover.
+                if self.wait_for_lapse(live, sentinels=[w.proc.sentinel for w in live]):
+                    return None
+                self.replace(paused[-1])
+                return None
+            for w in paused:
+                self.maybe_resume(w, others_active=False)
+            return None
+        finished = self.finished()
+        if finished or self.halted or len(self.workers) >= self.spawn_cap:
+            for w in live:  # only hung workers are left: end them
+                self.kill_worker(w, "quiescent: the run is done and this worker hangs")
+            if finished or self.halted:  # halted: unknown, for the exception it raised
+                return False, finished
+            # the workers keep dying: the run could not finish
+            self.note(vocab.BOUND_HIT, reason=f"{len(self.workers)} worker processes spawned, "
+                                              f"the cap; the target keeps failing")
+            return True, False
+        self.start_gated()
+        if not self.live() or all(w.state != "running" for w in self.live()):
+            if self.wait_for_lapse(live, sentinels=[w.proc.sentinel for w in live]):
+                return None
+            self.replace(live[-1] if live else self.workers[-1])
+        return None
