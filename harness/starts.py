@@ -46,7 +46,7 @@ from killpoint.harness.worker import DONE, plan
 from killpoint.harness.workload import Workload
 
 if TYPE_CHECKING:
-    from killpoint.harness.run import RunConfig
+    from killpoint.harness.run_config import RunConfig
 
 Note = Callable[..., None]
 

@@ -30,7 +30,7 @@ from killpoint.harness.pauses import Pauses
 from killpoint.harness.starts import WorkerProcess
 
 if TYPE_CHECKING:
-    from killpoint.harness.run import Meanwhile
+    from killpoint.harness.lifecycle import Meanwhile
 
 STARVED_S = 0.05  # a wait that overran by more than this: the machine starved the harness
 
