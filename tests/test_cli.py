@@ -16,7 +16,7 @@ import pytest
 from killpoint.chaos.points import DEFAULT_POINTS, POINTS
 from killpoint.harness.checkers import ALL
 from killpoint.harness.cli import main
-from killpoint.harness.commands.common import redact
+from killpoint.harness.redact import redact
 from hang import HANG_S
 
 

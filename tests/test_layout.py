@@ -171,11 +171,11 @@ def test_redact_leaves_text_without_a_password_as_it_is(text):
 
 def test_the_store_and_the_reports_use_the_one_redaction():
     from killpoint.harness import redact as one
-    from killpoint.harness.commands import common
+    from killpoint.harness.commands import summary
     from killpoint.harness.store import postgres
     from killpoint.reports import model
 
-    assert common.redact is postgres.redact is model.redact is one.redact
+    assert summary.redact is postgres.redact is model.redact is one.redact
 
 
 def _with_password(dsn: str, form: str) -> str:

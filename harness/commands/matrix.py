@@ -37,8 +37,10 @@ from killpoint.chaos.generator import ACTIONS, FORMS
 from killpoint.chaos.schedule import Schedule
 from killpoint.chaos.points import DB_POINTS
 from killpoint.harness import inputs
-from killpoint.harness.commands.common import (declared_target, jobs_of, Summary, until_broken, add_common, finish,
-                                               parse_steps, progress_for, run_config, target_points, whole, workload_of)
+from killpoint.harness.commands.options import (add_common, declared_target, jobs_of, parse_steps, run_config,
+                                                target_points, whole, workload_of)
+from killpoint.harness.commands.output import finish, progress_for
+from killpoint.harness.commands.summary import Summary, until_broken
 from killpoint.harness.paths import (discovery, explore_hits, explore_recovery, kills, once_per_worker, points_only,
                                      recovery_probe, stepless_points)
 from killpoint.harness.run import Session
@@ -109,7 +111,9 @@ def _say_missing_windows(target: str, declared: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from killpoint.harness.commands.common import BadInput, _names, redact, shown
+    from killpoint.errors import BadInput, shown
+    from killpoint.harness.commands.options import _names
+    from killpoint.harness.redact import redact
 
     if args.depth != 2:  # they shape pairs of crashes: at depth 1 they were dropped without a word
         if args.forms is not None:

@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 from killpoint import vocab
 from killpoint import chaos
-from killpoint.harness.commands.common import (add_jobs, add_real_time, add_seed, jobs_of, EXIT_VALID, EXIT_VIOLATED,
-                                               BadInput, Summary, add_output,
-                                               print_stats, progress_for, replay_command, run_config, shown,
-                                               validate_store)
+from killpoint.errors import BadInput, shown
+from killpoint.harness.commands.options import (add_jobs, add_output, add_real_time, add_seed, jobs_of, run_config,
+                                                validate_store)
+from killpoint.harness.commands.output import print_stats, progress_for
+from killpoint.harness.commands.summary import EXIT_VALID, EXIT_VIOLATED, Summary, replay_command
 
 if TYPE_CHECKING:
     from killpoint.harness.run import RunResult
@@ -70,7 +71,7 @@ class MutantOutcome:
 def _chosen(text: str | None) -> list[Any]:
     from killpoint.harness.mutants import MUTANTS
 
-    from killpoint.harness.commands.common import _names
+    from killpoint.harness.commands.options import _names
 
     if text is None:
         return list(MUTANTS.values())
@@ -84,7 +85,7 @@ def _chosen(text: str | None) -> list[Any]:
 
 def run(args: argparse.Namespace) -> int:
     from killpoint.chaos.generator import single_crash_schedules
-    from killpoint.harness.commands.common import parse_schedule, workload_of
+    from killpoint.harness.commands.options import parse_schedule, workload_of
     from killpoint.harness.run import Session
 
     validate_store(args.store)
@@ -170,7 +171,7 @@ def _junit(args: argparse.Namespace, outcomes: list[MutantOutcome], reference: S
     """``--junit-xml``: a case per run; a mutant's passes when its named invariant caught it."""
     if not args.junit_xml:
         return
-    from killpoint.harness.commands.common import write_junit_file
+    from killpoint.harness.commands.output import write_junit_file
 
     write_junit_file(args.junit_xml, [o.result for o in outcomes] + reference.results,
                      suite="killpoint selftest", reproduce=replay_command,
