@@ -131,23 +131,7 @@ def run(args: argparse.Namespace) -> int:
     ok = caught == len(outcomes) and reference.valid is True
     _junit(args, outcomes, reference)
     if args.json:
-        from killpoint.harness.stats import total
-
-        out = reference.to_json()
-        out.pop("results", None)
-        # The crash points reached and fired, as matrix's JSON has them: each mutant's run, the
-        # reference's runs, and the whole.
-        stats = Summary(results=[o.result for o in outcomes]).point_stats()
-        print(json.dumps({
-            "valid": ok, "runs": len(outcomes) + len(reference.results),
-            "score": {"caught": caught, "mutants": len(outcomes)},
-            "mutants": [{**o.to_json(), "points": s.to_json()} for o, s in zip(outcomes, stats)],
-            "reference": {"valid": reference.valid, "runs": len(reference.results),
-                          "violations": out["violations"], "unknown": out["unknown"],
-                          "points": out["points"]},
-            "violations": out["violations"], "invariants": out["invariants"], "report": None,
-            "points": total(stats + reference.point_stats()).to_json(),
-        }, indent=2))
+        _print_json(outcomes, reference, caught, ok)
         return EXIT_VALID if ok else EXIT_VIOLATED
     print(table(outcomes))
     word = vocab.VERDICT_WORDS[reference.valid]
@@ -165,6 +149,27 @@ def run(args: argparse.Namespace) -> int:
     print(f"\nmutation score: {caught}/{len(outcomes)} mutants caught by their named invariant"
           f"{'' if ok else '  -- SELFTEST FAILED'}")
     return EXIT_VALID if ok else EXIT_VIOLATED
+
+
+def _print_json(outcomes: list[MutantOutcome], reference: Summary, caught: int, ok: bool) -> None:
+    """``--json``: the score, each mutant's outcome and the reference's verdict, in one object."""
+    from killpoint.harness.stats import total
+
+    out = reference.to_json()
+    out.pop("results", None)
+    # The crash points reached and fired, as matrix's JSON has them: each mutant's run, the
+    # reference's runs, and the whole.
+    stats = Summary(results=[o.result for o in outcomes]).point_stats()
+    print(json.dumps({
+        "valid": ok, "runs": len(outcomes) + len(reference.results),
+        "score": {"caught": caught, "mutants": len(outcomes)},
+        "mutants": [{**o.to_json(), "points": s.to_json()} for o, s in zip(outcomes, stats)],
+        "reference": {"valid": reference.valid, "runs": len(reference.results),
+                      "violations": out["violations"], "unknown": out["unknown"],
+                      "points": out["points"]},
+        "violations": out["violations"], "invariants": out["invariants"], "report": None,
+        "points": total(stats + reference.point_stats()).to_json(),
+    }, indent=2))
 
 
 def _junit(args: argparse.Namespace, outcomes: list[MutantOutcome], reference: Summary) -> None:
