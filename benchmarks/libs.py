@@ -28,7 +28,7 @@ SCHEDULE = "A@charge.after_call:kill"
 TARGETS = (("reference", "single", None), ("dbos:keyed", None, "dbos"), ("langgraph:keyed", None, "langgraph"),
            ("langgraph:keyed:sync", None, "langgraph"), ("procrastinate:keyed", None, "procrastinate"),
            ("celery:keyed", None, "celery"), ("dramatiq:keyed", None, "dramatiq"),
-           ("arq:keyed", None, "arq"), ("rq:keyed", None, "rq"))
+           ("arq:keyed", None, "arq"), ("rq:keyed", None, "rq"), ("huey:keyed", None, "huey"))
 
 
 def cpu() -> float:

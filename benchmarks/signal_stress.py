@@ -37,6 +37,14 @@ EXPECTED = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}
 
 BAD_KEYS = ('hung', 'survivors', 'folders', 'schemas', 'code')
 
+def _default_signals() -> None:
+    """In the command's child, before it runs: the three signals at their defaults, as a CI runner
+    starts a job. Started from ``nohup`` or as a shell's background job, this script would pass
+    on an ignored SIGHUP or SIGINT, which the command rightly keeps ignoring."""
+    for sig in EXPECTED:
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def marked(marker: str) -> list[int]:
     found = []
     for entry in os.listdir("/proc"):
@@ -88,7 +96,7 @@ def test_one_crash(killpoint):
 '''
 
 
-def trial(n: int, rng: random.Random, store: str | None, plugin: bool = False) -> dict:
+def trial(n: int, rng: random.Random, store: str | None, plugin: bool = False, max_delay: float = 6.0) -> dict:
     marker = f"kp-stress-{uuid.uuid4().hex}"
     tmp = tempfile.mkdtemp(prefix="kp-stress-")
     pg = store is not None and rng.random() < 0.5
@@ -106,9 +114,9 @@ def trial(n: int, rng: random.Random, store: str | None, plugin: bool = False) -
                 *(["--store", store] if pg else [])]
         cwd, expected = ROOT, EXPECTED
     sig = rng.choice([signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
-    delay = rng.uniform(0.05, 6.0)
+    delay = rng.uniform(0.05, max_delay)
     env = {**os.environ, "KILLPOINT_TEST_MARK": marker, "PYTHONPATH": ROOT, "TMPDIR": tmp}
-    proc = subprocess.Popen([sys.executable, *argv], env=env, cwd=cwd,
+    proc = subprocess.Popen([sys.executable, *argv], env=env, cwd=cwd, preexec_fn=_default_signals,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     time.sleep(delay)
     owners = {proc.pid, *marked(marker)}  # whose PID a schema of this trial's runs may carry (xdist's workers)
@@ -132,6 +140,10 @@ def trial(n: int, rng: random.Random, store: str | None, plugin: bool = False) -
         except OSError:
             pass
     folders = [f for f in os.listdir(tmp) if not f.startswith("pytest-of-")]  # pytest's own basetemp
+    # what each folder left holds, for the report: which part of the command wrote it
+    folders = [f + "/{" + ", ".join(sorted(os.path.relpath(os.path.join(d, n), os.path.join(tmp, f))
+                                           for d, _, names in os.walk(os.path.join(tmp, f)) for n in names)) + "}"
+               for f in folders]
     shutil.rmtree(tmp, ignore_errors=True)
     if project is not None:
         shutil.rmtree(project, ignore_errors=True)
@@ -142,10 +154,11 @@ def trial(n: int, rng: random.Random, store: str | None, plugin: bool = False) -
         drop(store, schemas)  # type: ignore[arg-type]
     text = err.decode(errors="replace")
     shown = " ".join(a for a in argv if not a.startswith("import sys")).replace(store or "\0", "PG")
-    # Ended by the signal itself: it landed before pytest's session began (its imports, the plugin's
-    # loading), where Python's default acts (for SIGINT, a KeyboardInterrupt traceback); nothing of
-    # killpoint's had started, and the survivors' check below still holds it to leaving nothing.
-    early = plugin and proc.returncode == -sig
+    # Ended by the signal itself: it landed where Python's default acts -- before killpoint's first
+    # line ran (the interpreter's start and imports; for pytest, before the plugin loaded), or after
+    # the command put the defaults back on its way out; nothing of killpoint's was running, and the
+    # checks above still hold it to leaving nothing.
+    early = proc.returncode == -sig
     if early:
         expected = {sig: -sig}
     return {"n": n, "argv": shown, "signal": signal.Signals(sig).name,
@@ -161,17 +174,18 @@ def main() -> int:
     p.add_argument("--store", default=os.environ.get("KILLPOINT_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test"))
     p.add_argument("--plugin", action="store_true", help="signal a pytest session using the plugin instead")
     p.add_argument("--show", action="store_true", help="print the end of a bad trial's output")
+    p.add_argument("--max-delay", type=float, default=6.0, help="latest moment a signal is sent, in seconds")
     args = p.parse_args()
     store = args.store if pg_reachable(args.store) else None
     rng = random.Random(args.seed)
     results = []
     for n in range(1, args.trials + 1):
-        r = trial(n, rng, store, args.plugin)
+        r = trial(n, rng, store, args.plugin, args.max_delay)
         results.append(r)
         bad = r["hung"] or r["survivors"] or r["folders"] or r["schemas"] or r["code"] != r["expected"]
         print(f"{n:>3} {r['signal']:<7} at {r['delay']:4.1f} s  {r['argv']:<52} exit {r['code']:>3} "
               f"in {r['took']:5.2f} s{'  (finished first)' if r['finished_first'] else ''}"
-              f"{'  (before the plugin loaded: the signal default)' if r['early'] else ''}"
+              f"{'  (outside killpoint: the signal default)' if r['early'] else ''}"
               f"{'  tracebacks ' + str(r['tracebacks']) if r['tracebacks'] else ''}"
               f"{'  BAD: ' + str({k: r[k] for k in BAD_KEYS}) if bad else ''}",
               flush=True)
@@ -183,7 +197,7 @@ def main() -> int:
     wrong = sum(1 for r in results if r["code"] != r["expected"] or r["hung"])
     print(f"\n{len(results)} trials: {survivors} surviving processes, {left} folders or schemas left, "
           f"{wrong} wrong exit codes or hangs, {sum(r['tracebacks'] > 0 for r in results)} with a traceback "
-          f"({sum(r['early'] for r in results)} ended by the signal before the session began); "
+          f"({sum(r['early'] for r in results)} ended by the signal's default, outside killpoint's code); "
           f"signal to exit: median {statistics.median(took) if took else 0:.2f} s, max {max(took, default=0):.2f} s")
     return 0 if survivors == left == wrong == 0 else 1
 

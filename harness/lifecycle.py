@@ -24,6 +24,7 @@ from killpoint.errors import InfrastructureError, InvalidTarget, KillpointWarnin
 from killpoint.harness import clock as run_clock
 from killpoint.harness import downstream as ds
 from killpoint.harness import history as hist
+from killpoint.harness import signals
 from killpoint.harness.checkers.base import Verdict
 from killpoint.harness.declaration import TargetRun
 from killpoint.harness.disk import DISK_ERRORS, disk_failure
@@ -382,11 +383,16 @@ class Run:
             steps.append(self.hooks.teardown)
         if self.clock is not None:
             steps.append(self.clock.close)
-        for step in steps:
-            try:
-                step()
-            except Exception:
-                pass  # best effort: the cause that matters is the one being reported
+        # Signals held until every step is done (each is bounded: workers are SIGKILLed, the store's
+        # statements carry the run's I/O bound): one raised halfway cut a schema's DROP short and
+        # skipped the steps after it. It is raised once the run is clean.
+        with signals.sigint_deferred():
+            for step in steps:
+                try:
+                    step()
+                except Exception:
+                    pass  # best effort: the cause that matters is the one being reported
+            signals.drop_repeats()
 
     def _drop(self, store: Store) -> None:
         """Drop the run's tables; where that fails (the PostgreSQL server went away mid-run) the

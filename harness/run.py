@@ -64,21 +64,27 @@ class Session:
                  downstream: "ds.DownstreamProcess | None" = None):
         self.real_time = real_time  # every run with the clock off (--real-time), whatever its config
         self._own_dir = base_dir is None
-        self.base_dir = base_dir or tempfile.mkdtemp(prefix="killpoint-", dir=None if keep else run_files_dir())
-        os.makedirs(self.base_dir, exist_ok=True)
-        self.keep = keep
-        # A downstream given is borrowed (a --jobs runner shares its parent's): never stopped here.
-        self._own_downstream = downstream is None
+        # Held while made: a signal raised inside mkdtemp (or inside the first gettempdir()'s probe
+        # file) would leave what it made without a name to remove it by; from then on, any failure
+        # to start the session removes the folder.
+        self.base_dir = base_dir or ""
         try:
+            with signals.sigint_deferred():  # a signal held here is raised inside the try
+                self.base_dir = base_dir or tempfile.mkdtemp(prefix="killpoint-",
+                                                             dir=None if keep else run_files_dir())
+            os.makedirs(self.base_dir, exist_ok=True)
+            self.keep = keep
+            # A downstream given is borrowed (a --jobs runner shares its parent's): never stopped here.
+            self._own_downstream = downstream is None
+            self._runs = 0
+            self._live: dict[int, WorkerProcess] = {}
+            self._client: ds.DownstreamClient | None = None  # the harness's connections, for every run
             self.downstream = downstream or ds.start(os.path.join(self.base_dir,
                                                                   "downstream-ledger.sqlite"))
         except BaseException:
-            if self._own_dir:
+            if self._own_dir and self.base_dir:
                 shutil.rmtree(self.base_dir, ignore_errors=True)
             raise
-        self._runs = 0
-        self._live: dict[int, WorkerProcess] = {}
-        self._client: ds.DownstreamClient | None = None  # the harness's connections, for every run
 
     def client_for(self, run_id: str) -> ds.DownstreamClient:
         """The harness's client of ``run_id``, over the session's connection to the downstream."""
@@ -95,16 +101,22 @@ class Session:
         self.close()
 
     def close(self) -> None:
-        for w in list(self._live.values()):
-            kill(w)
-        self._live.clear()
-        if self._client is not None:
-            self._client.close()
-            self._client = None
-        if self._own_downstream:
-            self.downstream.stop()
-        if self._own_dir and not self.keep:
-            shutil.rmtree(self.base_dir, ignore_errors=True)
+        # Signals held until the session is gone: one raised halfway (a Ctrl-C as a matrix ends)
+        # skipped the rest, and the session's folder stayed. It is raised once everything is ended.
+        with signals.sigint_deferred():
+            try:
+                for w in list(self._live.values()):
+                    kill(w)
+                self._live.clear()
+                if self._client is not None:
+                    self._client.close()
+                    self._client = None
+                if self._own_downstream:
+                    self.downstream.stop()
+            finally:
+                if self._own_dir and not self.keep:
+                    shutil.rmtree(self.base_dir, ignore_errors=True)
+            signals.drop_repeats()
 
     def run(self, config: RunConfig, *, number: int | None = None) -> RunResult:
         """Run ``config``; ``number`` is the run's number in its id (default: the next of this

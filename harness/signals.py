@@ -46,10 +46,15 @@ def _handler(signum: int, frame: Any) -> None:
 
 
 def install_handlers() -> None:
-    """SIGINT, SIGTERM and SIGHUP raise (KeyboardInterrupt, :class:`Terminated`) and are remembered."""
+    """SIGINT, SIGTERM and SIGHUP raise (KeyboardInterrupt, :class:`Terminated`) and are remembered.
+
+    A signal the command was started ignoring stays ignored: ``nohup killpoint ...`` ignores SIGHUP,
+    and a shell without job control starts a background command (``killpoint ... &``) ignoring
+    SIGINT; that was its caller's choice (Python keeps an ignored SIGINT ignored too)."""
     _received.clear()
     for sig in SIGNALS:
-        signal.signal(sig, _handler)
+        if signal.getsignal(sig) != signal.SIG_IGN:
+            signal.signal(sig, _handler)
 
 
 def _remember(signum: int, frame: Any) -> None:

@@ -21,7 +21,9 @@ def _starting(signum: int, frame: Any) -> None:
 
 def main() -> int:
     _got.clear()
-    previous = {sig: signal.signal(sig, _starting) for sig in _CODES}  # until the command line's own
+    # until the command line's own; a signal the command was started ignoring (nohup, a background
+    # command of a shell without job control) stays ignored
+    previous = {sig: signal.signal(sig, _starting) for sig in _CODES if signal.getsignal(sig) != signal.SIG_IGN}
     try:
         from killpoint.harness.cli import main as command_line
 

@@ -36,6 +36,11 @@ from killpoint._plugin.marker import (_Case, _case_of, _cases, _collection_error
 from killpoint._plugin.settings import KillpointUnavailable, Settings, _points, _settings, add_options
 from killpoint._plugin.state import _HANDLE, _RUNS, _STATE, _State
 from killpoint._plugin.verdict import CrashVerdict
+from killpoint._plugin import interrupt as _interrupt
+
+# pytest catches no Ctrl-C while it loads plugins and the first conftest files (a traceback): from
+# here until pytest_configure, where it does, Ctrl-C ends it with one line and exit 2.
+_interrupt.guard_startup()
 
 __all__ = ["CrashVerdict", "Killpoint", "KillpointUnavailable", "Settings", "killpoint"]
 
@@ -45,7 +50,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     add_options(parser)
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
+    _interrupt.started()
     config.addinivalue_line(
         "markers",
         "killpoint(points=None, target='reference', workers=2, steps=None, actions=('kill', 'pause'), "

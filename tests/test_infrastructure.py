@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 import uuid
+from typing import Callable
 
 import pytest
 
@@ -26,10 +27,20 @@ from test_processes import ROOT, children_of, wait_until_gone
 from hang import HANG_S
 
 
-def _cli(*argv: str, marker: str, tmpdir: str) -> subprocess.Popen:
+def _signals_at(disposition) -> "Callable[[], None]":
+    """A preexec_fn: the command starts with SIGINT, SIGTERM and SIGHUP at ``disposition`` (their
+    defaults, as a CI runner starts a job, whatever this session was started with; or ignored)."""
+    def preexec() -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, disposition)
+    return preexec
+
+
+def _cli(*argv: str, marker: str, tmpdir: str, signals=signal.SIG_DFL) -> subprocess.Popen:
     env = {**os.environ, "KILLPOINT_TEST_MARK": marker, "PYTHONPATH": ROOT, "TMPDIR": tmpdir}
     return subprocess.Popen([sys.executable, "-m", "killpoint.harness.cli", *argv], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
+                            preexec_fn=_signals_at(signals))
 
 
 def _schemas_of(pg_dsn: str, pid: int) -> list[str]:
@@ -186,6 +197,23 @@ def test_sigterm_ends_like_ctrl_c_exit_143_with_no_process_folder_or_schema_left
     assert _schemas_of(pg_dsn, cli.pid) == []
     assert os.listdir(tmp_path) == []  # the session's folder (run files, journals, ledger) is gone
 
+
+
+def test_a_command_started_ignoring_sighup_keeps_ignoring_it(tmp_path):
+    """``nohup killpoint matrix ... &`` must survive the terminal closing: a signal the command was
+    started ignoring (nohup's SIGHUP; SIGINT for a background job of a shell without job control)
+    stays ignored, and the command ends as it would have (exit 0, its JSON), leaving nothing."""
+    marker = f"kp-{uuid.uuid4().hex}"
+    cli = _cli("matrix", "--steps", "charge", "--json", "--jobs", "1", marker=marker, tmpdir=str(tmp_path),
+               signals=signal.SIG_IGN)
+    _wait(lambda: len(children_of(cli.pid)) >= 2, 60, "a worker", cli)
+    cli.send_signal(signal.SIGHUP)
+    cli.send_signal(signal.SIGINT)
+    out, err = cli.communicate(timeout=HANG_S)
+    assert cli.returncode == 0, err.decode(errors="replace")[-2000:]
+    assert json.loads(out)["valid"] is True
+    assert wait_until_gone(marker) == []
+    assert os.listdir(tmp_path) == []
 
 
 class _Proxy:
@@ -548,3 +576,96 @@ def test_a_report_dir_that_cannot_be_written_gets_no_hint_to_add_one(tmp_path):
     assert "killpoint: warning: cannot write reports to" in text and "the verdict stands" in text, text[-3000:]
     assert "add --report-dir" not in text, text[-3000:]
     assert wait_until_gone(marker) == []
+
+
+def test_a_signal_landing_while_a_session_closes_is_raised_after_its_folder_is_gone(tmp_path, monkeypatch):
+    """Protects: a Ctrl-C that landed as a matrix ended (the session closing) was raised halfway
+    through Session.close and skipped the rest: exit 130, and the session's folder left behind
+    (1 of 51 trials of benchmarks/signal_stress.py). The signal is now held until the session is
+    gone, then raised."""
+    from killpoint.harness import signals
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    session = Session()
+    stop = session.downstream.stop
+
+    def stop_and_be_interrupted() -> None:
+        os.kill(os.getpid(), signal.SIGINT)  # delivered at once, unless held
+        stop()
+
+    monkeypatch.setattr(session.downstream, "stop", stop_and_be_interrupted)
+    signals.install_handlers()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            session.close()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    assert os.listdir(tmp_path) == []
+    assert not session.downstream.alive
+
+
+def test_a_signal_landing_in_a_run_s_cleanup_is_raised_after_its_schema_is_dropped(pg_dsn, monkeypatch):
+    """Protects: a Ctrl-C that landed while a run cleaned up after a failure (ending its workers,
+    dropping its schema) was raised inside the DROP and skipped the steps after it: the schema
+    stayed (1 of 74 trials of ``benchmarks/signal_stress.py --max-delay 2.5``, ``--jobs 2``,
+    PostgreSQL). The signal is now held until the cleanup is done, then raised."""
+    from killpoint.harness import signals
+    from killpoint.harness.store.postgres import PostgresStore
+    from killpoint.harness.supervise import Supervisor
+
+    def broken(self, *args, **kwargs):
+        raise RuntimeError("the supervision broke")  # the run fails: its cleanup drops the schema
+
+    real_drop = PostgresStore.drop
+
+    def drop_and_be_interrupted(self):
+        os.kill(os.getpid(), signal.SIGINT)  # delivered at once, unless held
+        real_drop(self)
+
+    monkeypatch.setattr(Supervisor, "supervise", broken)
+    monkeypatch.setattr(PostgresStore, "drop", drop_and_be_interrupted)
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    signals.install_handlers()
+    try:
+        with Session() as session:
+            with pytest.raises(KeyboardInterrupt):
+                session.run(RunConfig(schedule=chaos.parse("A@charge.after_call:kill"), store=pg_dsn,
+                                      workload="single"))
+            assert not session._live, "a worker process outlived the interruption"
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    assert _schemas_of(pg_dsn, os.getpid()) == []
+
+
+def test_a_signal_landing_while_a_session_makes_its_folder_leaves_no_folder(tmp_path, monkeypatch):
+    """Protects: a Ctrl-C landing inside the session's mkdtemp (or the first gettempdir()'s probe
+    file) left an unnamed folder or file in the temporary folder (1 of 80 stress trials). It is now
+    held until the folder has a name, then raised, and the folder removed."""
+    import tempfile
+
+    from killpoint.harness import signals
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
+    real_mkdtemp = tempfile.mkdtemp
+    made = []
+
+    def mkdtemp_and_be_interrupted(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)  # delivered at once, unless held
+        made.append(real_mkdtemp(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp_and_be_interrupted)
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    signals.install_handlers()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            Session()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    assert made and os.path.dirname(made[0]) == str(tmp_path)  # it was made, where we look
+    assert os.listdir(tmp_path) == []

@@ -976,3 +976,72 @@ def pytest_keyboard_interrupt(excinfo):
         for w in workers:
             if _comm(w) == "kp-worker":  # never a PID reused since
                 os.kill(w, signal.SIGKILL)
+
+
+def test_ctrl_c_while_pytest_is_starting_ends_it_with_one_line_and_no_traceback(pytester):
+    """Protects: a SIGINT that landed while pytest loaded its plugins and first conftest files (a CI
+    cancel in the first second) printed pytest's KeyboardInterrupt traceback and exit 1 (2 of 40
+    trials of benchmarks/signal_stress.py --plugin). From the plugin's import to pytest_configure,
+    Ctrl-C now ends pytest with one line and the interrupted code; after it, pytest's own handling
+    (the session's summary) is unchanged."""
+    import signal
+    import subprocess
+    import time
+
+    ready = pytester.path / "conftest-loading"
+    pytester.makeconftest(f'''
+import time
+
+open({str(ready)!r}, "w").close()
+time.sleep(600)  # a slow conftest import: the signal lands in it
+''')
+    pytester.makepyfile(test_x="def test_x():\n    pass\n")
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "test_x.py"],
+                            cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        while not ready.exists():
+            assert proc.poll() is None, proc.communicate()[0]
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=HANG_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == pytest.ExitCode.INTERRUPTED, out
+    assert "Traceback" not in out and "KeyboardInterrupt" not in out, out
+    assert out.strip().splitlines() == ["killpoint: interrupted while pytest was starting; no test ran"], out
+
+
+def test_ctrl_c_once_pytest_has_started_is_pytest_s_own(pytester):
+    """The startup guard ends at pytest_configure: a Ctrl-C in a test is pytest's KeyboardInterrupt
+    (its summary, exit 2), not the startup line."""
+    import signal
+    import subprocess
+    import time
+
+    ready = pytester.path / "in-test"
+    pytester.makepyfile(test_x=f'''
+import time
+
+
+def test_x():
+    open({str(ready)!r}, "w").close()
+    time.sleep(600)
+''')
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "test_x.py"],
+                            cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        while not ready.exists():
+            assert proc.poll() is None, proc.communicate()[0]
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=HANG_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == pytest.ExitCode.INTERRUPTED, out
+    assert "KeyboardInterrupt" in out and "while pytest was starting" not in out, out

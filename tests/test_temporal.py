@@ -60,6 +60,125 @@ def test_replay_compatible_joins_the_verdict_only_where_a_history_was_replayed()
 
 
 # ---------------------------------------------------------------------------------------------
+# the workflow history as store events (server_history.temporal_events), on hand-written histories
+
+S = 1_000_000_000  # a second in nanoseconds: the events' times below are epoch seconds
+
+
+def scheduled(eid, t, activity):
+    return {"event": "scheduled", "id": eid, "t": t * S, "activity_id": activity}
+
+
+def started(eid, t, sched, attempt=1, identity="killpoint-A-101", failure=None):
+    e = {"event": "started", "id": eid, "t": t * S, "scheduled": sched, "attempt": attempt, "identity": identity}
+    return {**e, "failure": failure} if failure else e
+
+
+def outcome(what, eid, t, sched, start, identity="killpoint-A-101", failure=None):
+    e = {"event": what, "id": eid, "t": t * S, "scheduled": sched, "started": start, "identity": identity}
+    return {**e, "failure": failure} if failure else e
+
+
+def temporal_history(events, steps=("reserve", "charge"), pending=()):
+    """The mapping's rows through the parse boundary a target's history() goes through, merged into
+    a history as the run loop merges them."""
+    from killpoint.harness.events import parse_store_row
+    from killpoint.harness.history import merge
+    from killpoint.harness.hooks import history_problem
+    from killpoint.harness.servers.server_history import temporal_events
+
+    rows = temporal_events("order-1", events, steps=list(steps), offset_ns=0, pending=pending)
+    for n, row in enumerate(rows):
+        parse_store_row(row, index=n)
+        assert history_problem(row) is None, row
+    return rows, merge({}, rows, [], [], owns_state=True)
+
+
+def chain(rows, step):
+    return [(r["kind"], r.get("from_state"), r["to_state"], r["state_version"], r.get("worker"), r.get("attempt"))
+            for r in rows if r["step"] == step]
+
+
+def test_temporal_history_maps_each_activity_to_one_chain_its_last_attempt_claimed_by_its_worker():
+    """A charge whose first attempt was lost (its worker killed): Temporal records only the last
+    attempt's start, with its number, its worker and the failure before it."""
+    rows, h = temporal_history([
+        scheduled(5, 10, "reserve"), started(6, 11, 5), outcome("completed", 7, 12, 5, 6),
+        scheduled(11, 13, "charge"),
+        started(12, 15, 11, attempt=2, identity="killpoint-C-103", failure="activity StartToClose timeout"),
+        outcome("completed", 13, 16, 11, 12, identity="killpoint-C-103"),
+        {"event": "closed", "id": 17, "t": 17 * S, "how": "completed"}])
+    assert chain(rows, "reserve") == [("created", None, "pending", 1, None, None),
+                                      ("claimed", "pending", "running", 2, "A", 1),
+                                      ("committed", "running", "succeeded", 3, "A", None)]
+    assert chain(rows, "charge") == [("created", None, "pending", 1, None, None),
+                                     ("claimed", "pending", "running", 2, "C", 2),
+                                     ("committed", "running", "succeeded", 3, "C", None)]
+    claim = next(r for r in rows if r["step"] == "charge" and r["kind"] == "claimed")
+    assert claim["retried_after"] == "activity StartToClose timeout" and claim["t"] == 15 * S
+    assert not any("fence" in r or "lease_version" in r for r in rows)  # the server records no fence
+    results = {r.invariant: r for r in check_all(h).results}
+    for name in ("version_chain", "legal_transitions"):
+        assert (results[name].valid, results[name].judged) == (True, True), results[name]
+    for name in ("fence_rises", "lease_fenced", "stale_writes_rejected"):
+        assert results[name].judged is False, results[name]
+
+
+def test_temporal_history_maps_a_saga_onto_the_compensated_step_and_settles_what_never_ran():
+    from killpoint.harness.servers.server_history import final_states_of
+
+    rows, h = temporal_history([
+        scheduled(5, 10, "reserve"), started(6, 11, 5), outcome("completed", 7, 12, 5, 6),
+        scheduled(11, 13, "charge"), started(12, 14, 11),
+        outcome("failed", 13, 15, 11, 12, failure="downstream refused: 402"),
+        scheduled(17, 16, "reserve/compensate"), started(18, 17, 17, identity="killpoint-B-102"),
+        outcome("completed", 19, 18, 17, 18, identity="killpoint-B-102"),
+        {"event": "closed", "id": 23, "t": 19 * S, "how": "failed"}], steps=("reserve", "charge", "ship"))
+    assert chain(rows, "reserve")[3:] == [("committed", "succeeded", "compensating", 4, None, None),
+                                          ("claimed", "compensating", "compensating", 5, "B", 1),
+                                          ("committed", "compensating", "compensated", 6, "B", None)]
+    assert chain(rows, "charge")[-1] == ("committed", "running", "failed", 3, "A", None)
+    # a step the workflow never scheduled is settled by its end, from the server's closing event
+    assert chain(rows, "ship") == [("committed", "pending", "cancelled", 1, None, None)]
+    keys = [("order-1", s) for s in ("reserve", "charge", "ship")]
+    assert final_states_of(rows, keys) == {keys[0]: "compensated", keys[1]: "failed", keys[2]: "cancelled"}
+    assert check_all(h).valid is True
+
+
+@pytest.mark.parametrize("events, says", [
+    # two starts of one scheduled task: two workers both given it
+    ([scheduled(11, 13, "charge"), started(12, 14, 11), started(13, 15, 11, identity="killpoint-B-102")],
+     "both accepted at state_version 2: a fork"),
+    # two outcomes of one start
+    ([scheduled(11, 13, "charge"), started(12, 14, 11), outcome("completed", 13, 15, 11, 12),
+      outcome("completed", 14, 16, 11, 12)], "both accepted at state_version 3: a fork"),
+    # an outcome whose start the history does not have
+    ([scheduled(11, 13, "charge"), outcome("completed", 13, 15, 11, 12)],
+     "accepted at state_version 3 right after version 1"),
+])
+def test_temporal_history_that_contradicts_its_own_references_breaks_the_version_chain(events, says):
+    from killpoint.harness.checkers import version_chain
+
+    _, h = temporal_history(events)
+    r = version_chain(h)
+    assert r.valid is False and says in r.violations[0].detail, r
+
+
+def test_temporal_history_adds_a_running_workflows_attempt_in_flight_and_refuses_an_event_it_does_not_know():
+    from killpoint.harness.servers.server_history import temporal_events
+
+    rows, _ = temporal_history([scheduled(11, 13, "charge")],
+                               pending=[{"activity_id": "charge", "attempt": 3, "identity": "killpoint-B-102",
+                                         "t": 14 * S}])
+    assert chain(rows, "charge") == [("created", None, "pending", 1, None, None),
+                                     ("claimed", "pending", "running", 2, "B", 3)]
+    with pytest.raises(ValueError, match="'timer_fired' is not one this mapping knows"):
+        temporal_events("order-1", [{"event": "timer_fired", "id": 9, "t": 1}], steps=["charge"], offset_ns=0)
+    with pytest.raises(ValueError, match="refers to scheduled event 11, which the history does not have"):
+        temporal_events("order-1", [started(12, 14, 11)], steps=["charge"], offset_ns=0)
+
+
+# ---------------------------------------------------------------------------------------------
 # the SDK: skip with a reason, or fail where it is required
 
 
@@ -266,4 +385,38 @@ def test_temporal_server_naive_duplicates_after_the_call_and_keyed_does_not(temp
                             "--steps", "charge")
     assert code == 0 and report["violations"] == []
     assert all(r["unfired"] == [] for r in report["results"])
-    assert report["invariants"]["effects_accounted"]["checked"] == report["runs"]
+    # The ledger's two and terminates, and from the workflow histories (history()) the chain's two.
+    for name in ("no_duplicate_effects", "effects_accounted", "terminates", "version_chain", "legal_transitions"):
+        assert report["invariants"][name]["checked"] == report["runs"], name
+    assert report["judged"] == 5
+
+
+def test_temporal_server_history_is_the_workflow_history_with_the_lost_attempt_in_its_retry(temporal_address):
+    """Protects: history() maps the workflow histories of a real run, each activity scheduled,
+    started (its last attempt, with its number and worker) and completed, so that version_chain and
+    legal_transitions judge the server's own record (3 of 15 invariants judged without it); the
+    charge whose worker was killed after its call shows the retry the server made."""
+    from killpoint.chaos.points import POINTS as BUILTIN
+    from killpoint.chaos.schedule import parse
+    from killpoint.harness.run import RunConfig, Session
+    from killpoint.harness.servers.temporal_server import POINTS
+
+    schedule = parse("A@charge.after_call:kill", points=frozenset(BUILTIN) | frozenset(POINTS))
+    with Session() as session:
+        r = session.run(RunConfig(schedule=schedule, target="temporal:keyed"))
+    assert r.verdict.valid is True and r.unfired == (), r.verdict.unknown_reasons
+    judged = {x.invariant for x in r.verdict.results if x.judged}
+    assert judged == {"no_duplicate_effects", "effects_accounted", "terminates", "version_chain",
+                      "legal_transitions"}
+    store = [e for e in r.history.events if e.process == "store"]
+    assert store and all(e.get("source") == "temporal" for e in store)
+    for inst in ("order-1", "order-2", "order-3"):
+        for step in ("reserve", "charge"):
+            got = [(e.kind, e.get("to_state")) for e in store if (e.get("instance"), e.get("step")) == (inst, step)]
+            assert got == [("created", "pending"), ("claimed", "running"), ("committed", "succeeded")], (inst, step)
+    spawned = {e.get("identity") or e.get("worker") for e in r.history.events if e.kind == "spawn"}
+    assert {e.get("worker") for e in store if e.kind != "created"} <= spawned
+    killed = next(e for e in r.history.events if e.kind == "point" and e.get("action") == "kill")
+    claim = next(e for e in store if e.kind == "claimed" and e.get("instance") == killed.get("instance")
+                 and e.get("step") == "charge")
+    assert claim.get("attempt") >= 2 and "StartToClose" in claim.get("retried_after"), claim

@@ -87,26 +87,26 @@ class DownstreamProcess:
                 os.close(writer)
                 raise InfrastructureError(f"cannot start the downstream: {type(e).__name__}: {e}") from e
         os.close(writer)
+        # Until its finalizer holds it, a timeout or a Ctrl-C here must not let it outlive us.
         try:
             kind, value = _ready(reader, proc)
-        except BaseException:  # a timeout, or a Ctrl-C while it starts: it must not outlive us
+            if kind != "ready":
+                raise InfrastructureError(f"downstream failed to start: {value}")
+            self._proc = proc
+            self.pid = proc.pid
+            self.url = f"http://127.0.0.1:{value}/{self._secret}"
+            # Where it listens, without the session's secret: what may be written down (histories,
+            # reports, narration); the secret only ever travels to the processes of the session.
+            self.address = f"127.0.0.1:{value}"
+            # Kill the server if this handle is dropped or the interpreter exits without stop().
+            self._finalizer = weakref.finalize(self, _reap, proc, os.getpid())
+            self._finalizer.atexit = False
+            atexit.register(self._finalizer)
+        except BaseException:
             _reap(proc, os.getpid())
             raise
         finally:
             os.close(reader)
-        if kind != "ready":
-            _reap(proc, os.getpid())
-            raise InfrastructureError(f"downstream failed to start: {value}")
-        self._proc = proc
-        self.pid = proc.pid
-        self.url = f"http://127.0.0.1:{value}/{self._secret}"
-        # Where it listens, without the session's secret: what may be written down (histories,
-        # reports, narration); the secret only ever travels to the processes of the session.
-        self.address = f"127.0.0.1:{value}"
-        # Kill the server if this handle is dropped or the interpreter exits without stop().
-        self._finalizer = weakref.finalize(self, _reap, proc, os.getpid())
-        self._finalizer.atexit = False
-        atexit.register(self._finalizer)
 
     def stop(self) -> None:
         """SIGKILL the server by PID and reap it. Idempotent."""

@@ -25,7 +25,8 @@ LIBRARIES = {"dbos": ("killpoint.harness.libs.dbos", "dbos"),
              "celery": ("killpoint.harness.libs.celery", "celery"),
              "dramatiq": ("killpoint.harness.libs.dramatiq", "dramatiq"),
              "arq": ("killpoint.harness.libs.arq", "arq"),
-             "rq": ("killpoint.harness.libs.rq", "rq")}
+             "rq": ("killpoint.harness.libs.rq", "rq"),
+             "huey": ("killpoint.harness.libs.huey", "huey")}
 
 
 def is_library_target(name: str) -> bool:

@@ -89,7 +89,7 @@ def _config(state: dict[str, Any]) -> dict[str, Any]:
     conf: dict[str, Any] = {
         "broker_url": state["broker"], "result_backend": state["backend"],
         "result_backend_transport_options": {"global_keyprefix": prefix},
-        "result_extended": True,  # the worker and the delivery are kept with each result: history()
+        "result_extended": True,  # the worker is kept with each result (one per task: no history(), see the docs)
         "task_default_queue": queue, "task_default_exchange": queue, "task_default_routing_key": queue,
         "task_acks_late": True, "worker_prefetch_multiplier": 1,
         "worker_enable_remote_control": False, "worker_send_task_events": False,
@@ -334,9 +334,16 @@ _targets: dict[str, killpoint.Target] = {}
 
 
 def target_named(variant: str) -> killpoint.Target:
+    from killpoint.harness.libs import apps
+
+    if variant not in VARIANTS and apps.is_app(variant):  # the user's own app: celery:pkg.tasks:order_flow
+        from killpoint.harness.libs import celery_app
+
+        return celery_app.target_for(variant)
     if variant not in VARIANTS:
         raise killpoint.InvalidTarget(f"unknown celery target {variant!r}: known are "
-                                      f"{', '.join('celery:' + v for v in VARIANTS)}")
+                                      f"{', '.join('celery:' + v for v in VARIANTS)}, or your own app's "
+                                      f"order as celery:pkg.module:function")
     if variant not in _targets:
         _targets[variant] = _declare(variant)
     return _targets[variant]

@@ -174,10 +174,10 @@ def monotonic_ns(epoch_ms: float | None, fallback: int) -> int:
 
 def queue_targets(lib: str, points: tuple[str, ...], work: Callable[[Any], None], setup: Callable[..., None], *,
                   done: Callable[..., bool], final_states: Callable[..., Any],
-                  teardown: Callable[..., None]) -> dict[str, Any]:
+                  teardown: Callable[..., None], history: Callable[..., Any] | None = None) -> dict[str, Any]:
     """A task queue's ``naive`` and ``keyed`` targets: ``work(ctx)`` in each worker, ``setup(run,
     keyed=...)`` and the other hooks in the harness, on the order workload; a target that owns its
-    state (the queue's)."""
+    state (the queue's), with a ``history()`` where the library records enough for one."""
     import killpoint
 
     def declare(variant: str) -> Any:
@@ -185,7 +185,7 @@ def queue_targets(lib: str, points: tuple[str, ...], work: Callable[[Any], None]
         return killpoint.Target(work, name=f"{lib}:{variant}", points=points, owns_state=True,
                                 workload="killpoint.harness.libs.common:order_workload",
                                 setup=lambda run: setup(run, keyed=keyed), done=done, final_states=final_states,
-                                teardown=teardown)
+                                history=history, teardown=teardown)
 
     return {"naive": declare("naive"), "keyed": declare("keyed")}
 

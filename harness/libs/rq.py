@@ -7,8 +7,9 @@ documentation writes a job that must survive a worker's death. The queue's name 
 carry the run's namespace (see :mod:`killpoint.harness.libs.brokers`).
 
 Each killpoint worker process runs RQ's ``SimpleWorker`` (jobs in the worker's own process) in burst
-passes, and between passes RQ's registry maintenance (``rq.registry.clean_registries``, which RQ's
-worker runs every ``maintenance_interval``, 10 minutes by default). RQ's recovery of a dead or frozen
+passes, and between passes RQ's registry maintenance (``rq.registry.clean_registries`` under the
+queue's maintenance lock, as RQ's worker runs it every ``maintenance_interval``, 10 minutes by
+default). RQ's recovery of a dead or frozen
 worker's job is there: an execution whose heartbeat expired is abandoned, and a job with retries
 left is enqueued again. RQ makes that expiry the job monitoring interval plus 60 s; here the
 worker's ``get_heartbeat_ttl`` gives :data:`HEARTBEAT_TTL_S`, whole seconds of Redis's real time
@@ -20,6 +21,11 @@ worker's ``get_heartbeat_ttl`` gives :data:`HEARTBEAT_TTL_S`, whole seconds of R
 
 Crash points: ``started`` (RQ recorded the job as started, in its started registry), ``before_call`` and ``after_call``
 in the job, ``finished`` (RQ recorded the success and enqueued the dependent job).
+
+``history()`` is RQ's own record of each job (:func:`read_history`): its hash's creation time, its
+results stream (one entry per outcome, naming its execution, the worker, the execution's start and
+end) and the executions its registry still holds, mapped onto store events by
+:func:`killpoint.harness.libs.queue_history.rq_events`; ``final_states()`` comes from the same events.
 """
 
 from __future__ import annotations
@@ -27,22 +33,25 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from typing import Any
+from typing import Any, Mapping
 
 import killpoint
 from killpoint.harness.libs import brokers
+from killpoint.harness.libs import queue_history
 from killpoint.harness.libs.common import Downstream, named_target, order_workload, queue_targets
 
 # Imported in the parent, before any fork.
 import rq  # noqa: E402
 from rq import Queue, Retry, SimpleWorker  # noqa: E402
+from rq.executions import Execution, ExecutionRegistry  # noqa: E402
+from rq.job import Job  # noqa: E402
 from rq.registry import clean_registries  # noqa: E402
+from rq.results import Result  # noqa: E402
+from rq.utils import current_timestamp, utcparse  # noqa: E402
 
 POINTS = ("started", "before_call", "after_call", "finished")
 HEARTBEAT_TTL_S = 2  # RQ scores in whole seconds: an execution expires 1 to 2 s after its last heartbeat
 POLL_S = 0.02
-STATES = {"finished": "succeeded", "failed": "failed", "started": "running", "stopped": "failed",
-          "canceled": "cancelled", "queued": "pending", "deferred": "pending", "scheduled": "pending"}
 GLOBAL_SETS = ("rq:queues", "rq:workers")
 
 logging.getLogger("rq").setLevel(logging.CRITICAL)
@@ -99,9 +108,21 @@ def _work(ctx: Any) -> None:
     queue = Queue(state["queue"], connection=client)
     worker = Worker([queue], connection=client, name=f"{state['space']}-{ctx.worker_id}")
     while not _done(state):
-        clean_registries(queue)  # RQ's maintenance: abandoned executions retried
+        maintain(queue)
         worker.work(burst=True, logging_level="CRITICAL")
         time.sleep(POLL_S)
+
+
+def maintain(queue: Any) -> None:
+    """RQ's registry maintenance (abandoned executions retried), under the queue's maintenance lock
+    as RQ's worker runs it (``Worker.clean_registries``): two workers cleaning at once can both see
+    one expired execution and both retry its job, which is then queued twice, and RQ runs it again
+    after it finished (RQ's record showed it: an execution started after the job's success)."""
+    if queue.acquire_maintenance_lock():
+        try:
+            clean_registries(queue)
+        finally:
+            queue.release_maintenance_lock()
 
 
 # -- the run's state, read in the harness and in workers -------------------------------------------
@@ -142,10 +163,76 @@ def done(run: killpoint.TargetRun) -> bool:
     return _done(run.state)
 
 
+def read_history(client: Any, tasks: Mapping[str, tuple[str, str]], space: str) -> list[dict[str, Any]]:
+    """RQ's record of each job of ``tasks`` (job id -> its instance and step) as store events: its
+    hash's ``created_at``, its results stream, and the executions its registry still holds that no
+    result names (with their hash while it lives); ``space`` is the prefix of the run's worker names.
+    Two round trips to Redis, the second only when the registry holds such an execution."""
+    ids = list(tasks)
+    pipe = client.pipeline(transaction=False)
+    held_after = current_timestamp()  # RQ drops a registry entry once its score has passed
+    for job_id in ids:
+        pipe.hmget(Job.key_for(job_id), "created_at", "enqueued_at")
+        pipe.xrange(Result.get_key(job_id))
+        pipe.zrangebyscore(ExecutionRegistry(job_id=job_id, connection=client).key, f"({held_after}", "+inf")
+    raw = pipe.execute()
+    records = []
+    unnamed: list[tuple[str, str]] = []
+    for n, job_id in enumerate(ids):
+        (created, enqueued), stream, held = raw[3 * n:3 * n + 3]
+        results = [_result(entry_id, fields) for entry_id, fields in stream]
+        named = {r["execution"] for r in results}
+        unnamed += [(job_id, eid.decode()) for eid in held if eid.decode() not in named]
+        records.append((job_id, _epoch(created), _epoch(enqueued), results))
+    hashes: dict[tuple[str, str], dict[bytes, bytes]] = {}
+    if unnamed:
+        pipe = client.pipeline(transaction=False)
+        for job_id, eid in unnamed:
+            pipe.hgetall(Execution(id=eid, job_id=job_id, connection=client).key)
+        hashes = dict(zip(unnamed, pipe.execute()))
+    prefix = f"{space}-"
+
+    def worker_of(name: str) -> str:
+        return name[len(prefix):] if name.startswith(prefix) else name
+
+    offset_ns = time.time_ns() - time.monotonic_ns()
+    rows: list[dict[str, Any]] = []
+    for job_id, created, enqueued, results in records:
+        instance, step = tasks[job_id]
+        opened = [{"id": eid, "worker": (h.get(b"worker_name") or b"").decode() or None,
+                   "started": float(h[b"created_at"]) if b"created_at" in h else None}
+                  for (j, eid), h in hashes.items() if j == job_id]
+        rows += [dict(row, job_id=job_id) for row in queue_history.rq_events(
+            instance, step, created_at=created, enqueued_at=enqueued, results=results, open_executions=opened,
+            worker_of=worker_of, offset_ns=offset_ns)]
+    return rows
+
+
+def _epoch(raw: bytes | None) -> float | None:
+    return None if not raw else utcparse(raw.decode()).timestamp()
+
+
+def _result(entry_id: bytes, fields: Mapping[bytes, bytes]) -> dict[str, Any]:
+    """One entry of a job's results stream, as :func:`queue_history.rq_events` takes it (its return
+    value is not read)."""
+    def text(name: bytes) -> str | None:
+        value = fields.get(name)
+        return value.decode() if value else None
+
+    started, ended = text(b"execution_started_at"), text(b"execution_ended_at")
+    return {"id": entry_id.decode(), "type": int(fields[b"type"]), "worker": text(b"worker_name"),
+            "execution": text(b"execution_id"), "started": None if started is None else float(started),
+            "ended": None if ended is None else float(ended)}
+
+
+def history(run: killpoint.TargetRun) -> list[dict[str, Any]]:
+    state = run.state
+    return read_history(brokers.redis_client(state["backend"]), state["tasks"], state["space"])
+
+
 def final_states(run: killpoint.TargetRun) -> dict[tuple[str, str], str]:
-    statuses = _statuses(run.state)
-    return {where: STATES.get(statuses.get(job_id) or "queued", "pending")
-            for job_id, where in run.state["tasks"].items()}
+    """Where each job's record leaves its step: from the same events as history()."""
+    return queue_history.final_states_of(history(run), run.state["tasks"].values())
 
 
 def teardown(run: killpoint.TargetRun) -> None:
@@ -154,11 +241,17 @@ def teardown(run: killpoint.TargetRun) -> None:
 
 
 TARGETS = queue_targets("rq", POINTS, lambda ctx: _work(ctx), setup, done=done, final_states=final_states,
-                        teardown=teardown)
+                        history=history, teardown=teardown)
 
 
 def target_named(variant: str) -> killpoint.Target:
+    from killpoint.harness.libs import apps
+
+    if variant not in TARGETS and apps.is_app(variant):  # the user's own jobs: rq:pkg.jobs:place_order
+        from killpoint.harness.libs import rq_app
+
+        return rq_app.target_for(variant)
     return named_target("rq", TARGETS, variant)  # type: ignore[no-any-return]
 
 
-__all__ = ["POINTS", "final_states", "order_workload", "rq", "step_job", "target_named"]
+__all__ = ["POINTS", "final_states", "history", "order_workload", "read_history", "rq", "step_job", "target_named"]

@@ -13,8 +13,10 @@ The harness starts a real Restate server for each run (the target's ``setup`` ho
 partition, and a short retry policy (50 ms between attempts) so that a crash is retried at once. The
 first worker registers itself with the admin API and submits one workflow per order, each keyed by
 the order's id (submitting again is a no-op, so every worker does it). A run is done when the server
-reports every order's invocation completed (``done``); ``final_states`` reads each step's outcome
-from the server's journal table.
+reports every order's invocation completed (``done``); ``history`` maps the server's journal of each
+order (``sys_journal``, ``sys_journal_events``) onto store events
+(:mod:`killpoint.harness.servers.server_history`), and ``final_states`` takes each step's outcome
+from them.
 
 Crash points, in the order an attempt passes them (``chaos.at(order, step)``):
 ``before_run`` (the step's ``ctx.run`` not yet journaled), ``run_before_call``, ``run_in_call``
@@ -46,9 +48,9 @@ import urllib.request
 from typing import TYPE_CHECKING, Any
 
 from killpoint import chaos
-from killpoint.harness import states
 from killpoint.harness.jobs import at_exit
 from killpoint.harness.servers import SdkMissing, check_policy, random_key
+from killpoint.harness.servers.server_history import final_states_of, restate_events
 
 if TYPE_CHECKING:
     from killpoint.harness.declaration import Target, TargetRun
@@ -324,43 +326,47 @@ def done(run: "TargetRun") -> bool:
     return set(found) >= set(run.state["orders"]) and all(found[k] == "completed" for k in run.state["orders"])
 
 
-def _journaled_steps(server: RestateServer) -> set[tuple[str, str]]:
-    """(order, step) whose ``ctx.run`` result the server journaled as a success: a ``Run``
-    command names the step and its completion id, a ``Run`` notification with that id completes it."""
-    rows = server.query(f"SELECT i.target_service_key AS key, j.id AS id, j.entry_type AS entry_type, "
-                        f"j.entry_lite_json AS lite FROM sys_journal j JOIN sys_invocation i ON j.id = i.id "
-                        f"WHERE i.target_service_name = '{SERVICE}' AND j.entry_type LIKE '%Run%'")
-    names: dict[tuple[Any, Any], tuple[str, str]] = {}
-    succeeded: set[tuple[Any, Any]] = set()
-    for r in rows:
-        lite = json.loads(r.get("lite") or "{}")
-        run = lite.get("Command", {}).get("Run")
-        if run is not None:
-            names[(r["id"], run.get("completion_id"))] = (r["key"], run.get("name"))
-            continue
-        note = lite.get("Notification", {})
-        if note.get("result") == "Success":
-            succeeded.add((r["id"], (note.get("id") or {}).get("CompletionId")))
-    return {names[c] for c in succeeded if c in names}
+def _journal(server: RestateServer) -> tuple[dict[str, list[dict[str, Any]]], dict[str, list[dict[str, Any]]]]:
+    """Per order: its invocation's journal entries, and its journal events (transient failures)."""
+    entries = server.query(f"SELECT i.target_service_key AS key, j.index AS index, j.entry_lite_json AS lite, "
+                           f"j.appended_at AS at FROM sys_journal j JOIN sys_invocation i ON j.id = i.id "
+                           f"WHERE i.target_service_name = '{SERVICE}'")
+    events = server.query(f"SELECT i.target_service_key AS key, e.after_journal_entry_index AS after, "
+                          f"e.appended_at AS at, e.event_json AS json FROM sys_journal_events e "
+                          f"JOIN sys_invocation i ON e.id = i.id WHERE i.target_service_name = '{SERVICE}' "
+                          f"AND e.event_type = 'TransientError'")
+    journal: dict[str, list[dict[str, Any]]] = {}
+    errors: dict[str, list[dict[str, Any]]] = {}
+    for r in entries:
+        journal.setdefault(r["key"], []).append(r)
+    for r in events:
+        errors.setdefault(r["key"], []).append(r)
+    return journal, errors
+
+
+def history(run: "TargetRun") -> list[dict[str, Any]]:
+    """Each order's journal as store events (:func:`~killpoint.harness.servers.server_history.restate_events`):
+    created with the invocation's input, claimed when a step's ``Run`` is journaled, committed with
+    its result."""
+    server: RestateServer = run.state["restate"]
+    journal, errors = _journal(server)
+    offset = time.time_ns() - time.monotonic_ns()
+    rows: list[dict[str, Any]] = []
+    for order_id, order in run.state["orders"].items():
+        rows += restate_events(order_id, journal.get(order_id, ()), steps=[s["step"] for s in order["steps"]],
+                               offset_ns=offset, errors=errors.get(order_id, ()))
+    run.state["history_rows"] = rows
+    return rows
 
 
 def final_states(run: "TargetRun") -> dict[tuple[str, str], str]:
-    """Each step's state from the server's journal: ``succeeded`` once its ``ctx.run`` result is
-    journaled; otherwise ``running`` while its invocation is not completed, ``pending`` before it
-    exists, and ``cancelled`` when the invocation completed without running it."""
-    server: RestateServer = run.state["restate"]
-    journaled = _journaled_steps(server)
-    status = _invocations(server)
-    out = {}
-    for inst in run.workload.instances:
-        for s in inst.steps:
-            if (inst.id, s.name) in journaled:
-                out[(inst.id, s.name)] = states.SUCCEEDED
-            elif status.get(inst.id) == "completed":
-                out[(inst.id, s.name)] = states.CANCELLED
-            else:
-                out[(inst.id, s.name)] = states.RUNNING if inst.id in status else states.PENDING
-    return out
+    """Each step's state where the server's journal (:func:`history`) left it: ``succeeded`` or
+    ``failed`` once its ``ctx.run`` result is journaled, ``running`` while only its ``Run`` is,
+    ``cancelled`` when the invocation ended without running it, else ``pending``."""
+    rows = run.state.get("history_rows")
+    if rows is None:
+        rows = history(run)
+    return final_states_of(rows, [(inst.id, s.name) for inst in run.workload.instances for s in inst.steps])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -493,4 +499,5 @@ def restate_target(policy: str) -> "Target":
     server_binary()
     fn = functools.partial(serve, keyed=policy == "keyed")
     return Target(fn, points=POINTS, owns_state=True, workload="plain", name=f"restate:{policy}",
-                  setup=setup, done=done, final_states=final_states, teardown=teardown, restart=restart)
+                  setup=setup, done=done, final_states=final_states, history=history, teardown=teardown,
+                  restart=restart)

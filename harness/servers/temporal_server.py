@@ -7,7 +7,9 @@ worker (``temporalio.worker.Worker``) polling the run's own task queue; the sche
 freezes it) inside an activity, and the server notices the lost attempt when its start-to-close
 timeout (1 s here) expires and retries it on a live worker, as in production. Nothing is simulated:
 the server keeps the state, so the target owns it; ``done`` asks the server whether every order's
-workflow has closed, and ``final_states`` reads each activity's outcome from the workflow histories.
+workflow has closed, and ``history`` maps the workflow histories, the server's own record of each
+activity task, onto store events (:mod:`killpoint.harness.servers.server_history`), from which
+``final_states`` takes each step's outcome.
 
 Workflow ids carry the run's namespace, so runs never meet on a shared server. Every worker starts
 the run's workflows when it starts (a start of a workflow id that is already running is a no-op),
@@ -27,12 +29,13 @@ import functools
 import os
 import socket
 import threading
+import time
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from killpoint import chaos
-from killpoint.harness import states
 from killpoint.harness.servers import SdkMissing, check_policy, random_key
+from killpoint.harness.servers.server_history import final_states_of, temporal_events
 from killpoint.harness.servers.temporal import sdk
 
 if TYPE_CHECKING:
@@ -170,8 +173,54 @@ def _quiet_runtime() -> Any:
         filter=TelemetryFilter(core_level="ERROR", other_level="ERROR"))))
 
 
+# The history events server_history maps, by the name of their attributes in Temporal's protobuf.
+_ACTIVITY_EVENTS = {"activity_task_scheduled_event_attributes": "scheduled",
+                    "activity_task_started_event_attributes": "started",
+                    "activity_task_completed_event_attributes": "completed",
+                    "activity_task_failed_event_attributes": "failed",
+                    "activity_task_timed_out_event_attributes": "timed_out",
+                    "activity_task_canceled_event_attributes": "canceled"}
+_CLOSING_EVENTS = {f"workflow_execution_{how}_event_attributes": how for how in
+                   ("completed", "failed", "canceled", "terminated", "timed_out", "continued_as_new")}
+
+
+def _compact(history: Any, desc: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A workflow's activity and closing events, and its in-flight attempts, as the plain mappings
+    :func:`~killpoint.harness.servers.server_history.temporal_events` reads (they cross a pipe)."""
+    events: list[dict[str, Any]] = []
+    for e in history.events:
+        which = e.WhichOneof("attributes")
+        what = _ACTIVITY_EVENTS.get(which) or ("closed" if which in _CLOSING_EVENTS else None)
+        if what is None:
+            continue
+        a = getattr(e, which)
+        row: dict[str, Any] = {"event": what, "id": e.event_id, "t": e.event_time.ToNanoseconds()}
+        if what == "closed":
+            row["how"] = _CLOSING_EVENTS[which]
+        elif what == "scheduled":
+            row["activity_id"] = a.activity_id
+        else:
+            row["scheduled"] = a.scheduled_event_id
+            if what != "started":
+                row["started"] = a.started_event_id
+            if what in ("started", "completed", "failed", "canceled"):
+                row["identity"] = a.identity
+            if what == "started":
+                row["attempt"] = a.attempt
+                if a.HasField("last_failure"):
+                    row["failure"] = a.last_failure.message
+            elif what in ("failed", "timed_out") and a.HasField("failure"):
+                row["failure"] = a.failure.message
+        events.append(row)
+    pending = [{"activity_id": p.activity_id, "attempt": p.attempt, "identity": p.last_worker_identity,
+                "t": p.last_started_time.ToNanoseconds()}
+               for p in desc.raw_description.pending_activities if p.state == 2]  # STARTED: an attempt runs
+    return events, pending
+
+
 async def _describe_async(cfg: dict[str, Any], clients: dict[tuple[str, str], Any]) -> dict[str, Any]:
-    """Per workflow id: its status and the activity ids that completed (from its history)."""
+    """Per workflow id: its status, its activity and closing events and its in-flight attempts
+    (:func:`_compact`), from the server's record of it."""
     from temporalio.client import Client
 
     key = (cfg["address"], cfg["namespace"])
@@ -185,42 +234,55 @@ async def _describe_async(cfg: dict[str, Any], clients: dict[tuple[str, str], An
         try:
             desc = await handle.describe()
         except Exception:  # noqa: BLE001 - not started (yet)
-            out[wid] = {"status": None, "completed": []}
+            out[wid] = {"status": None, "events": [], "pending": []}
             continue
         history = await handle.fetch_history()
-        scheduled = {e.event_id: e.activity_task_scheduled_event_attributes.activity_id
-                     for e in history.events if e.HasField("activity_task_scheduled_event_attributes")}
-        completed = [scheduled.get(e.activity_task_completed_event_attributes.scheduled_event_id)
-                     for e in history.events if e.HasField("activity_task_completed_event_attributes")]
-        out[wid] = {"status": desc.status.name if desc.status is not None else None,
-                    "completed": [c for c in completed if c]}
+        events, pending = _compact(history, desc)
+        out[wid] = {"status": desc.status.name if desc.status is not None else None, "events": events,
+                    "pending": pending}
     return out
 
 
 def done(run: "TargetRun") -> bool:
     found = _query(run.state["temporal"])
     run.state["described"] = found
-    return all(v["status"] not in (None, "RUNNING") for v in found.values())
+    closed = all(v["status"] not in (None, "RUNNING") for v in found.values())
+    # A closed workflow's history no longer changes: history() and final_states() read this one.
+    run.state["described_closed"] = closed
+    return closed
+
+
+def _described(run: "TargetRun") -> dict[str, Any]:
+    """The server's record of every workflow of the run: the one done() read once all had closed,
+    else read now."""
+    if run.state.get("described_closed"):
+        return run.state["described"]  # type: ignore[no-any-return]
+    found = run.state["described"] = _query(run.state["temporal"])
+    return found
+
+
+def history(run: "TargetRun") -> list[dict[str, Any]]:
+    """Each workflow's history as store events (:func:`~killpoint.harness.servers.server_history.temporal_events`)."""
+    cfg = run.state["temporal"]
+    found = _described(run)
+    offset = time.time_ns() - time.monotonic_ns()
+    rows: list[dict[str, Any]] = []
+    for wid, (instance, _order) in cfg["workflows"].items():
+        info = found.get(wid) or {}
+        steps = [s.name for s in run.workload.instance(instance).steps]
+        rows += temporal_events(instance, info.get("events", ()), steps=steps, offset_ns=offset,
+                                pending=info.get("pending", ()))
+    run.state["history_rows"] = rows
+    return rows
 
 
 def final_states(run: "TargetRun") -> dict[tuple[str, str], str]:
-    cfg = run.state["temporal"]
-    found = run.state.get("described") or _query(cfg)
-    out = {}
-    for wid, (instance, _order) in cfg["workflows"].items():
-        info = found.get(wid) or {"status": None, "completed": []}
-        inst = run.workload.instance(instance)
-        for s in inst.steps:
-            if s.name in info["completed"]:
-                state = states.COMPENSATED if f"{s.name}/compensate" in info["completed"] else states.SUCCEEDED
-            elif info["status"] in (None,):
-                state = states.PENDING
-            elif info["status"] == "RUNNING":
-                state = states.RUNNING
-            else:
-                state = states.FAILED if info["status"] == "FAILED" else states.CANCELLED
-            out[(instance, s.name)] = state
-    return out
+    """Each step's state where the workflow's history (:func:`history`) left it: the same record,
+    so the two never disagree."""
+    rows = run.state.get("history_rows")
+    if rows is None:
+        rows = history(run)
+    return final_states_of(rows, [(inst.id, s.name) for inst in run.workload.instances for s in inst.steps])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -314,4 +376,4 @@ def server_target(policy: str) -> "Target":
     address()
     fn = functools.partial(serve, keyed=policy == "keyed")
     return Target(fn, points=POINTS, owns_state=True, workload="plain", name=f"temporal:{policy}",
-                  setup=setup, done=done, final_states=final_states)
+                  setup=setup, done=done, final_states=final_states, history=history)

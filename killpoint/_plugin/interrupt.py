@@ -18,7 +18,8 @@ import signal
 import threading
 from typing import Any
 
-__all__ = ["finishing", "install", "received_line", "received_while_finishing", "uninstall", "worker_started"]
+__all__ = ["finishing", "guard_startup", "install", "received_line", "received_while_finishing", "started",
+           "uninstall", "worker_started"]
 
 _SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 _NAMES: dict[int, str] = {signal.SIGTERM: "terminated (SIGTERM)", signal.SIGHUP: "hung up (SIGHUP)",
@@ -40,6 +41,37 @@ def _handler(signum: int, frame: Any) -> None:
     if _finishing:  # no test or run left to end: raised now it would only break pytest's own teardown
         return
     raise signals.Terminated(signum)
+
+
+def _startup_handler(signum: int, frame: Any) -> None:
+    """Ctrl-C while pytest is still starting (loading plugins and the first conftest files), where
+    pytest itself catches nothing and prints a KeyboardInterrupt traceback: one line and pytest's
+    interrupted code instead (nothing of a session has started, so nothing is left to end)."""
+    import sys
+
+    started()
+    try:
+        sys.stderr.write("killpoint: interrupted while pytest was starting; no test ran\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass  # a closed stderr (the reader is gone): the exit code still says it
+    raise SystemExit(2)  # pytest.ExitCode.INTERRUPTED, without importing pytest in a handler
+
+
+def guard_startup() -> None:
+    """From the plugin's import until ``pytest_configure``: Ctrl-C ends pytest quietly (see
+    :func:`_startup_handler`). Only where Python's own handler is in place, in the main thread."""
+    if threading.current_thread() is threading.main_thread() \
+            and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _startup_handler)
+
+
+def started() -> None:
+    """pytest has started (``pytest_configure``): from here it catches Ctrl-C itself. Python's own
+    handler back, where ours is still the one installed."""
+    if threading.current_thread() is threading.main_thread() \
+            and signal.getsignal(signal.SIGINT) is _startup_handler:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def finishing() -> None:
