@@ -14,7 +14,7 @@ not fire still uses up one of the term's count.
 point ``MOMENT`` of the same step (``after_claim``: the new holder's claim was granted, and it waits
 there while the frozen worker goes on), or, with ``lapse``, once its lease has lapsed and nobody has
 taken the step yet. A plain ``pause`` comes back once another worker has moved its step on (see
-:mod:`killpoint.harness.supervise` for every way a pause ends).
+:mod:`killpoint.harness.pauses` for every way a pause ends).
 
 ``terminate`` cuts the worker's connections to a PostgreSQL store: the harness ends their server
 backends (``pg_terminate_backend``) while the worker waits at the point, then lets it go on, and its

@@ -68,7 +68,7 @@ class Failpoints:
     sometimes_seen: set[tuple[str, bool]] = field(default_factory=set)
     # The points whose hits the harness is told of, and waits on (a resume moment of the schedule:
     # another worker's pause may end there, and this worker is then held at it while that one goes
-    # on; see harness.supervise). Empty: no schedule names one, and nothing is told.
+    # on; see harness.pauses). Empty: no schedule names one, and nothing is told.
     watch: frozenset[str] = frozenset()
     # Resumed after a pause: the harness is told of every hit, to know when its late attempt is over.
     late: bool = False

@@ -16,10 +16,11 @@ import sys
 from types import ModuleType
 from typing import NoReturn
 
-from killpoint.errors import InvalidTarget, shown
+from killpoint.errors import BadInput, InvalidTarget, shown
 from killpoint.harness import signals
-from killpoint.harness.commands.common import (EXIT_BAD_INPUT, EXIT_UNKNOWN, BadInput, one_line,
-                                               check_junit_xml, check_report_dir)
+from killpoint.harness.commands.options import one_line
+from killpoint.harness.commands.output import check_junit_xml, check_report_dir
+from killpoint.harness.commands.summary import EXIT_BAD_INPUT, EXIT_UNKNOWN
 from killpoint.harness.redact import RedactingStream, register
 
 # name -> module under harness.commands; each has HELP, add_arguments(parser) and run(args) -> int.
@@ -190,7 +191,7 @@ def _broken(args: argparse.Namespace, exc: Exception, *, debug: bool = False) ->
     empty), never a bare traceback; ``debug``: its traceback was printed already."""
     import json
 
-    from killpoint.harness.commands.common import Summary
+    from killpoint.harness.commands.summary import Summary
 
     cause = f"infrastructure failure: {type(exc).__name__}: {one_line(str(exc), 400)}"
     junit_error = None

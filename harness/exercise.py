@@ -13,6 +13,9 @@ run's schedule, with no I/O; :class:`Exercise` is what one run provoked and :cla
 counts over any number of runs. A target may also declare what must happen at least once across a
 matrix (``killpoint.sometimes("refund retried")``): the journal's ``sometimes`` events, counted
 here, say which expectations a run reached.
+
+One module, a little over 500 lines, on purpose: the counts and the derivation that fills them are
+read together (a count added to :class:`Provoked` is derived below, and totalled in :class:`Tally`).
 """
 
 from __future__ import annotations

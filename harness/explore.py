@@ -194,15 +194,10 @@ def explore(config: RunConfig, *, steps: Sequence[str], points: Sequence[str], b
     schedules drawn before the first failure, and the confirming replays, that many side by side
     (:mod:`killpoint.harness.lookahead`); the same seed explores the same schedules with any ``jobs``.
     """
-    from hypothesis import HealthCheck, Phase, Verbosity, given, settings
-    from hypothesis import seed as hypothesis_seed
-    from hypothesis import strategies as st
     from hypothesis.database import ReadOnlyDatabase
     from hypothesis.errors import Flaky
 
     from killpoint.harness.lookahead import Lookahead, drawn
-
-    from killpoint.chaos.strategies import schedules, stall_durations
 
     if budget < 1:
         raise ValueError(f"budget {budget}: use a whole number of at least 1")
@@ -210,34 +205,18 @@ def explore(config: RunConfig, *, steps: Sequence[str], points: Sequence[str], b
         raise ValueError(f"max_faults {max_faults}: use a whole number of at least 1")
     if jobs < 1:
         raise ValueError(f"jobs {jobs}: use a whole number of at least 1")
-    workers = [chr(ord("A") + i) for i in range(config.workers)]
-    stalls = stall_durations(config.timing.lease_ttl_ms, config.timing.stuck_bound_ms)
-    # A drawn pause may also come back in the takeover window (the target's claim point) or once
-    # its lease lapsed, as the matrix's pauses do.
-    from killpoint.chaos.actions import LAPSE
-    from killpoint.harness.targets import declared
-
-    claim = declared(config.target).claim_point
-    moments = ((claim,) if claim is not None else ()) + (LAPSE,)
-    experiments = st.builds(Experiment, schedules(workers, tuple(steps), points=tuple(points),
-                                                  max_faults=max_faults, stalls_ms=stalls, moments=moments),
-                            st.sampled_from(SAME_IDENTITY))
+    experiments = _experiments(config, steps, points, max_faults)
     spec = database if isinstance(database, DatabaseSpec) else parse_database(database or "none")
     search = _Search()
     started = time.monotonic()
     note = on_run or (lambda schedule, result: None)
 
+    key = database_key(config, max_faults, steps, points)
+
     def hypothesis_test(body: Callable[[Experiment], None], db: Any) -> Callable[[], None]:
         """The search as a Hypothesis test of ``body``: the same settings, seed and key for the
         real search and for the dry pass that plans what it draws."""
-        test = settings(database=db, max_examples=budget, deadline=None,
-                        suppress_health_check=list(HealthCheck), verbosity=Verbosity.quiet,
-                        phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink),
-                        report_multiple_bugs=False, derandomize=False, print_blob=False)(
-            hypothesis_seed(seed)(given(experiments)(body)))
-        test._hypothesis_internal_database_key = database_key(  # type: ignore[attr-defined]
-            config, max_faults, steps, points)
-        return test  # type: ignore[no-any-return]
+        return _hypothesis_test(body, db, experiments, budget=budget, seed=seed, key=key)
 
     with contextlib.ExitStack() as stack:
         examples, home = stack.enter_context(opened(spec))
@@ -276,18 +255,60 @@ def explore(config: RunConfig, *, steps: Sequence[str], points: Sequence[str], b
                 flaky = True  # the shrunk example did not fail again: confirmation decides
         many = None if jobs == 1 else (lambda configs: session.run_many(configs, jobs=jobs))
         confirmed, tried = _confirm(run, config, search, many)
-    found = search.smallest if flaky else search.last
-    minimal = None
-    if confirmed is not None:
-        minimal = Counterexample(Experiment(confirmed.config.schedule, confirmed.config.same_identity),
-                                 confirmed.result, True, confirmed.replays, confirmed.failed)
-    elif found is not None:
-        best = max(tried, key=lambda t: t.failed / t.replays, default=None)
-        minimal = Counterexample(found[0], found[1], False, best.replays if best else 0,
-                                 best.failed if best else 0)
+    minimal = _minimal(search.smallest if flaky else search.last, confirmed, tried)
     return Exploration(config, budget, seed, search.runs, search.valid, search.unfired,
                        tuple(search.unknown), search.failures, minimal, search.invariants,
                        time.monotonic() - started, tuple(search.seen), search.points, search.not_exercised)
+
+
+def _experiments(config: RunConfig, steps: Sequence[str], points: Sequence[str], max_faults: int) -> Any:
+    """The Hypothesis strategy :func:`explore` draws from: a schedule of up to ``max_faults`` faults
+    over ``steps`` x ``points`` by the config's workers, and a restart rule."""
+    from hypothesis import strategies as st
+
+    from killpoint.chaos.strategies import schedules, stall_durations
+
+    workers = [chr(ord("A") + i) for i in range(config.workers)]
+    stalls = stall_durations(config.timing.lease_ttl_ms, config.timing.stuck_bound_ms)
+    # A drawn pause may also come back in the takeover window (the target's claim point) or once
+    # its lease lapsed, as the matrix's pauses do.
+    from killpoint.chaos.actions import LAPSE
+    from killpoint.harness.targets import declared
+
+    claim = declared(config.target).claim_point
+    moments = ((claim,) if claim is not None else ()) + (LAPSE,)
+    return st.builds(Experiment, schedules(workers, tuple(steps), points=tuple(points),
+                                           max_faults=max_faults, stalls_ms=stalls, moments=moments),
+                     st.sampled_from(SAME_IDENTITY))
+
+
+def _hypothesis_test(body: Callable[[Experiment], None], db: Any, experiments: Any, *, budget: int, seed: int,
+                     key: bytes) -> Callable[[], None]:
+    """``body`` as a Hypothesis test drawing ``experiments``, with the search's settings, seed and
+    database key."""
+    from hypothesis import HealthCheck, Phase, Verbosity, given, settings
+    from hypothesis import seed as hypothesis_seed
+
+    test = settings(database=db, max_examples=budget, deadline=None,
+                    suppress_health_check=list(HealthCheck), verbosity=Verbosity.quiet,
+                    phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink),
+                    report_multiple_bugs=False, derandomize=False, print_blob=False)(
+        hypothesis_seed(seed)(given(experiments)(body)))
+    test._hypothesis_internal_database_key = key  # type: ignore[attr-defined]
+    return test  # type: ignore[no-any-return]
+
+
+def _minimal(found: Any, confirmed: Any, tried: list[Any]) -> "Counterexample | None":
+    """The counterexample the search reports: the confirmed one, else the failure it found (with
+    the best replay record of those tried), else None."""
+    if confirmed is not None:
+        return Counterexample(Experiment(confirmed.config.schedule, confirmed.config.same_identity),
+                              confirmed.result, True, confirmed.replays, confirmed.failed)
+    if found is not None:
+        best = max(tried, key=lambda t: t.failed / t.replays, default=None)
+        return Counterexample(found[0], found[1], False, best.replays if best else 0,
+                              best.failed if best else 0)
+    return None
 
 
 def _confirm(run: Callable[[RunConfig], RunResult], config: RunConfig, search: _Search,

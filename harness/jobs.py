@@ -66,9 +66,9 @@ def _runner(session: "Session", configs: Sequence["RunConfig"], conn: Any, paren
     run of ``configs[i]`` is number ``base + i + 1`` of the session: ids unique across runners."""
     from killpoint.harness.proctitle import set_title
     from killpoint.harness.run import Session
-    from killpoint.harness.supervise import _die_with_parent
+    from killpoint.harness.child import die_with_parent
 
-    _die_with_parent(parent_pid)
+    die_with_parent(parent_pid)
     set_title("killpoint-runner", comm="kp-runner")  # not the command line, which may hold a password
     for end in inherited:  # the parent's ends of the pipes, ours included: with them closed here, a
         end.close()        # dead parent is an EOF to recv(), never a wait forever

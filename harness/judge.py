@@ -18,7 +18,7 @@ from killpoint.harness import checkpoint
 from killpoint.harness import downstream as ds
 from killpoint.harness import history as hist
 from killpoint.harness.checkers import checking
-from killpoint.harness.events import PointHit
+from killpoint.harness.events import PointHit, parse_store_row
 from killpoint.harness.checkers.base import Verdict
 from killpoint.harness.exercise import Exercise, exercised
 from killpoint.harness.states import PENDING
@@ -72,7 +72,8 @@ def gathering(*, workload: Workload, store: Store, client: ds.DownstreamClient,
     final: tuple[Mapping[str, Any], ...] = tuple(store.steps())
     if owns:
         assert hooks is not None
-        store_events = [e for e in store_events if e.get("kind") != "created"]
+        # killpoint's own 'created' rows go: the target's history() tells its steps' story
+        store_events = [e for n, e in enumerate(store_events) if parse_store_row(e, index=n).kind != vocab.CREATED]
         end = max([h["t"] for h in harness_events] or [0])
         told = hooks.history(end)
         store_events += told
@@ -107,9 +108,10 @@ def _untold(events: Sequence[Mapping[str, Any]], final: Sequence[Mapping[str, An
     the step -- a hook that gave only claims once hid a stale commit, and the run came out valid
     -- so the invariants that judge it cannot be trusted: one line, the run unknown."""
     last: dict[tuple[Any, Any], Any] = {}
-    for e in sorted(events, key=lambda e: e["t"]):
-        if e.get("kind") in vocab.ACCEPTED_TRANSITIONS and e.get("to_state") is not None:
-            last[(e.get("instance"), e.get("step"))] = e.get("to_state")
+    typed = (parse_store_row(e, index=n) for n, e in enumerate(events))  # valid: hooks.history checked them
+    for e in sorted(typed, key=lambda e: e.time):
+        if e.accepted and e.to_state is not None:
+            last[(e.instance, e.step)] = e.to_state
     off = [(r["instance"], r["step"], r["state"], last.get((r["instance"], r["step"])))
            for r in final if r["state"] != PENDING and last.get((r["instance"], r["step"])) != r["state"]]
     if not off:

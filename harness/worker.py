@@ -9,6 +9,10 @@ A store connection that dies (:class:`StoreUnavailable`; :class:`OutcomeUnknown`
 already sent) ends the worker's work on its step, not the worker: the operation is journaled as
 ``fail`` or ``info``, the lease expires, and recovery settles the step from the receipt, the state
 version and the fence, exactly as after a crash. The worker goes on with its next task.
+
+One module, a little over 500 lines, on purpose: the protocol is read as one, and what the worker
+is given (:class:`Timing`, :class:`WorkerContext`, its :class:`Heartbeat`) sits just before the class
+that uses it.
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ def test_the_modules_that_raise_an_error_re_export_the_same_class():
     from killpoint import chaos, scenarios
     from killpoint.chaos import actions, schedule
     from killpoint.harness import store, targets
-    from killpoint.harness.commands import common
+    from killpoint.harness.commands import options
     from killpoint.harness.store import base
 
     assert chaos.InvalidAction is actions.InvalidAction is errors.InvalidAction
@@ -54,7 +54,7 @@ def test_the_modules_that_raise_an_error_re_export_the_same_class():
     assert store.OutcomeUnknown is base.OutcomeUnknown is errors.OutcomeUnknown
     assert store.StoreError is base.StoreError is errors.StoreError
     assert scenarios.UnknownScenario is errors.UnknownScenario
-    assert common.BadInput is errors.BadInput
+    assert options.BadInput is errors.BadInput
     from killpoint import plugin
     from killpoint.harness import downstream
 

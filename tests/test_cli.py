@@ -16,7 +16,7 @@ import pytest
 from killpoint.chaos.points import DEFAULT_POINTS, POINTS
 from killpoint.harness.checkers import ALL
 from killpoint.harness.cli import main
-from killpoint.harness.commands.common import redact
+from killpoint.harness.redact import redact
 from hang import HANG_S
 
 
@@ -510,7 +510,7 @@ def test_a_schedule_may_name_a_replacement_a_run_can_start():
     # With one worker, the first replacement is a fresh identity B: depth 2's workers form uses it.
     from killpoint import chaos
     from killpoint.errors import BadInput
-    from killpoint.harness.supervise import check_schedule
+    from killpoint.harness.identities import check_schedule
 
     check_schedule(chaos.parse("A@charge.after_call:kill,B@charge.after_call:kill"),
                    steps=("charge",), workers=1)

@@ -258,7 +258,7 @@ def test_a_summary_lets_a_valid_runs_events_go_only_when_nothing_will_draw_them(
     anything it prints: a valid run added with ``keep_events=False`` keeps its verdict, faults and
     the crash points it reached (the JSON's ``points``), only its events go; a run that is not
     valid always keeps them, for its report and its replay."""
-    from killpoint.harness.commands.common import Summary
+    from killpoint.harness.commands.summary import Summary
 
     history = build([(1 * MS, "A", "point", "event", {"point": "before_claim", "step": "charge", "action": None}),
                      (2 * MS, "A", "point", "event", {"point": "after_call", "step": "charge", "action": "kill"}),

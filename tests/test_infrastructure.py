@@ -156,9 +156,9 @@ def test_an_interruption_as_a_run_finishes_its_meanwhile_leaves_no_schema_or_wor
     and the run before's judging (``Meanwhile.finish``). A Ctrl-C or SIGTERM landing there left the
     run's schema behind: it was neither living (its cleanup is in ``live``) nor yet among the runs
     to judge (CI caught it once, in the SIGTERM test below)."""
-    from killpoint.harness import run as run_module
+    from killpoint.harness import lifecycle
 
-    real_finish = run_module.Meanwhile.finish
+    real_finish = lifecycle.Meanwhile.finish
     calls = []
 
     def interrupted(self):
@@ -168,7 +168,7 @@ def test_an_interruption_as_a_run_finishes_its_meanwhile_leaves_no_schema_or_wor
             raise KeyboardInterrupt()
         return real_finish(self)
 
-    monkeypatch.setattr(run_module.Meanwhile, "finish", interrupted)
+    monkeypatch.setattr(lifecycle.Meanwhile, "finish", interrupted)
     configs = [RunConfig(schedule=chaos.parse("A@charge.after_call:kill"), store=pg_dsn, workload="single")
                for _ in range(4)]
     with Session() as session:

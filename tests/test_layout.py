@@ -61,6 +61,21 @@ def test_checkpoint_and_workload_do_not_import_each_other():
     assert "killpoint.harness.checkpoint" in _imports(ROOT / "harness" / "workload.py")
 
 
+def test_the_supervisor_layers_import_only_the_layers_below_them():
+    # The Supervisor is built in layers, one module each (harness/supervise.py says which): a layer
+    # imports those it builds on and never one above, and the forked child's code, the identities
+    # and the disk test import no layer at all (the CLI checks a schedule without the supervisor).
+    below = {"starts": set(), "grace": {"starts"}, "restarts": {"starts"},
+             "pauses": {"starts", "grace", "restarts"},
+             "supervise": {"starts", "grace", "restarts", "pauses"},
+             "child": set(), "identities": set(), "disk": set()}
+    layers = {"starts", "grace", "restarts", "pauses", "supervise"}
+    found = {name: {m.rsplit(".", 1)[1] for m in _imports(ROOT / "harness" / f"{name}.py")
+                    if m.startswith("killpoint.harness.") and m.rsplit(".", 1)[1] in layers}
+             for name in below}
+    assert {name: sorted(found[name] - below[name]) for name in below} == {name: [] for name in below}
+
+
 # -- the schedule generator -------------------------------------------------------------------------
 def test_the_generator_gives_the_matrix_the_command_runs_in_its_order():
     from killpoint.chaos import generator
@@ -171,11 +186,11 @@ def test_redact_leaves_text_without_a_password_as_it_is(text):
 
 def test_the_store_and_the_reports_use_the_one_redaction():
     from killpoint.harness import redact as one
-    from killpoint.harness.commands import common
+    from killpoint.harness.commands import summary
     from killpoint.harness.store import postgres
     from killpoint.reports import model
 
-    assert common.redact is postgres.redact is model.redact is one.redact
+    assert summary.redact is postgres.redact is model.redact is one.redact
 
 
 def _with_password(dsn: str, form: str) -> str:

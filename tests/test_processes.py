@@ -134,7 +134,7 @@ def test_a_forked_worker_reports_its_exit_like_a_process_and_is_reaped(tmp_path,
     that workers are forked with os.fork and a pidfd: exit codes as multiprocess gave them (a raise
     is 1 with its traceback on stderr, SystemExit its code), a join that times out on a live
     process, stdin on /dev/null, and no zombie left."""
-    from killpoint.harness.supervise import ForkedWorker
+    from killpoint.harness.forking import ForkedWorker
 
     cases = [(_exit_with, (0,), 0), (_exit_with, (7,), 7), (_exit_with, (None,), 0), (_raise, (), 1),
              (_read_stdin, (str(tmp_path / "stdin"),), 0)]

@@ -591,7 +591,7 @@ def test_a_late_worker_that_serves_forever_is_ended_a_grace_after_done(session):
     """Protects: a resumed worker whose loop never returns does not hold the run to its bound: once
     done() says yes it has LATE_GRACE_S to act (its late call lands and is judged), then it is
     ended and the run says so."""
-    from killpoint.harness.supervise import LATE_GRACE_S
+    from killpoint.harness.grace import LATE_GRACE_S
 
     target = _late_charger(serve_forever=True)
     schedule = chaos.parse("A@charge.before_charge:1*pause", points=frozenset(target.points))
@@ -683,7 +683,7 @@ def test_a_late_worker_starved_of_cpu_gets_its_grace_in_time_it_could_run(sessio
     time at a quarter of the CPU, past a 1 s wall-time grace; counted in time it could run, A makes
     its call and the duplicate is judged. A then unpins (its loop is idle) and is ended by the grace."""
     from killpoint.harness.narrate import describe
-    from killpoint.harness.supervise import LATE_GRACE_S
+    from killpoint.harness.grace import LATE_GRACE_S
 
     result = _run_starved(session, cpu_s=0.5)
     assert result.valid is False, (result.verdict.unknown_reasons, result.history.of("harness", "late_grace_over"))
@@ -700,10 +700,10 @@ def test_a_late_worker_starved_past_the_cap_is_ended_and_the_history_says_so(ses
     """Protects: a late worker that never gets the CPU cannot hold the run: its grace ends at
     LATE_GRACE_CAP_S of wall time, however little of it the worker could run. The cap is lowered
     here to 1.5 s, far below the ~8 s the starved late step takes, so A is ended before its call."""
-    from killpoint.harness import supervise
+    from killpoint.harness import grace
     from killpoint.harness.narrate import describe
 
-    monkeypatch.setattr(supervise, "LATE_GRACE_CAP_S", 1.5)
+    monkeypatch.setattr(grace, "LATE_GRACE_CAP_S", 1.5)
     result = _run_starved(session, cpu_s=2.0)
     [over] = result.history.of("harness", "late_grace_over")
     assert over.get("capped") is True and 1.5 <= over.get("wall_s") < 10, over.data

@@ -17,8 +17,9 @@ import sys
 
 from killpoint import chaos, vocab
 from killpoint.harness.colour import Colour
-from killpoint.harness.commands.common import (EXIT_UNKNOWN, EXIT_VIOLATED, Summary, add_common,
-                                               finish, replay_command, run_config, workload_of)
+from killpoint.harness.commands.options import add_common, run_config, workload_of
+from killpoint.harness.commands.output import finish
+from killpoint.harness.commands.summary import EXIT_UNKNOWN, EXIT_VIOLATED, Summary, replay_command
 from killpoint.harness.narrate import clock_legend, story
 from killpoint.harness.run import Session
 

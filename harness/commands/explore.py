@@ -27,9 +27,10 @@ import argparse
 import json
 from typing import Any
 
-from killpoint.harness.commands.common import (EXIT_UNKNOWN, EXIT_VALID, EXIT_VIOLATED, BadInput, Summary,
-                                               add_common, jobs_of, print_json_hint, progress_for, report_hint,
-                                               run_config, target_points, whole, write_html, write_junit)
+from killpoint.errors import BadInput
+from killpoint.harness.commands.options import add_common, jobs_of, run_config, target_points, whole
+from killpoint.harness.commands.output import print_json_hint, progress_for, report_hint, write_html, write_junit
+from killpoint.harness.commands.summary import EXIT_UNKNOWN, EXIT_VALID, EXIT_VIOLATED, Summary
 from killpoint.harness.examples_db import DEFAULT_DATABASE, parse_database
 from killpoint.harness.explore import Exploration
 
@@ -79,7 +80,7 @@ def _check_database(where: str) -> None:
 
 
 def _steps(args: argparse.Namespace) -> tuple[str, ...]:
-    from killpoint.harness.commands.common import parse_steps, workload_of
+    from killpoint.harness.commands.options import parse_steps, workload_of
 
     workload = workload_of(args)
     return parse_steps(args.steps, workload.step_names, workload.name)

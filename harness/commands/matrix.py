@@ -36,11 +36,15 @@ from killpoint.chaos import generator
 from killpoint.chaos.generator import ACTIONS, FORMS
 from killpoint.chaos.schedule import Schedule
 from killpoint.chaos.points import DB_POINTS
+from killpoint.errors import BadInput, shown
 from killpoint.harness import inputs
-from killpoint.harness.commands.common import (declared_target, jobs_of, Summary, until_broken, add_common, finish,
-                                               parse_steps, progress_for, run_config, target_points, whole, workload_of)
+from killpoint.harness.commands.options import (_names, add_common, declared_target, jobs_of, parse_steps,
+                                                run_config, target_points, whole, workload_of)
+from killpoint.harness.commands.output import finish, progress_for
+from killpoint.harness.commands.summary import Summary, until_broken
 from killpoint.harness.paths import (discovery, explore_hits, explore_recovery, kills, once_per_worker, points_only,
                                      recovery_probe, stepless_points)
+from killpoint.harness.redact import redact
 from killpoint.harness.run import Session
 
 HELP = ("run every single-fault schedule (each point x each step, killed or paused past its lease), "
@@ -108,9 +112,9 @@ def _say_missing_windows(target: str, declared: Any) -> None:
                       f"the step on); {how}", KillpointWarning, stacklevel=1)
 
 
-def run(args: argparse.Namespace) -> int:
-    from killpoint.harness.commands.common import BadInput, _names, redact, shown
-
+def _hits_mode(args: argparse.Namespace) -> str:
+    """Which hits past the first the matrix explores (``--hits``), its options checked together
+    with ``--depth``, ``--forms`` and ``--cross-steps``."""
     if args.depth != 2:  # they shape pairs of crashes: at depth 1 they were dropped without a word
         if args.forms is not None:
             raise BadInput(f"--forms {shown(args.forms)}: forms are pairs of crashes, which only "
@@ -130,6 +134,94 @@ def run(args: argparse.Namespace) -> int:
     if args.recovery_paths and hits_mode == "first":
         raise BadInput("--recovery-paths --hits first: recovery paths are found by the fault-free "
                        "run that --hits first leaves out; use --hits paths or all")
+    return hits_mode
+
+
+def _single_fault_plans(args: argparse.Namespace, steps: tuple[str, ...],
+                        points: tuple[str, ...]) -> tuple[tuple[str, ...], list[Any]]:
+    """``--depth 1``: the actions asked for (``--actions``, checked) and a plan for each point of
+    each step and each action."""
+    actions = _names(args.actions, "--actions", "kill,pause")
+    wrong = inputs.unknown_actions(actions, ACTIONS)
+    if wrong:
+        raise BadInput(f"--actions: {wrong}")
+    if "terminate" in actions and not str(args.store).startswith(("postgresql://", "postgres://")):
+        raise BadInput(f"--actions terminate: ending a worker's database sessions needs a "
+                       f"postgresql:// store, not --store {shown(redact(args.store))}")
+    if "terminate" in actions and declared_target(args).owns_state:
+        raise BadInput(f"--actions terminate: {args.target} keeps its state in a store of its own, "
+                       f"and terminate ends the sessions of killpoint's store, which its workers do "
+                       f"not write through; use kill or pause")
+    # Unless --points narrows it, terminate also runs inside the PostgreSQL store's COMMIT: at
+    # the target's points (the ones it declares, and only those) and the store's own.
+    terminate_points = points if args.points is not None else points + DB_POINTS
+    declared = declared_target(args)
+    if "pause" in actions and _users_own(args.target):
+        _say_missing_windows(args.target, declared)
+    plans = generator.matrix(steps, points, depth=1, actions=actions, terminate_points=terminate_points,
+                             order=tuple(declared.points), lease=declared.lease_points,
+                             claim=declared.claim_point)
+    if not plans:
+        raise BadInput(f"--points {shown(','.join(points))} --actions {shown(','.join(actions))}: no run "
+                       f"to make: a pause is scheduled only where a lease is held "
+                       f"({', '.join(declared.lease_points) or 'this target declares no such point'})")
+    return actions, plans
+
+
+def _pair_plans(args: argparse.Namespace, steps: tuple[str, ...],
+                points: tuple[str, ...]) -> tuple[tuple[str, ...], list[Any]]:
+    """``--depth 2``: the forms asked for (``--forms``, checked) and a plan for each ordered pair."""
+    text = ",".join(FORMS) if args.forms is None else args.forms
+    forms = _names(text, "--forms", "both")
+    bad = [f for f in forms if f not in FORMS]
+    if bad:
+        raise BadInput(f"--forms: unknown form {', '.join(map(shown, bad)) or shown(text)}; "
+                       f"use workers, hits or both")
+    plans = generator.matrix(steps, points, depth=2, forms=forms, cross_steps=args.cross_steps,
+                             order=declared_target(args).points)
+    return forms, plans
+
+
+def _later_hits(args: argparse.Namespace, session: Session, summary: Summary, progress: Any,
+                configs: list[Any], steps: tuple[str, ...], points: tuple[str, ...], hits_mode: str,
+                drawn: bool) -> list[Any]:
+    """The fault-free run with A alone, whose hits tell which later ones to crash, and (with
+    ``--recovery-paths``) each kill again with A alone; returns ``configs`` with the later hits'
+    runs added, and keeps what it found in ``summary``."""
+    # Judged as every run is, and shown among the results when it is not valid: a worker that
+    # fails with no fault at all fails here, and that is never hidden.
+    probe = discovery(run_config(args, Schedule()))
+    progress.step("finding the hits a fault-free run reaches (worker A alone)")
+    found = session.run(probe)
+    exploration = dataclasses.replace(explore_hits(found, steps, points, hits_mode, args.max_hits),
+                                      discovery=found.verdict.valid)
+    if found.valid is not True:
+        summary.add(found, keep_events=drawn)
+        progress.step("no faults, worker A alone", found)
+    if args.depth == 1:
+        # A point A passed only outside any step is crashed once, not once per step
+        configs = once_per_worker(configs, stepless_points(found, points))
+    if args.recovery_paths:
+        # Each kill again, A alone and restarted as itself: what its recovery passes.
+        killed = kills([c.schedule for c in configs] + list(exploration.schedules))
+        probes = [recovery_probe(run_config(args, s)) for s in killed]
+        progress.display.total = progress.display.done + len(configs) + len(exploration.plans) + len(probes)
+        seen = []
+        for result in session.run_many(probes, jobs=jobs_of(args)):
+            seen.append(points_only(result))  # all explore_recovery reads of it
+            summary.add(result, keep_events=drawn)
+            progress.step(f"{result.config.schedule} (A alone, restarted as itself)", result)
+        exploration = explore_recovery(exploration, seen, steps, points, args.max_hits)
+        del seen
+    configs += [run_config(args, p.schedule, **p.overrides()) for p in exploration.plans]
+    summary.exploration = exploration
+    summary.planned = len(summary.results) + len(configs)
+    progress.display.total = progress.display.done + len(configs)
+    return configs
+
+
+def run(args: argparse.Namespace) -> int:
+    hits_mode = _hits_mode(args)
     points = target_points(args, args.points)
     actions: tuple[str, ...] = ()
     workload = workload_of(args)
@@ -137,39 +229,9 @@ def run(args: argparse.Namespace) -> int:
     if args.steps is None and args.depth == 2:
         steps = generator.repeated_steps(workload)
     if args.depth == 1:
-        actions = _names(args.actions, "--actions", "kill,pause")
-        wrong = inputs.unknown_actions(actions, ACTIONS)
-        if wrong:
-            raise BadInput(f"--actions: {wrong}")
-        if "terminate" in actions and not str(args.store).startswith(("postgresql://", "postgres://")):
-            raise BadInput(f"--actions terminate: ending a worker's database sessions needs a "
-                           f"postgresql:// store, not --store {shown(redact(args.store))}")
-        if "terminate" in actions and declared_target(args).owns_state:
-            raise BadInput(f"--actions terminate: {args.target} keeps its state in a store of its own, "
-                           f"and terminate ends the sessions of killpoint's store, which its workers do "
-                           f"not write through; use kill or pause")
-        # Unless --points narrows it, terminate also runs inside the PostgreSQL store's COMMIT: at
-        # the target's points (the ones it declares, and only those) and the store's own.
-        terminate_points = points if args.points is not None else points + DB_POINTS
-        declared = declared_target(args)
-        if "pause" in actions and _users_own(args.target):
-            _say_missing_windows(args.target, declared)
-        plans = generator.matrix(steps, points, depth=1, actions=actions, terminate_points=terminate_points,
-                                 order=tuple(declared.points), lease=declared.lease_points,
-                                 claim=declared.claim_point)
-        if not plans:
-            raise BadInput(f"--points {shown(','.join(points))} --actions {shown(','.join(actions))}: no run "
-                           f"to make: a pause is scheduled only where a lease is held "
-                           f"({', '.join(declared.lease_points) or 'this target declares no such point'})")
+        actions, plans = _single_fault_plans(args, steps, points)
     else:
-        text = ",".join(FORMS) if args.forms is None else args.forms
-        forms = _names(text, "--forms", "both")
-        bad = [f for f in forms if f not in FORMS]
-        if bad:
-            raise BadInput(f"--forms: unknown form {', '.join(map(shown, bad)) or shown(text)}; "
-                           f"use workers, hits or both")
-        plans = generator.matrix(steps, points, depth=2, forms=forms, cross_steps=args.cross_steps,
-                                 order=declared_target(args).points)
+        forms, plans = _pair_plans(args, steps, points)
     configs = [run_config(args, p.schedule, **p.overrides()) for p in plans]
     if args.depth == 2 and not args.json:
         print(f"killpoint matrix --depth 2: {len(configs)} runs (steps {', '.join(steps)} x "
@@ -186,36 +248,7 @@ def run(args: argparse.Namespace) -> int:
     drawn = bool(args.report_dir) and args.report != "never"  # reports draw every run's events
     with Session(real_time=args.real_time) as session:
         if explore:
-            # The fault-free run with A alone, whose hits tell which later ones to crash. Judged
-            # as every run is, and shown among the results when it is not valid: a worker that
-            # fails with no fault at all fails here, and that is never hidden.
-            probe = discovery(run_config(args, Schedule()))
-            progress.step("finding the hits a fault-free run reaches (worker A alone)")
-            found = session.run(probe)
-            exploration = dataclasses.replace(explore_hits(found, steps, points, hits_mode, args.max_hits),
-                                              discovery=found.verdict.valid)
-            if found.valid is not True:
-                summary.add(found, keep_events=drawn)
-                progress.step("no faults, worker A alone", found)
-            if args.depth == 1:
-                # A point A passed only outside any step is crashed once, not once per step
-                configs = once_per_worker(configs, stepless_points(found, points))
-            if args.recovery_paths:
-                # Each kill again, A alone and restarted as itself: what its recovery passes.
-                killed = kills([c.schedule for c in configs] + list(exploration.schedules))
-                probes = [recovery_probe(run_config(args, s)) for s in killed]
-                progress.display.total = progress.display.done + len(configs) + len(exploration.plans) + len(probes)
-                seen = []
-                for result in session.run_many(probes, jobs=jobs_of(args)):
-                    seen.append(points_only(result))  # all explore_recovery reads of it
-                    summary.add(result, keep_events=drawn)
-                    progress.step(f"{result.config.schedule} (A alone, restarted as itself)", result)
-                exploration = explore_recovery(exploration, seen, steps, points, args.max_hits)
-                del seen
-            configs += [run_config(args, p.schedule, **p.overrides()) for p in exploration.plans]
-            summary.exploration = exploration
-            summary.planned = len(summary.results) + len(configs)
-            progress.display.total = progress.display.done + len(configs)
+            configs = _later_hits(args, session, summary, progress, configs, steps, points, hits_mode, drawn)
         if configs:
             progress.step(str(configs[0].schedule))  # at once: the first result may take a while
         for i, result in enumerate(until_broken(session.run_many(configs, jobs=jobs_of(args)))):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from killpoint.harness.commands.common import EXIT_VALID
+from killpoint.harness.commands.summary import EXIT_VALID
 
 HELP = "list the built-in mutants: the rule each one breaks and the invariant that must catch it"
 

@@ -13,10 +13,11 @@ import sys
 
 from killpoint import vocab
 from killpoint.harness.colour import Colour
-from killpoint.harness.commands.common import (EXIT_UNKNOWN, EXIT_VIOLATED, BadInput, Summary,
-                                               add_common, add_same_identity, one_line, print_json_hint, print_stats,
-                                               progress_for, replay_command, report_hint, run_config, same_identity,
-                                               shown, whole, write_reports)
+from killpoint.errors import BadInput, shown
+from killpoint.harness.commands.options import (add_common, add_same_identity, one_line, run_config, same_identity,
+                                                whole)
+from killpoint.harness.commands.output import print_json_hint, print_stats, progress_for, report_hint, write_reports
+from killpoint.harness.commands.summary import EXIT_UNKNOWN, EXIT_VIOLATED, Summary, replay_command
 from killpoint.harness.narrate import clock_legend, story
 
 HELP = "run one schedule again (as printed by matrix, explore or selftest) and give its verdict"
@@ -37,10 +38,10 @@ def parse_schedule(text: str, args: argparse.Namespace | None = None):
     """The schedule, or a one-line :class:`BadInput` that quotes the bad part (with ``args``, the
     target's declared crash points are names too)."""
     from killpoint import chaos
-    from killpoint.harness.commands import common
+    from killpoint.harness.commands import options
 
     if args is not None:
-        return common.parse_schedule(args, text)
+        return options.parse_schedule(args, text)
     try:
         return chaos.parse(text, context=False)
     except chaos.InvalidSchedule as exc:

@@ -10,8 +10,10 @@ from __future__ import annotations
 import argparse
 import os
 
-from killpoint.harness.commands.common import (BadInput, Summary, add_common, add_same_identity, finish, one_line,
-                                               progress_for, run_config, same_identity, shown)
+from killpoint.errors import BadInput, shown
+from killpoint.harness.commands.options import add_common, add_same_identity, one_line, run_config, same_identity
+from killpoint.harness.commands.output import finish, progress_for
+from killpoint.harness.commands.summary import Summary
 
 HELP = "run one schedule and write its HTML report (verdict, violations, timeline, ledger)"
 DEFAULT_DIR = "killpoint-report"
@@ -36,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     from killpoint.harness.run import Session
     from killpoint.reports import run_report_name
 
-    from killpoint.harness.commands.common import declared_target
+    from killpoint.harness.commands.options import declared_target
     from killpoint.chaos.points import DB_POINTS
 
     if args.report_flag == "never":  # before: the report was written all the same

@@ -15,9 +15,11 @@ import shlex
 from typing import TYPE_CHECKING, Any
 
 from killpoint import vocab
-from killpoint.harness.commands.common import (EXIT_UNKNOWN, EXIT_VALID, EXIT_VIOLATED, BadInput, Summary,
-                                               add_output, add_real_time, add_seed, print_judgement, print_stats,
-                                               redact, validate_store, whole, write_reports)
+from killpoint.errors import BadInput
+from killpoint.harness.commands.options import add_output, add_real_time, add_seed, validate_store, whole
+from killpoint.harness.commands.output import print_judgement, print_stats, write_reports
+from killpoint.harness.commands.summary import EXIT_UNKNOWN, EXIT_VALID, EXIT_VIOLATED, Summary
+from killpoint.harness.redact import redact
 
 if TYPE_CHECKING:
     from killpoint.scenarios import Scenario

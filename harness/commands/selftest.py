@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 from killpoint import vocab
 from killpoint import chaos
-from killpoint.harness.commands.common import (add_jobs, add_real_time, add_seed, jobs_of, EXIT_VALID, EXIT_VIOLATED,
-                                               BadInput, Summary, add_output,
-                                               print_stats, progress_for, replay_command, run_config, shown,
-                                               validate_store)
+from killpoint.errors import BadInput, shown
+from killpoint.harness.commands.options import (add_jobs, add_output, add_real_time, add_seed, jobs_of, run_config,
+                                                validate_store)
+from killpoint.harness.commands.output import print_stats, progress_for
+from killpoint.harness.commands.summary import EXIT_VALID, EXIT_VIOLATED, Summary, replay_command
 
 if TYPE_CHECKING:
     from killpoint.harness.run import RunResult
@@ -70,7 +71,7 @@ class MutantOutcome:
 def _chosen(text: str | None) -> list[Any]:
     from killpoint.harness.mutants import MUTANTS
 
-    from killpoint.harness.commands.common import _names
+    from killpoint.harness.commands.options import _names
 
     if text is None:
         return list(MUTANTS.values())
@@ -84,7 +85,7 @@ def _chosen(text: str | None) -> list[Any]:
 
 def run(args: argparse.Namespace) -> int:
     from killpoint.chaos.generator import single_crash_schedules
-    from killpoint.harness.commands.common import parse_schedule, workload_of
+    from killpoint.harness.commands.options import parse_schedule, workload_of
     from killpoint.harness.run import Session
 
     validate_store(args.store)
@@ -130,23 +131,7 @@ def run(args: argparse.Namespace) -> int:
     ok = caught == len(outcomes) and reference.valid is True
     _junit(args, outcomes, reference)
     if args.json:
-        from killpoint.harness.stats import total
-
-        out = reference.to_json()
-        out.pop("results", None)
-        # The crash points reached and fired, as matrix's JSON has them: each mutant's run, the
-        # reference's runs, and the whole.
-        stats = Summary(results=[o.result for o in outcomes]).point_stats()
-        print(json.dumps({
-            "valid": ok, "runs": len(outcomes) + len(reference.results),
-            "score": {"caught": caught, "mutants": len(outcomes)},
-            "mutants": [{**o.to_json(), "points": s.to_json()} for o, s in zip(outcomes, stats)],
-            "reference": {"valid": reference.valid, "runs": len(reference.results),
-                          "violations": out["violations"], "unknown": out["unknown"],
-                          "points": out["points"]},
-            "violations": out["violations"], "invariants": out["invariants"], "report": None,
-            "points": total(stats + reference.point_stats()).to_json(),
-        }, indent=2))
+        _print_json(outcomes, reference, caught, ok)
         return EXIT_VALID if ok else EXIT_VIOLATED
     print(table(outcomes))
     word = vocab.VERDICT_WORDS[reference.valid]
@@ -166,11 +151,32 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_VALID if ok else EXIT_VIOLATED
 
 
+def _print_json(outcomes: list[MutantOutcome], reference: Summary, caught: int, ok: bool) -> None:
+    """``--json``: the score, each mutant's outcome and the reference's verdict, in one object."""
+    from killpoint.harness.stats import total
+
+    out = reference.to_json()
+    out.pop("results", None)
+    # The crash points reached and fired, as matrix's JSON has them: each mutant's run, the
+    # reference's runs, and the whole.
+    stats = Summary(results=[o.result for o in outcomes]).point_stats()
+    print(json.dumps({
+        "valid": ok, "runs": len(outcomes) + len(reference.results),
+        "score": {"caught": caught, "mutants": len(outcomes)},
+        "mutants": [{**o.to_json(), "points": s.to_json()} for o, s in zip(outcomes, stats)],
+        "reference": {"valid": reference.valid, "runs": len(reference.results),
+                      "violations": out["violations"], "unknown": out["unknown"],
+                      "points": out["points"]},
+        "violations": out["violations"], "invariants": out["invariants"], "report": None,
+        "points": total(stats + reference.point_stats()).to_json(),
+    }, indent=2))
+
+
 def _junit(args: argparse.Namespace, outcomes: list[MutantOutcome], reference: Summary) -> None:
     """``--junit-xml``: a case per run; a mutant's passes when its named invariant caught it."""
     if not args.junit_xml:
         return
-    from killpoint.harness.commands.common import write_junit_file
+    from killpoint.harness.commands.output import write_junit_file
 
     write_junit_file(args.junit_xml, [o.result for o in outcomes] + reference.results,
                      suite="killpoint selftest", reproduce=replay_command,

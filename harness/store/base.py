@@ -41,7 +41,7 @@ class Store(Protocol):
     :class:`~killpoint.harness.store.postgres.PostgresStore`) write the protocol once, in
     :mod:`killpoint.harness.store.sql`. A worker under test sees only this surface, and every write
     here keeps the rules: a commit always compares state version, fence and owner. A mutant that
-    breaks a rule wraps a store (:mod:`killpoint.harness.mutants`); it is given no switch here.
+    breaks a rule wraps a store (:mod:`killpoint.harness.mutant_stores`); it is given no switch here.
     """
 
     @property

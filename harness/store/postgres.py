@@ -49,6 +49,9 @@ The protocol is :mod:`harness.store.sql`, shared with SQLite; this module is Pos
   worker's sessions (:meth:`PostgresStore.terminate_backends`). Reads and the heartbeat thread do
   not pass them: the failpoints belong to the process, and a fault meant for the worker's step must
   not land in whichever thread gets there first.
+
+One module, a little over 500 lines, on purpose: a seventh of it is this docstring, the rules the
+code below is held to, and they stay beside it.
 """
 
 from __future__ import annotations

@@ -184,7 +184,7 @@ class Killpoint:
         """Refuse, as ``killpoint replay`` does, a schedule that could never fire: a step the
         workload does not have, or a worker no run with these workers ever starts."""
         from killpoint.errors import BadInput, InvalidTarget
-        from killpoint.harness.supervise import check_schedule
+        from killpoint.harness.identities import check_schedule
 
         workload = self._workload(config.workload_spec or config.workload_name, config.seed)
         try:
