@@ -113,8 +113,8 @@ def sigint_deferred() -> Iterator[None]:
     finally:
         if handlers:
             _held.pop()
-            for sig, handler in handlers.items():
-                signal.signal(sig, handler)
+            for held_sig, handler in handlers.items():
+                signal.signal(held_sig, handler)
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
         if held:  # as its handler would have, now that the block is done
             handlers[held[0]](held[0], None)
