@@ -214,6 +214,18 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 
 @pytest.hookimpl(optionalhook=True)
+def pytest_xdist_newgateway(gateway: Any) -> None:
+    """xdist controller: a worker's process was started; a signal this process gets is passed on to
+    it from now, while it is still starting. Told only once it was ready, a worker still importing
+    and collecting missed it, and the session waited out xdist's 10 s teardown for it (6.8 s from a
+    SIGTERM to the exit, under load)."""
+    from killpoint._plugin import interrupt
+
+    popen = getattr(getattr(gateway, "_io", None), "popen", None)
+    interrupt.worker_started(getattr(popen, "pid", None))
+
+
+@pytest.hookimpl(optionalhook=True)
 def pytest_testnodeready(node: Any) -> None:
     """xdist controller: a worker is up; a SIGTERM or SIGHUP this process gets is passed on to it."""
     from killpoint._plugin import interrupt

@@ -1067,3 +1067,49 @@ def test_traceback_entries_with_no_line_number_are_left_out_before_pytest_draws_
         tb = tb.tb_next
     assert chain == [3, 12]
     drop_unlocated_frames(None)  # nothing to do
+
+
+def test_a_signal_reaches_xdist_workers_that_are_still_starting(pytester):
+    """Protects: the controller passed a signal on only to workers that had said they were ready; a
+    worker still importing or collecting missed it, and the session waited out xdist's 10 s
+    teardown for it (6.8 s from a SIGTERM during "bringing up nodes" to the exit, under load). Now
+    each worker is told from the moment its process starts. Each worker here is held in its
+    conftest's import and says which signal reached it: SIGHUP only ever comes from the controller
+    passing it on (xdist's own teardown would end it otherwise)."""
+    import signal
+    import subprocess
+    import time
+
+    pytest.importorskip("xdist")
+    pytester.makeconftest(f'''
+import os
+import signal
+import time
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    def said(signum, frame):
+        with open({str(pytester.path)!r} + "/got." + os.environ["PYTEST_XDIST_WORKER"], "w") as fh:
+            fh.write(signal.Signals(signum).name)
+        os._exit(0)
+
+    signal.signal(signal.SIGHUP, said)
+    open({str(pytester.path)!r} + "/starting." + os.environ["PYTEST_XDIST_WORKER"], "w").close()
+    time.sleep(600)  # still starting when the signal comes
+''')
+    pytester.makepyfile(test_x="def test_x():\n    pass\n")
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-n", "2", "test_x.py"],
+                            cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        while len(list(pytester.path.glob("starting.*"))) < 2:
+            assert proc.poll() is None, proc.communicate()[0]
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGHUP)
+        out, _ = proc.communicate(timeout=HANG_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    said = {p.name: p.read_text() for p in pytester.path.glob("got.*")}
+    assert said == {"got.gw0": "SIGHUP", "got.gw1": "SIGHUP"}, out
+    assert proc.returncode == pytest.ExitCode.INTERRUPTED, out
