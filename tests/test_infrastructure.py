@@ -578,15 +578,28 @@ def test_a_report_dir_that_cannot_be_written_gets_no_hint_to_add_one(tmp_path):
     assert wait_until_gone(marker) == []
 
 
-def test_a_signal_landing_while_a_session_closes_is_raised_after_its_folder_is_gone(tmp_path, monkeypatch):
+@pytest.fixture
+def command_handlers():
+    """The command line's signal handlers in this process for one test (SIGINT raises, and is
+    remembered); pytest's own, and an empty memory, back after it: a signal remembered here would
+    otherwise be raised by the next run's check in a later test."""
+    from killpoint.harness import signals
+
+    previous = {sig: signal.getsignal(sig) for sig in signals.SIGNALS}
+    signals.install_handlers()
+    yield signals
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
+    signals._received.clear()
+
+
+def test_a_signal_landing_while_a_session_closes_is_raised_after_its_folder_is_gone(tmp_path, monkeypatch,
+                                                                                    command_handlers):
     """Protects: a Ctrl-C that landed as a matrix ended (the session closing) was raised halfway
     through Session.close and skipped the rest: exit 130, and the session's folder left behind
     (1 of 51 trials of benchmarks/signal_stress.py). The signal is now held until the session is
     gone, then raised."""
-    from killpoint.harness import signals
-
     monkeypatch.setenv("TMPDIR", str(tmp_path))
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     session = Session()
     stop = session.downstream.stop
 
@@ -595,23 +608,18 @@ def test_a_signal_landing_while_a_session_closes_is_raised_after_its_folder_is_g
         stop()
 
     monkeypatch.setattr(session.downstream, "stop", stop_and_be_interrupted)
-    signals.install_handlers()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            session.close()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    with pytest.raises(KeyboardInterrupt):
+        session.close()
     assert os.listdir(tmp_path) == []
     assert not session.downstream.alive
 
 
-def test_a_signal_landing_in_a_run_s_cleanup_is_raised_after_its_schema_is_dropped(pg_dsn, monkeypatch):
+def test_a_signal_landing_in_a_run_s_cleanup_is_raised_after_its_schema_is_dropped(pg_dsn, monkeypatch,
+                                                                                   command_handlers):
     """Protects: a Ctrl-C that landed while a run cleaned up after a failure (ending its workers,
     dropping its schema) was raised inside the DROP and skipped the steps after it: the schema
     stayed (1 of 74 trials of ``benchmarks/signal_stress.py --max-delay 2.5``, ``--jobs 2``,
     PostgreSQL). The signal is now held until the cleanup is done, then raised."""
-    from killpoint.harness import signals
     from killpoint.harness.store.postgres import PostgresStore
     from killpoint.harness.supervise import Supervisor
 
@@ -626,27 +634,19 @@ def test_a_signal_landing_in_a_run_s_cleanup_is_raised_after_its_schema_is_dropp
 
     monkeypatch.setattr(Supervisor, "supervise", broken)
     monkeypatch.setattr(PostgresStore, "drop", drop_and_be_interrupted)
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    signals.install_handlers()
-    try:
-        with Session() as session:
-            with pytest.raises(KeyboardInterrupt):
-                session.run(RunConfig(schedule=chaos.parse("A@charge.after_call:kill"), store=pg_dsn,
-                                      workload="single"))
-            assert not session._live, "a worker process outlived the interruption"
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    with Session() as session:
+        with pytest.raises(KeyboardInterrupt):
+            session.run(RunConfig(schedule=chaos.parse("A@charge.after_call:kill"), store=pg_dsn,
+                                  workload="single"))
+        assert not session._live, "a worker process outlived the interruption"
     assert _schemas_of(pg_dsn, os.getpid()) == []
 
 
-def test_a_signal_landing_while_a_session_makes_its_folder_leaves_no_folder(tmp_path, monkeypatch):
+def test_a_signal_landing_while_a_session_makes_its_folder_leaves_no_folder(tmp_path, monkeypatch, command_handlers):
     """Protects: a Ctrl-C landing inside the session's mkdtemp (or the first gettempdir()'s probe
     file) left an unnamed folder or file in the temporary folder (1 of 80 stress trials). It is now
     held until the folder has a name, then raised, and the folder removed."""
     import tempfile
-
-    from killpoint.harness import signals
 
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
@@ -659,29 +659,20 @@ def test_a_signal_landing_while_a_session_makes_its_folder_leaves_no_folder(tmp_
         return made[-1]
 
     monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp_and_be_interrupted)
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    signals.install_handlers()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            Session()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    with pytest.raises(KeyboardInterrupt):
+        Session()
     assert made and os.path.dirname(made[0]) == str(tmp_path)  # it was made, where we look
     assert os.listdir(tmp_path) == []
 
 
-def test_a_held_signal_is_held_though_another_thread_takes_it():
+def test_a_held_signal_is_held_though_another_thread_takes_it(command_handlers):
     """Protects: sigint_deferred() blocked the signals in the main thread only; the kernel handed a
     Ctrl-C to another thread (a proxy's, a library's) and Python ran the handler in the main thread
     all the same, in the middle of a cleanup (two tests failed 1 run in 3 after a test that left
     threads). Now the handler only records it inside the block, and it is raised at the block's end."""
-    from killpoint.harness import signals
-
+    signals = command_handlers
     stop = threading.Event()
     other = threading.Thread(target=stop.wait, daemon=True)  # blocks no signal
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    signals.install_handlers()
     other.start()
     reached = []
     try:
@@ -694,7 +685,5 @@ def test_a_held_signal_is_held_though_another_thread_takes_it():
     finally:
         stop.set()
         other.join()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
     assert reached == ["the block's end"]
     assert signals.received() == signal.SIGINT
