@@ -14,7 +14,9 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from killpoint.reports.model import DEFAULT_MAX_EVENTS, build_index, build_run
+from killpoint.reports.base import DEFAULT_MAX_EVENTS
+from killpoint.reports.index import build_index
+from killpoint.reports.model import build_run
 from killpoint.reports.files import write_text
 from killpoint.reports.render import render_index, render_run
 

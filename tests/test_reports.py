@@ -27,8 +27,11 @@ from killpoint.harness.mutants import BlindCommits
 from killpoint.harness.run import RunConfig, RunResult, Session
 from killpoint.harness.worker import ReferenceWorker
 from killpoint.reports import run_report_name, write_reports, write_run_report
-from killpoint.reports.model import build_index, build_run, build_timeline
-from killpoint.reports.render import CSP, LABEL_CHARS, MAX_GAP, ROW_H, WIDTH, layout, time_axis
+from killpoint.reports.index import build_index
+from killpoint.reports.layout import LABEL_CHARS, MAX_GAP, ROW_H, WIDTH, layout, time_axis
+from killpoint.reports.model import build_run
+from killpoint.reports.render import CSP
+from killpoint.reports.timeline import build_timeline
 from hang import HANG_S
 
 MS = 1_000_000

@@ -51,7 +51,7 @@ class _State:
         lights = sorted((r for r in self.records if r.get("light")), key=lambda r: (r["nodeid"], r["page"]))
         if not lights:
             return
-        from killpoint.reports.model import build_index
+        from killpoint.reports.index import build_index
         from killpoint.reports.files import clear_earlier_pages, write_text
         from killpoint.reports.render import render_index
 
