@@ -8,7 +8,6 @@ rendering does, because only it knows the context.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from killpoint import vocab
@@ -58,15 +57,6 @@ def typed(e: Event) -> TypedEvent | None:
         return e.typed
     except InvalidEvent:
         return None
-
-
-def data_text(e: Event) -> str:
-    """An event's data as JSON, clipped (a tooltip's detail)."""
-    try:
-        text = json.dumps(dict(e.data), default=str, ensure_ascii=False)
-    except (TypeError, ValueError):
-        text = repr(dict(e.data))
-    return clip(text, DETAIL_CHARS)
 
 
 def as_int(value: Any) -> int | None:

@@ -14,6 +14,8 @@ The timeline's data is :mod:`killpoint.reports.timeline`'s, the index's
 from __future__ import annotations
 
 import json
+import math
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable
 
@@ -24,7 +26,7 @@ from killpoint.harness.narrate import about, clock_note, run_time, span
 from killpoint.harness.redact import redact
 from killpoint.reports.base import (DEFAULT_MAX_EVENTS, DETAIL_CHARS, OK_OUTCOMES, STATUSES, clip, describe, link,
                                     typed, verdict_word)
-from killpoint.reports.timeline import Timeline, build_timeline, instant
+from killpoint.reports.timeline import Timeline, build_timeline, marking
 
 if TYPE_CHECKING:
     from killpoint.harness.run import RunResult
@@ -184,12 +186,6 @@ def _instance_of(e: Event) -> str | None:
     return None if inst is None else str(inst)
 
 
-def _in_focus(e: Event, focus: set[str]) -> bool:
-    """An event about a focus instance, or one about no instance at all (the harness's own)."""
-    inst = _instance_of(e)
-    return inst is None or inst in focus
-
-
 def build_run(result: RunResult, *, max_events: int = DEFAULT_MAX_EVENTS,
               reproduce: str | None = None, focus_table: bool = False) -> RunReport:
     """The model of one run's report, from a :class:`harness.run.RunResult`.
@@ -209,14 +205,14 @@ def build_run(result: RunResult, *, max_events: int = DEFAULT_MAX_EVENTS,
     events = history.events
     proof = {i for v in verdict.violations for i in v.events if 0 <= i < len(events)}
     focus = focus_instances(history, verdict.violations)
-    wanted = set(focus)
-    kept = range(len(events)) if not (focus_table and focus) else \
-        (e.index for e in events if _in_focus(e, wanted))
-    shown = sorted(set(list(kept)[:max_events]) | proof)
+    # Whether each event is about a focus instance, or about no instance at all (the harness's own).
+    followed = [inst is None or inst in focus for inst in map(_instance_of, events)] if focus else []
+    kept = range(len(events)) if not (focus_table and focus) else [i for i, yes in enumerate(followed) if yes]
+    shown = sorted(set(kept[:max_events]) | proof)
     t0 = events[0].time if events else 0
 
     ttl = result.config.timing.lease_ttl_ms if result.config.timing is not None else None
-    drawn = shown if not focus else [i for i in shown if _in_focus(events[i], wanted) or i in proof]
+    drawn = shown if not focus else [i for i in shown if followed[i] or i in proof]
     timeline = build_timeline(history, shown=drawn, proof=proof, lease_ttl_ms=ttl, focus=focus)
     in_timeline = {i.index for i in timeline.items}
     by_index = {e.index: e for e in events}
@@ -273,8 +269,8 @@ def _event_row(e: Event, t0: int, proof: bool, in_timeline: bool) -> EventRow:
     if isinstance(t, WorkerOp):
         status = t.type if t.type in STATUSES else "event"
     else:
-        made = instant(e, t)
-        status = made[2] if made else "event"
+        made = marking(t)
+        status = made[0] if made else "event"
     # The table's columns: a request names its step in its meta, which its fields show.
     inst, step = (None, None) if isinstance(t, Request) else about(e)
     return EventRow(e.index, link(e.index), round((e.time - t0) / 1e6, 3), e.process, e.kind, e.type,
@@ -282,15 +278,25 @@ def _event_row(e: Event, t0: int, proof: bool, in_timeline: bool) -> EventRow:
                     _fields(e), proof, in_timeline)
 
 
+_PLAIN = re.compile(r'[^\s"=]+')  # a value written as it is: a word with no space, quote or "="
+
+
 def _fields(e: Event) -> str:
     """The data of an event as ``key=value`` pairs, without the instance and step (they have
-    columns of their own); a value that is not a plain word is written as JSON."""
+    columns of their own) and without the fields that are null; a value that is not a plain word
+    is written as JSON."""
     parts = []
     for key, value in e.data.items():
-        if key in ("instance", "step"):
+        if value is None or key in ("instance", "step"):
             continue
-        if isinstance(value, str) and value and not any(c.isspace() or c in '"=' for c in value):
+        if isinstance(value, str) and _PLAIN.fullmatch(value):
             text = value
+        elif type(value) is int:  # the commonest, without the JSON encoder
+            text = str(value)
+        elif type(value) is float and math.isfinite(value):
+            text = repr(value)  # as JSON writes it
+        elif type(value) is bool:
+            text = "true" if value else "false"
         else:
             try:
                 text = json.dumps(value, default=str, ensure_ascii=False)

@@ -8,7 +8,6 @@ in the event table. The drawing itself is :mod:`killpoint.reports.layout`'s.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
@@ -17,8 +16,7 @@ from killpoint.harness.events import (HarnessAction, PointHit, Request, Spawn, S
                                       WorkerEvent, WorkerOp)
 from killpoint.harness.history import Event, History
 from killpoint.harness.narrate import describe as describe_event
-from killpoint.reports.base import (ACCEPTED, DETAIL_CHARS, FIXED_LANES, KILL, OK_OUTCOMES, PAUSE,
-                                    WORKER_SKIPPED, as_int, clip, data_text, link, typed)
+from killpoint.reports.base import ACCEPTED, FIXED_LANES, KILL, OK_OUTCOMES, PAUSE, WORKER_SKIPPED, as_int, link, typed
 
 
 @dataclass(frozen=True)
@@ -55,7 +53,6 @@ class Item:
     fence: int | None = None
     indeterminate: bool = False
     proof: bool = False  # named by a violation
-    detail: str = ""
 
     @property
     def span(self) -> bool:
@@ -148,8 +145,7 @@ def build_timeline(history: History, *, shown: Iterable[int] | None = None,
             if t.index in completed:
                 continue  # drawn with its invoke
             done = completion.get(t.index) if t.type == vocab.INVOKE else t
-            item = _op_item(t, done, start, t0, end, events)
-            items.append(dataclasses.replace(item, proof=item.index in proof or item.end_index in proof))
+            items.append(_op_item(t, done, start, t0, end, proof))
             continue
         made = instant(e, t)
         if made is None:
@@ -159,7 +155,7 @@ def build_timeline(history: History, *, shown: Iterable[int] | None = None,
         items.append(Item(link(e.index), e.index, e.process, kind, label, status, start,
                           start if stop is None else max(start, stop.time - t0),
                           end_index=None if stop is None else stop.index, fence=fence,
-                          proof=e.index in proof, detail=data_text(e)))
+                          proof=e.index in proof))
     ttl = None if lease_ttl_ms is None else int(lease_ttl_ms * 1e6)
     leases = tuple(lease for lease in _leases(history, t0, end, ttl) if lease.index in keep)
     if focus:  # a worker with nothing drawn about the focus instances gets no lane
@@ -311,10 +307,9 @@ def _where(e: WorkerOp | None, fallback: WorkerOp | None = None) -> str:
     return "?"
 
 
-def _op_item(first: WorkerOp, done: WorkerOp | None, start: int, t0: int, run_end: int,
-             events: Sequence[Event]) -> Item:
-    """An operation from its invoke (``first``) to its completion ``done`` (None: never completed);
-    ``events`` are the history's, whose data the item's detail shows as written."""
+def _op_item(first: WorkerOp, done: WorkerOp | None, start: int, t0: int, run_end: int, proof: set[int]) -> Item:
+    """An operation from its invoke (``first``) to its completion ``done`` (None: never completed),
+    marked when a violation names either end (``proof``)."""
     # Any info completion is unknown (Jepsen's :info): the effect may land at any later time, so the
     # op is drawn to the end of the run -- whether the worker died (``indeterminate``) or lost the answer.
     indeterminate = done is None or done.type == vocab.INFO
@@ -336,11 +331,10 @@ def _op_item(first: WorkerOp, done: WorkerOp | None, start: int, t0: int, run_en
         label = f"commit {where} fence {fence} \u2192 {to}" + (" refused" if status == "fail" else "")
     if indeterminate:
         label += " (indeterminate)"
-    detail = data_text(events[first.index]) if done is None or done is first else \
-        data_text(events[first.index]) + "\n" + data_text(events[done.index])
+    end_index = done.index if done is not None else None
     return Item(link(first.index), first.index, first.process, kind, label, status, start,
-                max(start, end), end_index=done.index if done is not None else None, fence=fence,
-                indeterminate=indeterminate, detail=clip(detail, DETAIL_CHARS))
+                max(start, end), end_index=end_index, fence=fence, indeterminate=indeterminate,
+                proof=first.index in proof or end_index in proof)
 
 
 def instant(e: Event, t: TypedEvent | None) -> tuple[str, str, str, int | None] | None:
@@ -348,7 +342,17 @@ def instant(e: Event, t: TypedEvent | None) -> tuple[str, str, str, int | None] 
     in the vocabulary), or None when it is left off the timeline.
 
     The label is the event in words (:func:`killpoint.harness.narrate.describe`, as narration says
-    it); the status says how it went: ok, fail, info (unknown, or a worker frozen) or event."""
+    it); the status and fence are :func:`marking`'s."""
+    made = marking(t)
+    if made is None:
+        return None
+    return e.kind, describe_event(e), made[0], made[1]
+
+
+def marking(t: TypedEvent | None) -> tuple[str, int | None] | None:
+    """(status, fence) of an instant event, or None when it is left off the timeline (a failpoint
+    passed where nothing fired, a worker's start or finish). The status says how it went: ok, fail,
+    info (unknown, or a worker frozen) or event."""
     fence: int | None = None
     if isinstance(t, StoreEvent):
         fence = t.fence
@@ -385,4 +389,4 @@ def instant(e: Event, t: TypedEvent | None) -> tuple[str, str, str, int | None] 
         status, fence = "event", as_int(t.fence)
     else:  # not in the vocabulary (an operation is drawn from its invoke, never here)
         status = "event"
-    return e.kind, describe_event(e), status, fence
+    return status, fence

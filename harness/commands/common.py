@@ -545,12 +545,12 @@ def write_junit(args: argparse.Namespace, summary: Summary, title: str) -> None:
     path = getattr(args, "junit_xml", None)
     if not path:
         return
-    from killpoint.reports import run_report_name
+    from killpoint.reports import page_names
 
     reports = None
     if summary.report and summary.report_pages:
         where = os.path.dirname(summary.report)
-        reports = [os.path.join(where, run_report_name(n)) for n in range(1, len(summary.results) + 1)]
+        reports = [os.path.join(where, name) for name in page_names([r.run_id for r in summary.results])]
     summary.junit_error = write_junit_file(path, summary.results, suite=title, reproduce=replay_command,
                                            reports=reports)
 
