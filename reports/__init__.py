@@ -4,61 +4,26 @@ A run report explains a verdict at a glance -- the verdict banner, each violatio
 that prove it and a command that reproduces it, a swimlane timeline, the event table and the
 downstream ledger. A report folder holds its pages and two shared files, ``killpoint.css`` and
 ``killpoint.js``, that every page links by a relative name; a page embeds its timeline and tables
-as inert JSON that the shared script draws, and its verdict as JSON for tools. Nothing is loaded
+as inert data that the shared script draws, and its verdict as JSON for tools. Nothing is loaded
 from outside the folder, and every string that came from a run is escaped, so reports are safe to
 open from any CI artefact, offline.
 
 The pages render :mod:`reports.model` (and :mod:`reports.index`), a plain data model that tests can
-read directly.
+read directly; :mod:`reports.folder` names and writes the files.
 """
 
 from __future__ import annotations
 
 import os
-import re
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from killpoint.reports.base import DEFAULT_MAX_EVENTS
-from killpoint.reports.files import write_text
-from killpoint.reports.index import IndexReport, build_index
-from killpoint.reports.model import build_run
-from killpoint.reports.render import ASSETS, asset, render_index, render_run
+from killpoint.reports.folder import (INDEX, PagesAsTheyCome, page_names, write_assets, write_index,
+                                      write_page)
+from killpoint.reports.index import build_index
 
 if TYPE_CHECKING:
     from killpoint.harness.run import RunResult
-
-INDEX = "index.html"
-_FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
-
-
-def page_names(run_ids: Sequence[str]) -> list[str]:
-    """The file name of each run's report inside a report directory: its run id, ``run0023-s0-
-    1a2b3c4d.html``, so that the index, the JSON and the folder name a run alike. A run id that is
-    no plain file name, or that an earlier run already took, gets ``run-NNNN.html`` by position."""
-    names: list[str] = []
-    taken: set[str] = {INDEX}
-    for position, run_id in enumerate(run_ids, start=1):
-        name = f"{run_id}.html" if _FILE_NAME.fullmatch(run_id) else f"run-{position:04d}.html"
-        while name in taken:
-            name = name[: -len(".html")] + f"-{position}.html"
-        taken.add(name)
-        names.append(name)
-    return names
-
-
-def write_assets(report_dir: str) -> None:
-    """Write the shared stylesheet and script into ``report_dir``, unless they are there already as
-    this version of killpoint writes them."""
-    for name in ASSETS:
-        path = os.path.join(report_dir, name)
-        text = asset(name)
-        try:
-            with open(path, encoding="utf-8") as fh:
-                if fh.read() == text:
-                    continue
-        except (OSError, UnicodeDecodeError):
-            pass
-        write_text(path, text)
 
 
 def write_run_report(result: RunResult, path: str, *, max_events: int = DEFAULT_MAX_EVENTS,
@@ -71,19 +36,7 @@ def write_run_report(result: RunResult, path: str, *, max_events: int = DEFAULT_
     harness's: one of many reports in a directory stays small and says how to get all of them.
     """
     write_assets(os.path.dirname(os.path.abspath(path)))
-    return _write_page(result, path, max_events=max_events, back=back, focus_table=focus_table)
-
-
-def _write_page(result: RunResult, path: str, *, max_events: int, back: str | None, focus_table: bool) -> str:
-    report = build_run(result, max_events=max_events, focus_table=focus_table)
-    return write_text(path, render_run(report, back=back))
-
-
-def write_index(index: IndexReport, report_dir: str) -> str:
-    """Write the index page (and the shared files) into ``report_dir``; returns its path."""
-    os.makedirs(report_dir, exist_ok=True)
-    write_assets(report_dir)
-    return write_text(os.path.join(report_dir, INDEX), render_index(index))
+    return write_page(result, path, max_events=max_events, back=back, focus_table=focus_table)
 
 
 def write_reports(results: Sequence[RunResult], report_dir: str, *, title: str,
@@ -103,11 +56,11 @@ def write_reports(results: Sequence[RunResult], report_dir: str, *, title: str,
     for n, (result, href) in enumerate(zip(results, hrefs), start=1):
         if href is None:
             continue
-        _write_page(result, os.path.join(report_dir, href), max_events=max_events, back=INDEX,
-                    focus_table=len(results) > 1)
+        write_page(result, os.path.join(report_dir, href), max_events=max_events, back=INDEX,
+                   focus_table=len(results) > 1)
         if on_page is not None:
             on_page(n, len(results))
     return write_index(build_index(list(results), hrefs, title=title, tests=tests), report_dir)
 
 
-__all__ = ["page_names", "write_assets", "write_index", "write_reports", "write_run_report"]
+__all__ = ["PagesAsTheyCome", "page_names", "write_assets", "write_index", "write_reports", "write_run_report"]

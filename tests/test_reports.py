@@ -26,7 +26,7 @@ from killpoint.harness.history import History, build
 from killpoint.harness.mutants import BlindCommits
 from killpoint.harness.run import RunConfig, RunResult, Session
 from killpoint.harness.worker import ReferenceWorker
-from killpoint.reports import page_names, write_reports, write_run_report
+from killpoint.reports import PagesAsTheyCome, page_names, write_reports, write_run_report
 from killpoint.reports.index import build_index
 from killpoint.reports.layout import LABEL_CHARS, MAX_GAP, ROW_H, WIDTH, layout, time_axis
 from killpoint.reports.model import build_run
@@ -364,6 +364,46 @@ def test_index_puts_violated_runs_first_and_offers_a_filter_per_violated_invaria
     assert [(f.invariant, f.runs) for f in index.filters] == [("stale_writes_rejected", 1)]
     assert index.rows[0].slots == (index.filters[0].slot,) and index.rows[2].slots == ()
     assert index.rows[0].href == "3.html" and "killpoint replay" in index.rows[0].reproduce
+
+
+def test_pages_as_they_come_hold_valid_runs_until_one_fails_then_write_each_as_its_run_ends(tmp_path):
+    """A matrix writes each page as its run ends instead of keeping every history to its end (they
+    grew the process by 60 MiB, which every forked worker paid for). With --report on-failure the
+    valid runs are held until one is not valid: then their pages are written, and each later one
+    as it comes; the index links them all."""
+    h = takeover_history()
+    bad = Violation("stale_writes_rejected", "order-1", "charge", "stale", events=(4, 12))
+    runs = [make_result(h, run_id="run0001-s0-00000001"), make_result(h, run_id="run0002-s0-00000002"),
+            make_result(h, valid=False, violations=(bad,), run_id="run0003-s0-00000003"),
+            make_result(h, run_id="run0004-s0-00000004")]
+    pages = PagesAsTheyCome(str(tmp_path), title="t", always=False)
+    written = lambda: sorted(p for p in os.listdir(tmp_path) if p.startswith("run"))  # noqa: E731
+    pages.add(runs[0])
+    pages.add(runs[1])
+    assert written() == [] and len(pages.held) == 2  # not known to be wanted yet
+    pages.add(runs[2])
+    assert written() == [f"run000{n}-s0-0000000{n}.html" for n in (1, 2, 3)] and pages.held == []
+    pages.add(runs[3])  # wanted now: written as it comes
+    assert len(written()) == 4 and pages.written == 4
+    index = pages.finish(runs, pages=True)
+    assert [row.href for row in build_index(runs, pages.hrefs, title="t").rows] == [
+        "run0003-s0-00000003.html", "run0001-s0-00000001.html", "run0002-s0-00000002.html",
+        "run0004-s0-00000004.html"]
+    assert all(f'href="{name}"' in open(index, encoding="utf-8").read() for name in written())
+
+
+def test_pages_as_they_come_write_the_index_alone_when_every_run_stays_valid(tmp_path):
+    h = takeover_history()
+    runs = [make_result(h, run_id=f"run000{n}-s0-0000000{n}") for n in (1, 2)]
+    pages = PagesAsTheyCome(str(tmp_path), title="t", always=False)
+    for run in runs:
+        pages.add(run)
+    pages.finish(runs, pages=False)
+    assert sorted(os.listdir(tmp_path)) == ["index.html", "killpoint.css", "killpoint.js"] and pages.held == []
+    # --report always: each page as its run is added
+    always = PagesAsTheyCome(str(tmp_path / "always"), title="t", always=True)
+    always.add(runs[0])
+    assert os.listdir(tmp_path / "always") != [] and always.written == 1
 
 
 def test_store_password_never_reaches_a_report_artefact(tmp_path):

@@ -381,12 +381,20 @@ class Summary:
     exploration: Any = None
     # The point statistics of runs whose events were let go (see add), by the result's id.
     _points: dict[int, PointStats] = field(default_factory=dict, repr=False)
+    # The report pages written as the runs come (killpoint.reports.PagesAsTheyCome), when a
+    # command asked for them with stream_pages: every run must then go through add.
+    pages: Any = None
 
     def add(self, result: RunResult, *, keep_events: bool = True) -> None:
         """Keep a run's result. Without ``keep_events`` (nothing will draw this run: no report is
         asked for), a valid run keeps its verdict, faults, points reached and history's summary but
         lets its events go: a matrix's histories otherwise grow this process's heap by tens of MiB,
-        which every worker forked from it pays for in page tables and copy-on-write faults."""
+        which every worker forked from it pays for in page tables and copy-on-write faults. With
+        pages written as the runs come, the run goes to them (which write its page now, or hold it
+        until pages are known to be wanted) and is kept here as without ``keep_events``."""
+        if self.pages is not None:
+            self.pages.add(result)
+            keep_events = False
         if not keep_events and result.valid is True:
             points = PointStats.of(result.history)
             result = dataclasses.replace(result, history=dataclasses.replace(result.history, events=()))
@@ -651,8 +659,22 @@ def prepare_report_dir(args: argparse.Namespace) -> None:
                        f"({exc.strerror or exc})") from None
 
 
+def stream_pages(args: argparse.Namespace, summary: Summary, title: str, *, many: bool = True) -> None:
+    """Have ``summary`` write each run's report page as the run is added (when ``--report-dir`` and
+    ``--report`` ask for pages), rather than keep every run's history for :func:`write_html` at the
+    end. Called once the report directory is ready (:func:`progress_for`)."""
+    where = _report_dir(args)
+    if where is None:
+        return
+    from killpoint.reports import PagesAsTheyCome
+
+    summary.pages = PagesAsTheyCome(where, title=title, always=args.report == "always", many=many)
+
+
 def write_html(args: argparse.Namespace, summary: Summary, title: str) -> None:
-    """The HTML index and run reports, when ``--report-dir`` and ``--report`` ask for them.
+    """The HTML index and run reports, when ``--report-dir`` and ``--report`` ask for them (the
+    pages not written yet, when the runs' pages were written as they came: see
+    :func:`stream_pages`).
 
     A report that cannot be written never hides the verdict: the command says so on stderr and
     goes on to print its verdict and exit with its code."""
@@ -663,12 +685,17 @@ def write_html(args: argparse.Namespace, summary: Summary, title: str) -> None:
     pages = not (args.report == "on-failure" and summary.valid is True)
     from killpoint.reports import write_reports as write
 
-    progress = _PageProgress(len(summary.results) if pages else 0, args.report_dir,
-                             quiet=bool(getattr(args, "quiet", False)))
+    streamed = summary.pages
+    left = len(streamed.held) if streamed is not None else len(summary.results)
+    progress = _PageProgress(left if pages else 0, args.report_dir, quiet=bool(getattr(args, "quiet", False)),
+                             before=streamed.written if streamed is not None else 0)
     try:
         prepare_report_dir(args)  # done already where the command's runs started
-        summary.report = write(summary.results, args.report_dir, title=title, pages=pages,
-                               on_page=progress.page)
+        if streamed is not None:
+            summary.report = streamed.finish(summary.results, pages=pages, on_page=progress.page)
+        else:
+            summary.report = write(summary.results, args.report_dir, title=title, pages=pages,
+                                   on_page=progress.page)
         summary.report_pages = pages
         progress.done()
     except BadInput as exc:  # the directory went away or bad since the command started
@@ -682,10 +709,11 @@ def write_html(args: argparse.Namespace, summary: Summary, title: str) -> None:
 
 class _PageProgress:
     """Progress of the report pages on stderr, as the runs' progress: a line when writing starts (when
-    there is more than one page), then every 3 s, then one saying what was written; off with --quiet."""
+    there is more than one page), then every 3 s, then one saying what was written (with the
+    ``before`` pages written as the runs came); off with --quiet."""
 
-    def __init__(self, total: int, where: str, *, quiet: bool) -> None:
-        self.total, self.where, self.quiet = total, where, quiet
+    def __init__(self, total: int, where: str, *, quiet: bool, before: int = 0) -> None:
+        self.total, self.where, self.quiet, self.before = total, where, quiet, before
         self.started = time.monotonic()
         self.last = self.started
         if not quiet and total > 1:
@@ -701,6 +729,14 @@ class _PageProgress:
         if self.quiet:
             return
         took = time.monotonic() - self.started
+        if self.before and not self.total:
+            print(f"killpoint: wrote {self.before} report page(s) as the runs came, and the index, to {self.where}",
+                  file=sys.stderr)
+            return
+        if self.before:
+            print(f"killpoint: wrote {self.before + self.total} report page(s) ({self.before} as the runs came, "
+                  f"{self.total} after them) and the index to {self.where} in {took:.1f} s", file=sys.stderr)
+            return
         what = (f"{self.total} report page(s) and the index" if self.total else
                 "the index only (every run valid; --report always writes a page for each run)")
         print(f"killpoint: wrote {what} to {self.where} in {took:.1f} s", file=sys.stderr)
