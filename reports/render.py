@@ -93,17 +93,18 @@ def render_index(index: IndexReport) -> str:
 
 
 class _Words:
-    """A page's table of repeated short strings (processes, kinds, instances...), named by number."""
+    """A page's table of repeated short strings (processes, kinds, instances...), named by number;
+    each clipped to ``limit`` characters once, as it enters the table."""
 
     def __init__(self) -> None:
         self.words: list[str] = []
-        self._number: dict[str, int] = {}
+        self._number: dict[tuple[str, int], int] = {}
 
-    def __call__(self, word: str) -> int:
-        n = self._number.get(word)
+    def __call__(self, word: str, limit: int) -> int:
+        n = self._number.get((word, limit))
         if n is None:
-            n = self._number[word] = len(self.words)
-            self.words.append(word)
+            n = self._number[(word, limit)] = len(self.words)
+            self.words.append(clip(word, limit))
         return n
 
 
@@ -128,8 +129,8 @@ def view(report: RunReport, drawn: Layout) -> dict[str, Any]:
     }
     invariants = [[clip(i.name, 200), i.status, ("yes" if i.checked else "no") if i.applicable else "n/a",
                    i.violations, clip(i.detail, 500)] for i in report.invariants]
-    events = [[e.index, e.time_ms, word(clip(e.process, 40)), word(clip(e.kind, 40)), word(clip(e.type, 20)),
-               _STATUS.get(e.status, 3), word(clip(e.instance, 60)), word(clip(e.step, 60)), e.detail,
+    events = [[e.index, e.time_ms, word(e.process, 40), word(e.kind, 40), word(e.type, 20), _STATUS.get(e.status, 3),
+               word(e.instance, 60), word(e.step, 60), e.detail,
                (_ROW_PROOF if e.proof else 0) | (_ROW_DRAWN if e.in_timeline else 0)] for e in report.events]
     return {"timeline": timeline, "invariants": invariants, "words": word.words, "events": events,
             "ledger": [_ledger(row) for row in report.ledger]}
