@@ -726,6 +726,31 @@ def test_report_at_1280_px_has_no_sideways_scroll_draws_lease_expiry_and_opens_a
     assert m["proof"] and m["box"][0] <= m["proof"][0] < min(m["box"][1], m["height"]), m
 
 
+TARGET_PROBE = """<!DOCTYPE html><html><body style="margin:0">
+<iframe id="f" src="REPORT" style="width:1280px;height:800px;border:0"></iframe><pre id="out">pending</pre>
+<script>""" + WHEN_DRAWN + """
+f.addEventListener('load', function () { drawn(function () { setTimeout(function () {
+  var d = f.contentDocument, row = d.querySelector('tr:target'), r = row && row.getBoundingClientRect();
+  document.getElementById('out').textContent = JSON.stringify({target: row && row.id, top: r && r.top,
+    height: f.contentWindow.innerHeight});
+}, 50); }); });
+</script></body></html>"""
+
+
+def test_a_link_to_an_event_opens_the_page_at_its_row_though_the_script_draws_the_table(
+        violated_reports, tmp_path):
+    """The index links each violation's events as page#eN; the rows are drawn by the page's script
+    after the browser looked for the target, so the script follows the link again: the row is in
+    view and is the :target the style marks."""
+    result = violated_reports["result"]
+    for name in (f"{result.run_id}.html", *ASSETS):
+        shutil.copy(os.path.join(violated_reports["dir"], name), tmp_path / name)
+    (stale,) = [v for v in build_run(result).violations if v.invariant == "stale_writes_rejected"]
+    link = stale.events[-1].link
+    m = json.loads(_probed(tmp_path, TARGET_PROBE, f"{result.run_id}.html#{link}").replace("&quot;", '"'))
+    assert m["target"] == link and 0 <= m["top"] < m["height"], m
+
+
 INDEX_PROBE = """<!DOCTYPE html><html><body style="margin:0">
 <iframe id="f" src="REPORT" style="width:1280px;height:800px;border:0"></iframe><pre id="out">pending</pre>
 <script>""" + WHEN_DRAWN + """

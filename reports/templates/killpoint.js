@@ -235,10 +235,10 @@
     events(document.getElementById("kp-events"), view.words, view.events);
     ledger(document.getElementById("kp-ledger"), view.ledger);
     document.documentElement.setAttribute("data-drawn", "1");
-    /* the rows exist now: follow a link to one (#e12) that the page was opened at */
-    if (location.hash) {
-      var target = document.getElementById(location.hash.slice(1));
-      if (target) { target.scrollIntoView(); }
+    /* The rows exist now: a link the page was opened at (#e12, from the index) is followed again,
+       so that its row is scrolled to and styled as the target. */
+    if (location.hash.length > 1 && document.getElementById(decodeURIComponent(location.hash.slice(1)))) {
+      location.replace(location.hash);
     }
   }
 
