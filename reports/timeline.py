@@ -157,7 +157,7 @@ def build_timeline(history: History, *, shown: Iterable[int] | None = None,
                           end_index=None if stop is None else stop.index, fence=fence,
                           proof=e.index in proof))
     ttl = None if lease_ttl_ms is None else int(lease_ttl_ms * 1e6)
-    leases = tuple(lease for lease in _leases(history, t0, end, ttl) if lease.index in keep)
+    leases = tuple(_leases(history, t0, end, ttl, keep))
     if focus:  # a worker with nothing drawn about the focus instances gets no lane
         used = {i.lane for i in items} | {lease.lane for lease in leases}
         lanes = tuple(lane for lane in lanes if lane.kind != "worker" or lane.name in used)
@@ -165,8 +165,8 @@ def build_timeline(history: History, *, shown: Iterable[int] | None = None,
                     leases, tuple(focus))
 
 
-def _leases(history: History, t0: int, run_end: int, ttl: int | None) -> list[Lease]:
-    """Every lease the store granted, with when its holder stopped renewing it and how it ended
+def _leases(history: History, t0: int, run_end: int, ttl: int | None, keep: set[int]) -> list[Lease]:
+    """Every lease the store granted by a claim in ``keep``, with when its holder stopped renewing it and how it ended
     (one pass over the claims; over 80 lines because each lease's end, holder and expiry are read
     from the events around its claim, in one place).
 
@@ -198,7 +198,7 @@ def _leases(history: History, t0: int, run_end: int, ttl: int | None) -> list[Le
     out: list[Lease] = []
     store = history.typed(StoreEvent)
     for n, c in enumerate(store):
-        if c.kind != vocab.CLAIMED:
+        if c.kind != vocab.CLAIMED or c.index not in keep:
             continue
         inst, step, fence = c.instance, c.step, c.fence
         start = c.time - t0
