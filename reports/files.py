@@ -10,9 +10,10 @@ from killpoint.errors import BadInput, shown
 from killpoint.harness.redact import redact
 
 REPORT_MARKER = ".killpoint-report"  # in a report directory: its pages are killpoint's to replace
-# The pages killpoint writes into a report directory: the index, a command's run pages, and a pytest
-# session's (named after the xdist worker that wrote them under pytest-xdist: gw0-run-0001.html).
-OWN_PAGE = re.compile(r"^(index|(gw\d+-)?run-\d{4,})\.html$")
+# The pages killpoint writes into a report directory: the index, a command's run pages (named after
+# their runs, run0023-s0-1a2b3c4d.html, or by position, run-0023.html), and a pytest session's (named
+# after the xdist worker that wrote them under pytest-xdist: gw0-run-0001.html).
+OWN_PAGE = re.compile(r"^(index|(gw\d+-)?run-\d{4,}(-\d+)?|run\d{4,}-s-?\d+-[0-9a-f]{8}(-\d+)?)\.html$")
 
 
 def write_text(path: str, text: str) -> str:
@@ -90,7 +91,7 @@ def claim_report_dir(where: str) -> None:
     its pages (and is not refused as if its index.html were a user's own). Raises OSError."""
     os.makedirs(where, exist_ok=True)
     with open(os.path.join(where, REPORT_MARKER), "w", encoding="utf-8") as fh:
-        fh.write("killpoint replaces the index.html and run-NNNN.html pages of this directory\n")
+        fh.write("killpoint replaces the index.html, run pages, killpoint.css and killpoint.js of this directory\n")
 
 
 def clear_earlier_pages(where: str, keep: "set[str] | frozenset[str]" = frozenset()) -> None:

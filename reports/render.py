@@ -1,193 +1,46 @@
-"""Turning the report model into self-contained HTML files.
+"""Turning the report model into HTML pages, and the data their shared script draws.
+
+A directory of reports holds its pages and two shared files written once, ``killpoint.css`` and
+``killpoint.js``, that every page links by a relative name: the folder stays self-contained and
+opens from disk, offline. A run's page carries its banner, violations and invariants as HTML, and
+its timeline (laid out here, by :mod:`killpoint.reports.layout`), event table and ledger as compact
+data in an inert ``application/json`` block that the script draws; the bulk of a page is data
+written once, not markup repeated per row.
 
 One Jinja2 environment with autoescape on for every template, so a string from a run can only ever
-land in a page as text (pytest-html once rendered test ids raw: its issue #1024). Data embedded for
-tools goes through ``tojson``, which escapes ``<``, ``>``, ``&`` and ``'``. Pages carry a
-Content-Security-Policy that allows nothing at all to load or run, and have no executable script:
-the only ``<script>`` is an inert ``application/json`` data block, and the index filters with CSS
-``:target``. So a report opens offline, from a CI artefact, and stays inert.
-
-The timeline is laid out here, not in the model. Its vertical axis is elapsed time, compressed
-where nothing happens: each distinct time gets a row, and a gap between two times adds height in
-proportion to its length (up to a cap, past which the axis is broken and says how long the gap
-was), so a burst of microsecond-apart operations stays readable next to a lease that ran out over
-a hundred milliseconds -- or, on the virtual clock, over 30 s of run time that cost no wall time.
-Times are the run's (:func:`killpoint.harness.narrate.run_time`). The lanes share a fixed design width
-that fits a 1280-pixel window, and the drawing scales down (never sideways-scrolls) when a run has many workers.
+land in a page as text (pytest-html once rendered test ids raw: its issue #1024). Embedded data is
+JSON with ``<``, ``>``, ``&`` and ``'`` escaped, so it cannot end its block; the script sets every
+string from it as text or as an attribute value, never as markup, and builds links and ids from
+numbers. Pages carry a Content-Security-Policy that lets them load nothing but the folder's own
+stylesheet and script and run no inline script. The index filters with CSS ``:target`` and runs
+no script at all.
 """
 
 from __future__ import annotations
 
+import base64
 import functools
-from dataclasses import dataclass
+import gzip
+import json
+from importlib import resources
+from typing import Any
 
 import jinja2
+from markupsafe import Markup
 
-from killpoint.harness.narrate import gap, run_time
-from killpoint.reports.model import IndexReport, Item, Lane, Lease, RunReport, Timeline, clip
+from killpoint.reports.base import STATUSES, clip
+from killpoint.reports.index import IndexReport
+from killpoint.reports.layout import MAX_GAP, PX_PER_MS, Layout, layout
+from killpoint.reports.model import LedgerRow, RunReport
 
-CSP = "default-src 'none'; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
-GLYPHS = {"ok": "\u2713", "fail": "\u2717", "info": "?", "event": ""}  # shape and colour tell too
-
-ROW_H = 16
-WIDTH = 1180  # the design width: fits the page at 1280 px
-MIN_LANE_W = 120  # below this, the drawing is wider than WIDTH and scales down
-GUTTER = 84  # the time column: "+1234.567 ms" fits
-HEAD_H = 24
-LABEL_CHARS = 60  # the most characters of a label drawn; the whole label is its tooltip
-CHAR_W = 6.4  # width of one character of a label (10.5 px monospace)
-HEAD_CHAR_W = 7.4  # and of a lane's heading (12 px, bold)
-PX_PER_MS = 1.5  # height a gap adds, per millisecond
-MAX_GAP = 150  # a longer gap is drawn this tall, with a break in the axis
-FOLD_BELOW = 200  # a first proof further down than this opens the drawing just above it
-LEASE_X = 2  # the lease bar, at the left edge of its holder's lane
-MARK_X = 10  # operations and events, right of it
-
-
-@dataclass(frozen=True)
-class Mark:
-    """Where and how one timeline item is drawn."""
-
-    item: Item
-    x: int
-    y: int
-    h: int
-    text_x: int
-    text: str
-    glyph: str
-    title: str  # empty when the text already says it all
-
-
-@dataclass(frozen=True)
-class LeaseBar:
-    """A lease in its holder's lane: held (solid) from ``y`` for ``held_h``, then running out
-    (hatched) for ``out_h``; ``expiry_y`` marks when it ran out, if it did."""
-
-    lease: Lease
-    x: int
-    y: int
-    held_h: int
-    out_h: int
-    expiry_y: int | None
-
-
-@dataclass(frozen=True)
-class LaneBox:
-    lane: Lane
-    x: int
-    life_y: int | None  # the span of a worker incarnation's life, if known
-    life_h: int
-    head: str = ""  # the lane's heading, cut to its width (the whole is its tooltip)
-
-
-def heading(lane: Lane, lane_w: int) -> str:
-    """``A · pid 123 · SIGKILL``, dropping what does not fit the lane's width, last first."""
-    fits = max(4, int((lane_w - 10) / HEAD_CHAR_W))
-    parts = [clip(lane.name, 14)]
-    for extra in (f"pid {lane.pid}" if lane.pid else "", clip(lane.ended, 12)):
-        if extra and len(" \u00b7 ".join(parts + [extra])) <= fits:
-            parts.append(extra)
-    return clip(" \u00b7 ".join(parts), fits)
-
-
-@dataclass(frozen=True)
-class Layout:
-    width: int
-    height: int
-    lane_w: int
-    lanes: tuple[LaneBox, ...]
-    marks: tuple[Mark, ...]
-    leases: tuple[LeaseBar, ...]
-    rows: tuple[tuple[int, str], ...]  # y, elapsed time label
-    breaks: tuple[tuple[int, str], ...]  # y, length of a gap drawn shorter than it was
-    # Where the drawing is opened at: a few rows above the first mark a violation names (else the
-    # first fault that fired), so that it is on the first screen; what is above is folded away.
-    cut: int = 0
-
-    def parts(self) -> tuple[tuple[int, int], ...]:
-        """The vertical ranges drawn: (0, cut) folded, then (cut, height); one range without a cut."""
-        return ((0, self.cut), (self.cut, self.height)) if self.cut else ((0, self.height),)
-
-
-def time_axis(times: list[int]) -> tuple[dict[int, int], list[tuple[int, str]], int]:
-    """The y of each distinct time (ns), the axis breaks, and the height of the drawing.
-
-    A gap adds height in proportion to its length up to ``MAX_GAP``; a longer one (a lease or a
-    stuck bound the virtual clock skipped, 30 s in no wall time) is drawn ``MAX_GAP`` tall and
-    breaks the axis, labelled with the run time it stands for ("+30.0 s"). Every time keeps its
-    own row, so the order of events is the same on both sides of a break.
-    """
-    y_of: dict[int, int] = {}
-    breaks: list[tuple[int, str]] = []
-    y = 4
-    for n, time in enumerate(times):
-        if n:
-            gap_ns = time - times[n - 1]
-            grow = gap_ns / 1e6 * PX_PER_MS
-            if grow > MAX_GAP:
-                breaks.append((y + ROW_H + MAX_GAP // 2 - ROW_H // 2, gap(gap_ns)))
-            y += ROW_H + int(min(grow, MAX_GAP))
-        y_of[time] = y
-    return y_of, breaks, y + ROW_H + 4
-
-
-def axis_label(time: int) -> str:
-    """A row's run time on the axis: "+51.194 ms", or past 10 s "+30.047495 s" (it fits the gutter)."""
-    return "+" + run_time(time, ms_places=3, s_places=6)
-
-
-def layout(t: Timeline) -> Layout:
-    # A lease's expiry is a time of its own: its mark sits on its row, on the right side of a break.
-    times = sorted({i.start for i in t.items} | {i.end for i in t.items}
-                   | {p for lease in t.leases for p in (lease.start, lease.held_until, lease.end)}
-                   | {lease.expiry for lease in t.leases if lease.expiry is not None})
-    at, breaks, height = time_axis(times)
-
-    def y_of(time: int) -> int:
-        # a lane's spawn or exit falls on the row of the nearest drawn time at or after it
-        if time in at:
-            return at[time]
-        return next((at[tm] for tm in times if tm >= time), height - 4)
-
-    n = max(1, len(t.lanes))
-    lane_w = max(MIN_LANE_W, (WIDTH - GUTTER) // n)
-    chars = max(8, min(LABEL_CHARS, int((lane_w - MARK_X - 14) / CHAR_W) - 2))  # 2: the glyph
-    lane_x = {lane.name: GUTTER + k * lane_w for k, lane in enumerate(t.lanes)}
-    boxes = []
-    for lane in t.lanes:
-        if lane.kind == "worker":
-            top = y_of(lane.start) if lane.start is not None else 4
-            bottom = (y_of(lane.end) + ROW_H) if lane.end is not None else height - 4
-            boxes.append(LaneBox(lane, lane_x[lane.name], top, max(ROW_H, bottom - top),
-                                 heading(lane, lane_w)))
-        else:
-            boxes.append(LaneBox(lane, lane_x[lane.name], None, 0, heading(lane, lane_w)))
-    marks = []
-    for item in t.items:
-        x = lane_x.get(item.lane, GUTTER)
-        y = y_of(item.start)
-        h = (y_of(item.end) - y + ROW_H) if item.span else ROW_H
-        text = clip(item.label, chars)
-        title = "" if text == item.label else clip(item.label, 2000)
-        marks.append(Mark(item, x + MARK_X, y + 1, h - 2, x + MARK_X + 12, text,
-                          GLYPHS.get(item.status, ""), title))
-    bars = []
-    for lease in t.leases:
-        if lease.lane not in lane_x:
-            continue
-        y0, y1, y2 = (y_of(time) + ROW_H // 2 for time in (lease.start, lease.held_until, lease.end))
-        bars.append(LeaseBar(lease, lane_x[lease.lane] + LEASE_X, y0, max(2, y1 - y0), max(0, y2 - y1),
-                             None if lease.expiry is None else y_of(lease.expiry) + ROW_H // 2))
-    rows = tuple((y, axis_label(time)) for time, y in at.items())
-    first = min((m.y for m in marks if m.item.proof), default=None)
-    if first is None:
-        first = min((m.y for m in marks if m.item.kind == "point"), default=None)
-    cut = 0
-    if first is not None and first > FOLD_BELOW:
-        cut = max(y for y in at.values() if y <= first - 2 * ROW_H) if any(
-            y <= first - 2 * ROW_H for y in at.values()) else 0
-    return Layout(GUTTER + lane_w * n, height, lane_w, tuple(boxes), tuple(marks), tuple(bars), rows,
-                  tuple(breaks), cut)
+# The folder's own stylesheet and script may load; nothing else may, and no inline script runs. Inline
+# styles stay allowed for the index's filters (a rule per violated invariant).
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; base-uri 'none'; "
+       "form-action 'none'")
+ASSETS = ("killpoint.css", "killpoint.js")  # written once into a report directory, linked by every page
+_STATUS = {word: n for n, word in enumerate(STATUSES)}
+_SPAN, _INDETERMINATE, _PROOF = 1, 2, 4  # a timeline mark's flags
+_ROW_PROOF, _ROW_DRAWN = 1, 2  # an event row's flags
 
 
 @functools.lru_cache(maxsize=1)
@@ -200,18 +53,111 @@ def environment() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.PackageLoader("killpoint.reports", "templates"), autoescape=True,
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.filters["clip"] = clip
-    env.globals.update(CSP=CSP, GLYPHS=GLYPHS, ROW_H=ROW_H, GUTTER=GUTTER, HEAD_H=HEAD_H,
-                       MAX_GAP=MAX_GAP, BREAK_MS=f"{MAX_GAP / PX_PER_MS:g}",
-                       LEASE_X=LEASE_X)
+    env.globals.update(CSP=CSP, MAX_GAP=MAX_GAP, BREAK_MS=f"{MAX_GAP / PX_PER_MS:g}")
     return env
+
+
+@functools.lru_cache(maxsize=None)
+def asset(name: str) -> str:
+    """The text of a shared file (:data:`ASSETS`), as the package ships it."""
+    return resources.files("killpoint.reports").joinpath("templates", name).read_text(encoding="utf-8")
+
+
+def inert_json(data: Any) -> Markup:
+    """JSON for a ``<script type="application/json">`` block: compact, and with ``<``, ``>``, ``&``
+    and ``'`` escaped so that no string in it can end the block or be read as markup."""
+    text = json.dumps(data, ensure_ascii=False, separators=(",", ":"), default=str)
+    return Markup(text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+                  .replace("'", "\\u0027"))
 
 
 def render_run(report: RunReport, *, back: str | None = None) -> str:
     return environment().get_template("run.html").render(
-        r=report, layout=layout(report.timeline), back=back, data=report.to_json())
+        r=report, back=back, data=inert_json(report.to_json()), view=packed(view(report, layout(report.timeline))))
+
+
+def packed(data: Any) -> Markup:
+    """Data for the page's script, as gzip-compressed compact JSON in base64 (a third of its size
+    as plain JSON: a page's timeline and tables are most of it). Base64 is inert in any context."""
+    text = json.dumps(data, ensure_ascii=False, separators=(",", ":"), default=str)
+    return Markup(base64.b64encode(gzip.compress(text.encode("utf-8"), compresslevel=6, mtime=0)).decode("ascii"))
+
+
+def unpacked(text: str) -> Any:
+    """The data :func:`packed` wrote (for tests and tools that read a page's view)."""
+    return json.loads(gzip.decompress(base64.b64decode(text)).decode("utf-8"))
 
 
 def render_index(index: IndexReport) -> str:
-    return environment().get_template("index.html").render(ix=index, data=index.to_json())
+    return environment().get_template("index.html").render(ix=index, data=inert_json(index.to_json()))
 
 
+class _Words:
+    """A page's table of repeated short strings (processes, kinds, instances...), named by number;
+    each clipped to ``limit`` characters once, as it enters the table."""
+
+    def __init__(self) -> None:
+        self.words: list[str] = []
+        self._number: dict[tuple[str, int], int] = {}
+
+    def __call__(self, word: str, limit: int) -> int:
+        n = self._number.get((word, limit))
+        if n is None:
+            n = self._number[(word, limit)] = len(self.words)
+            self.words.append(clip(word, limit))
+        return n
+
+
+def view(report: RunReport, drawn: Layout) -> dict[str, Any]:
+    """What ``killpoint.js`` draws on a run's page, as compact lists (their order is the script's):
+    the timeline as :func:`killpoint.reports.layout.layout` placed it, the event table and the
+    ledger. Strings are clipped here, as the template clipped them."""
+    word = _Words()
+    timeline = {
+        "w": drawn.width, "h": drawn.height, "lw": drawn.lane_w, "cut": drawn.cut,
+        "lanes": [[b.x, b.head, _lane_title(b.lane.name, b.lane.pid, b.lane.ended), b.life_y, b.life_h,
+                   int(bool(b.lane.ended) and b.lane.ended != "exit 0")] for b in drawn.lanes],
+        "rows": [list(row) for row in drawn.rows],
+        "breaks": [list(b) for b in drawn.breaks],
+        "marks": [_mark(m.item.index, m.x, m.y, m.h, m.item.status,
+                        (_SPAN if m.item.span else 0) | (_INDETERMINATE if m.item.indeterminate else 0)
+                        | (_PROOF if m.item.proof else 0), m.text, m.title) for m in drawn.marks],
+        "leases": [[b.lease.index, b.x, b.y, b.held_h, b.out_h, b.expiry_y, str(b.lease.fence),
+                    clip(b.lease.label, 2000)] for b in drawn.leases],
+        "opens": "the first event a violation names" if report.violations else "the first fault that fired",
+        "gap_ms": f"{MAX_GAP / PX_PER_MS:g}", "gap_px": MAX_GAP,
+    }
+    invariants = [[clip(i.name, 200), i.status, ("yes" if i.checked else "no") if i.applicable else "n/a",
+                   i.violations, clip(i.detail, 500)] for i in report.invariants]
+    events = [[e.index, e.time_ms, word(e.process, 40), word(e.kind, 40), word(e.type, 20), _STATUS.get(e.status, 3),
+               word(e.instance, 60), word(e.step, 60), e.detail,
+               (_ROW_PROOF if e.proof else 0) | (_ROW_DRAWN if e.in_timeline else 0)] for e in report.events]
+    return {"timeline": timeline, "invariants": invariants, "words": word.words, "events": events,
+            "ledger": [_ledger(row) for row in report.ledger]}
+
+
+def _mark(index: int, x: int, y: int, h: int, status: str, flags: int, text: str, title: str) -> list[Any]:
+    mark: list[Any] = [index, x, y, h, _STATUS.get(status, 3), flags, text]
+    if title:
+        mark.append(title)
+    return mark
+
+
+def _lane_title(name: str, pid: int | None, ended: str) -> str:
+    return clip(name, 500) + (f" \u00b7 pid {pid}" if pid else "") + (f" \u00b7 {clip(ended, 40)}" if ended else "")
+
+
+def _cell(value: Any, limit: int = 40) -> Any:
+    """A ledger value as shown: a number as it is, anything else as clipped text, nothing for null."""
+    if value is None:
+        return ""
+    if type(value) is int:
+        return value
+    return clip(str(value), limit)
+
+
+def _ledger(row: LedgerRow) -> list[Any]:
+    key = clip(row.key, 120) if row.key is not None else "(no key) " + clip(row.scope, 120)
+    return [row.index, _cell(row.seq), key, clip(row.resource, 60), clip(row.intent_hash, 70), _cell(row.fence),
+            _cell(row.worker), _cell(row.attempt), _cell(row.http_status), clip(row.outcome, 40),
+            int(bool(row.applied)), _STATUS.get(row.status, 3)]

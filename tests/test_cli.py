@@ -383,7 +383,7 @@ def test_report_takes_same_identity_as_the_reproduce_lines_it_is_given(capsys, t
     code, out, err = run_cli(capsys, "report", "--schedule", "A@charge.after_call:kill", "--workload", "single",
                              "--same-identity", "1", "--report-dir", str(where), "--json", "-q")
     assert code == 0, err
-    page = (where / "run-0001.html").read_text(encoding="utf-8")
+    page = (where / f"{json.loads(out)['results'][0]['run_id']}.html").read_text(encoding="utf-8")
     assert "--same-identity 1" in page
     code, out, err = run_cli(capsys, "report", "--schedule", "A@charge.after_call:kill", "--same-identity", "2")
     assert code == 2 and out == "" and "--same-identity 2" in err.strip()
@@ -684,7 +684,7 @@ def test_a_command_refused_for_bad_input_leaves_the_report_dir_as_it_was(capsys,
                            "--report-dir", str(where), "--json")
     assert code == 1
     before = sorted(os.listdir(where))
-    assert "run-0001.html" in before
+    assert f"{json.loads(out)['results'][0]['run_id']}.html" in before
     for argv in (["replay", "A@@nonsense"], ["matrix", "--steps", "no-such-step"],
                  ["report", "--schedule", "A@nowhere.after_call:kill"]):
         code, out, err = run_cli(capsys, *argv, "--report-dir", str(where))
@@ -706,7 +706,7 @@ def test_a_report_that_cannot_be_written_never_hides_the_verdict(capsys, tmp_pat
             os.unlink(where / name)
         os.rmdir(where)
         where.mkdir()
-        (where / "run-0001.html").mkdir()  # a page killpoint cannot write
+        (where / "killpoint.css").mkdir()  # a file killpoint cannot write
     try:
         code, out, err = run_cli(capsys, "replay", "A@charge.after_call:1*pause", "--target",
                                  "mutant:no-fence-check", "--report-dir", str(where), "--json")
@@ -784,14 +784,17 @@ def test_each_command_leaves_only_its_own_runs_in_the_report_dir(capsys, tmp_pat
     where = tmp_path / "rep"
     code, out, _ = run_cli(capsys, "matrix", "--steps", "charge", "--points", "after_call,before_commit",
                            "--target", "mutant:no-fence-check", "--report-dir", str(where), "--json")
-    assert code == 1 and len(json.loads(out)["results"]) == 6
-    assert sorted(p for p in os.listdir(where) if p.endswith(".html"))[-1] == "run-0006.html"
+    results = json.loads(out)["results"]
+    assert code == 1 and len(results) == 6
+    first = [f"{r['run_id']}.html" for r in results]
+    assert sorted(p for p in os.listdir(where) if p.endswith(".html")) == sorted(["index.html", *first])
     code, out, _ = run_cli(capsys, "replay", "A@charge.after_call:1*pause", "--target",
                            "mutant:no-fence-check", "--report-dir", str(where), "--json")
     assert code == 1
-    assert sorted(p for p in os.listdir(where) if p.endswith(".html")) == ["index.html", "run-0001.html"]
+    (page,) = [f"{r['run_id']}.html" for r in json.loads(out)["results"]]
+    assert sorted(p for p in os.listdir(where) if p.endswith(".html")) == sorted(["index.html", page])
     index = (where / "index.html").read_text(encoding="utf-8")
-    assert "run-0002.html" not in index
+    assert not any(name in index for name in first)
 
 
 def test_a_replayed_stall_that_races_the_stuck_monitor_is_run_with_a_one_line_warning(capsys):
@@ -1023,14 +1026,16 @@ def test_a_valid_matrix_with_report_dir_writes_the_index_and_says_so(capsys, tmp
     assert code == 0 and report["valid"] is True and report["report"] == str(where / "index.html")
     assert sorted(p for p in os.listdir(where) if p.endswith(".html")) == ["index.html"]
     index = (where / "index.html").read_text(encoding="utf-8")
-    assert index.count("no page") == report["runs"] == 6 and "run-0001.html" not in index
+    assert index.count("no page") == report["runs"] == 6 and ".html" not in index
+    assert all(r["run_id"] in index for r in report["results"])  # each row names its run
     assert "wrote the index only (every run valid; --report always writes a page for each run)" in err
 
 
 def test_report_pages_are_announced_and_their_run_ids_are_unique_and_match_the_file_names(capsys, tmp_path):
     """Protects: with --jobs, each runner numbered its runs from 1, so the index showed two
-    different run0001-... ids, neither matching its page's file name. Now a run's number is its
-    position, its page is named after it, and the index links each page by that name."""
+    different run0001-... ids; and pages were named by position (run-0001.html) while ids counted
+    the matrix's fault-free path run too, so no page's name matched its run's id. Now a run's id is
+    unique, its page is named after it, and the index and the JSON name it alike."""
     import os
     import re
 
@@ -1041,13 +1046,16 @@ def test_report_pages_are_announced_and_their_run_ids_are_unique_and_match_the_f
     results = json.loads(out)["results"]
     assert code == 1 and len(results) == 6  # 2 kills, 2 points paused at two moments
     ids = [r["run_id"] for r in results]
-    assert len(set(ids)) == 6
+    assert len(set(ids)) == 6 and all(re.fullmatch(r"run\d{4}-s0-[0-9a-f]{8}", i) for i in ids), ids
     numbers = [int(re.match(r"run(\d+)-", i)[1]) for i in ids]  # the session's runs, in order (the
     assert numbers == list(range(numbers[0], numbers[0] + 6))  # matrix's fault-free path run may come first)
-    assert sorted(p for p in os.listdir(where) if p.startswith("run-")) == [f"run-000{n}.html" for n in range(1, 7)]
-    for n, run_id in enumerate(ids, start=1):
-        assert run_id in (where / f"run-000{n}.html").read_text(encoding="utf-8")
+    pages = sorted(p for p in os.listdir(where) if p.endswith(".html") and p != "index.html")
+    assert pages == sorted(f"{i}.html" for i in ids)
+    for run_id in ids:
+        assert run_id in (where / f"{run_id}.html").read_text(encoding="utf-8")
     index = (where / "index.html").read_text(encoding="utf-8")
-    assert all(f'>run-000{n}.html</a>' in index for n in range(1, 7))
-    assert "killpoint: writing 6 report pages and the index to" in err
-    assert "killpoint: wrote 6 report page(s) and the index to" in err
+    assert all(f'<a href="{i}.html">{i}</a>' in index for i in ids)
+    assert sorted(os.listdir(where)) == sorted([*pages, "index.html", "killpoint.css", "killpoint.js",
+                                                ".killpoint-report"])
+    # each page is written as its run ends (--report always): the closing line says so
+    assert "killpoint: wrote 6 report page(s) as the runs came, and the index, to" in err

@@ -156,7 +156,7 @@ def test_a_history_with_an_event_not_in_the_vocabulary_is_never_judged_valid():
 
 def test_narration_and_the_report_show_an_event_not_in_the_vocabulary_as_written():
     from killpoint.harness.narrate import describe, line
-    from killpoint.reports.model import build_timeline
+    from killpoint.reports.timeline import build_timeline
 
     h = build([(1, vocab.STORE, vocab.CREATED, vocab.EVENT, {"instance": "o", "step": "s", "to_state": "pending"}),
                (2, vocab.STORE, "comitted", vocab.EVENT, {"instance": "o", "step": "s"})])

@@ -279,7 +279,8 @@ def test_a_reference_pause_is_taken_over_and_its_late_commit_refused():
     (p,) = result.exercise.faults
     assert p.takeover_by is not None and p.takeover_by != "A" and p.late_write == "refused"
     assert result.exercise.tally().brief() == "1 of 1 pause exercised a takeover"
-    from killpoint.reports.model import build_index, build_run
+    from killpoint.reports.index import build_index
+    from killpoint.reports.model import build_run
 
     (line,) = build_run(result).banner.provoked
     assert line.startswith("A@charge.before_commit:1*pause: taken over by ") and "its late commit refused" in line

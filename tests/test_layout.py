@@ -188,9 +188,9 @@ def test_the_store_and_the_reports_use_the_one_redaction():
     from killpoint.harness import redact as one
     from killpoint.harness.commands import summary
     from killpoint.harness.store import postgres
-    from killpoint.reports import model
+    from killpoint.reports import index, model
 
-    assert summary.redact is postgres.redact is model.redact is one.redact
+    assert summary.redact is postgres.redact is model.redact is index.redact is one.redact
 
 
 def _with_password(dsn: str, form: str) -> str:

@@ -26,9 +26,12 @@ from killpoint.harness.history import History, build
 from killpoint.harness.mutants import BlindCommits
 from killpoint.harness.run import RunConfig, RunResult, Session
 from killpoint.harness.worker import ReferenceWorker
-from killpoint.reports import run_report_name, write_reports, write_run_report
-from killpoint.reports.model import build_index, build_run, build_timeline
-from killpoint.reports.render import CSP, LABEL_CHARS, MAX_GAP, ROW_H, WIDTH, layout, time_axis
+from killpoint.reports import PagesAsTheyCome, page_names, write_reports, write_run_report
+from killpoint.reports.index import build_index
+from killpoint.reports.layout import LABEL_CHARS, MAX_GAP, ROW_H, WIDTH, layout, time_axis
+from killpoint.reports.model import build_run
+from killpoint.reports.render import ASSETS, CSP, unpacked
+from killpoint.reports.timeline import build_timeline
 from hang import HANG_S
 
 MS = 1_000_000
@@ -166,6 +169,18 @@ class Page(HTMLParser):
     @property
     def all_text(self) -> str:
         return "".join(self.text)
+
+
+def data_of(text: str) -> Any:
+    """The verdict a page embeds for tools (plain JSON)."""
+    (body,) = [body for attrs, body in Page(text).scripts if attrs.get("id") == "killpoint-data"]
+    return json.loads(body)
+
+
+def view_of(text: str) -> Any:
+    """What a run's page gives its script to draw: the timeline, the invariants and the tables."""
+    (body,) = [body for attrs, body in Page(text).scripts if attrs.get("id") == "killpoint-view"]
+    return unpacked(body)
 
 
 def pages(directory: str) -> dict[str, str]:
@@ -351,6 +366,46 @@ def test_index_puts_violated_runs_first_and_offers_a_filter_per_violated_invaria
     assert index.rows[0].href == "3.html" and "killpoint replay" in index.rows[0].reproduce
 
 
+def test_pages_as_they_come_hold_valid_runs_until_one_fails_then_write_each_as_its_run_ends(tmp_path):
+    """A matrix writes each page as its run ends instead of keeping every history to its end (they
+    grew the process by 60 MiB, which every forked worker paid for). With --report on-failure the
+    valid runs are held until one is not valid: then their pages are written, and each later one
+    as it comes; the index links them all."""
+    h = takeover_history()
+    bad = Violation("stale_writes_rejected", "order-1", "charge", "stale", events=(4, 12))
+    runs = [make_result(h, run_id="run0001-s0-00000001"), make_result(h, run_id="run0002-s0-00000002"),
+            make_result(h, valid=False, violations=(bad,), run_id="run0003-s0-00000003"),
+            make_result(h, run_id="run0004-s0-00000004")]
+    pages = PagesAsTheyCome(str(tmp_path), title="t", always=False)
+    written = lambda: sorted(p for p in os.listdir(tmp_path) if p.startswith("run"))  # noqa: E731
+    pages.add(runs[0])
+    pages.add(runs[1])
+    assert written() == [] and len(pages.held) == 2  # not known to be wanted yet
+    pages.add(runs[2])
+    assert written() == [f"run000{n}-s0-0000000{n}.html" for n in (1, 2, 3)] and pages.held == []
+    pages.add(runs[3])  # wanted now: written as it comes
+    assert len(written()) == 4 and pages.written == 4
+    index = pages.finish(runs, pages=True)
+    assert [row.href for row in build_index(runs, pages.hrefs, title="t").rows] == [
+        "run0003-s0-00000003.html", "run0001-s0-00000001.html", "run0002-s0-00000002.html",
+        "run0004-s0-00000004.html"]
+    assert all(f'href="{name}"' in open(index, encoding="utf-8").read() for name in written())
+
+
+def test_pages_as_they_come_write_the_index_alone_when_every_run_stays_valid(tmp_path):
+    h = takeover_history()
+    runs = [make_result(h, run_id=f"run000{n}-s0-0000000{n}") for n in (1, 2)]
+    pages = PagesAsTheyCome(str(tmp_path), title="t", always=False)
+    for run in runs:
+        pages.add(run)
+    pages.finish(runs, pages=False)
+    assert sorted(os.listdir(tmp_path)) == ["index.html", "killpoint.css", "killpoint.js"] and pages.held == []
+    # --report always: each page as its run is added
+    always = PagesAsTheyCome(str(tmp_path / "always"), title="t", always=True)
+    always.add(runs[0])
+    assert os.listdir(tmp_path / "always") != [] and always.written == 1
+
+
 def test_store_password_never_reaches_a_report_artefact(tmp_path):
     result = make_result(takeover_history(), store="postgresql://kp:s3cret@db.example/test")
     report = build_run(result)
@@ -377,31 +432,44 @@ def hostile_dir(tmp_path_factory) -> str:
 
 def test_hostile_strings_from_a_run_come_out_as_text_never_as_markup(hostile_dir):
     files = pages(hostile_dir)
-    assert set(files) == {"index.html"} | {run_report_name(n) for n in range(1, len(HOSTILE) + 1)}
+    # a run id that is no plain file name gets a page named by its position
+    assert set(files) == {"index.html"} | set(page_names(list(HOSTILE))) == \
+        {"index.html"} | {f"run-000{n}.html" for n in range(1, len(HOSTILE) + 1)}
     allowed_meta = {"charset", "http-equiv", "name"}
     for name, text in files.items():
         page = Page(text)
         for tag, attrs in page.tags:
-            assert tag not in ("img", "iframe", "object", "embed", "link", "base", "form", "b"), (name, tag)
+            assert tag not in ("img", "iframe", "object", "embed", "base", "form", "b"), (name, tag)
             assert not any(a.startswith("on") for a in attrs), (name, tag, attrs)
             if tag == "meta":
                 assert set(attrs) & allowed_meta, attrs
-            if tag == "script":
-                assert attrs == {"type": "application/json", "id": "killpoint-data"}, attrs
+            if tag == "script":  # inert data blocks, and the folder's own script
+                assert attrs in ({"type": "application/json", "id": "killpoint-data"},
+                                 {"type": "application/gzip", "id": "killpoint-view"},
+                                 {"src": "killpoint.js", "defer": None}), attrs
+            if tag == "link":
+                assert attrs == {"rel": "stylesheet", "href": "killpoint.css"}, attrs
         # each run's hostile string is in its page, as text (the index has the title)
         expected = HOSTILE_SCRIPT if name == "index.html" else HOSTILE[int(name[4:8]) - 1]
         assert expected in page.all_text, name
         assert "<script>alert" not in text and "<img src=x" not in text and "<svg onload" not in text
+        for attrs, body in page.scripts:  # the view is base64, which nothing reads as markup
+            if attrs.get("id") == "killpoint-view":
+                assert re.fullmatch(r"[A-Za-z0-9+/=]+", body), name
 
 
 def test_embedded_json_escapes_angle_brackets_and_ampersands_and_round_trips(hostile_dir):
     for name, text in pages(hostile_dir).items():
-        ((attrs, body),) = Page(text).scripts
+        (body,) = [body for attrs, body in Page(text).scripts if attrs.get("id") == "killpoint-data"]
         assert "<" not in body and ">" not in body and "&" not in body
         data = json.loads(body)
         if name == "run-0002.html":
             assert data["schedule"] == HOSTILE_SCRIPT
             assert data["violations"][0]["instance"] == HOSTILE_SCRIPT
+            # the view keeps the hostile strings whole, as data the script sets as text
+            view = view_of(text)
+            assert HOSTILE_SCRIPT[:59] + "\u2026" in view["words"]  # the instance column, clipped
+            assert any("</script><script>document.title='PWNED'" in row[8] for row in view["events"])
         if name == "index.html":
             assert data["title"] == HOSTILE_SCRIPT
 
@@ -414,8 +482,7 @@ def test_ten_kilobyte_names_are_clipped_on_the_timeline_but_kept_whole_in_the_da
     assert marks and all(len(m.text) <= LABEL_CHARS for m in marks)
     text = pages(hostile_dir)["run-0004.html"]
     assert len(text) < 2_000_000
-    data = json.loads(Page(text).scripts[0][1])
-    assert data["violations"][0]["instance"] == long_name
+    assert data_of(text)["violations"][0]["instance"] == long_name
 
 
 def _external(value: str) -> bool:
@@ -423,7 +490,21 @@ def _external(value: str) -> bool:
 
 
 def test_reports_load_and_link_nothing_outside_themselves(hostile_dir, violated_reports):
+    # The policy: the folder's own stylesheet and script, no inline script, nothing from outside.
+    policy = dict(part.strip().split(" ", 1) for part in CSP.split(";"))
+    assert policy["default-src"] == "'none'" and policy["script-src"] == "'self'"
+    assert "http" not in CSP and "*" not in CSP and "data:" not in CSP
     for directory in (hostile_dir, violated_reports["dir"]):
+        assert set(ASSETS) <= set(os.listdir(directory))
+        script = open(os.path.join(directory, "killpoint.js"), encoding="utf-8").read()
+        css = open(os.path.join(directory, "killpoint.css"), encoding="utf-8").read()
+        # The script writes text and attributes only: nothing it draws is parsed as markup, and it
+        # reaches nothing outside the page. Its one address is the SVG namespace's name.
+        for word in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "Function(",
+                     "fetch(", "XMLHttpRequest", "import(", "WebSocket", "setAttribute(\"on", "javascript:"):
+            assert word not in script, word
+        assert re.findall(r"https?://[^\s\"']*", script) == ["http://www.w3.org/2000/svg"]
+        assert "url(" not in css and "@import" not in css and "http" not in css
         for name, text in pages(directory).items():
             page = Page(text)
             assert "http://" not in text and "https://" not in text, name
@@ -433,7 +514,6 @@ def test_reports_load_and_link_nothing_outside_themselves(hostile_dir, violated_
                     assert value is None or not _external(value), (name, tag, attr, value)
             metas = [a for t, a in page.tags if t == "meta" and a.get("http-equiv")]
             assert metas == [{"http-equiv": "Content-Security-Policy", "content": CSP}]
-            assert "default-src 'none'" in CSP and "script-src" not in CSP
             assert "url(" not in text and "@import" not in text
 
 
@@ -458,9 +538,11 @@ def test_violating_run_gives_an_index_and_run_report_naming_the_invariant(violat
     assert stale.instance == "order-1" and stale.step == "charge" and stale.events
     assert {lane.name for lane in report.timeline.lanes} >= {"A", "B", "downstream", "store", "harness"}
     files = pages(violated_reports["dir"])
-    for name in ("index.html", run_report_name(1)):
+    (page,) = page_names([result.run_id])
+    assert page == f"{result.run_id}.html"  # the page is named after its run
+    for name in ("index.html", page):
         assert "stale_writes_rejected" in Page(files[name]).all_text, name
-    assert 'href="run-0001.html"' in files["index.html"]
+    assert f'href="{page}"' in files["index.html"] and result.run_id in Page(files["index.html"]).all_text
 
 
 def test_reports_of_many_runs_keep_the_focus_instances_and_stay_small(violated_reports, tmp_path):
@@ -471,10 +553,12 @@ def test_reports_of_many_runs_keep_the_focus_instances_and_stay_small(violated_r
     assert focused.shown < focused.total and "showing" in focused.cap_note
     assert all(row.instance in ("", "order-1") for row in focused.events)
     index = write_reports([result] * 4, str(tmp_path), title="t")
-    sizes = [os.path.getsize(os.path.join(tmp_path, run_report_name(n))) for n in range(1, 5)]
-    # 68 runs must fit in 5 MB with their index: well under 70 kB a run
-    assert max(sizes) < 70_000, sizes
-    page = Page(open(os.path.join(tmp_path, run_report_name(1)), encoding="utf-8").read()).all_text
+    names = page_names([result.run_id] * 4)
+    assert len(set(names)) == 4  # one id four times still gives four pages
+    sizes = [os.path.getsize(os.path.join(tmp_path, name)) for name in names]
+    # 68 runs must fit in 2 MB with their index and the shared files: well under 25 kB a run
+    assert max(sizes) < 25_000, sizes
+    page = Page(open(os.path.join(tmp_path, names[0]), encoding="utf-8").read()).all_text
     assert "--report-dir DIR" in page and os.path.getsize(index) < 20_000
 
 
@@ -507,8 +591,9 @@ def test_a_virtual_time_run_breaks_its_axis_at_the_skipped_lease_and_keeps_every
     assert any(label.endswith(" s") for _, label in drawn.rows)  # rows past 10 s read in seconds
     # The page says what the times are, and draws the break with its label.
     assert report.banner.virtual and report.banner.run_time.endswith(" s")
-    page = Page(open(os.path.join(violated_reports["dir"], run_report_name(1)), encoding="utf-8").read())
-    assert f"\u22ee {label}" in page.all_text
+    text = open(os.path.join(violated_reports["dir"], f"{result.run_id}.html"), encoding="utf-8").read()
+    assert [y_break, label] in view_of(text)["timeline"]["breaks"]  # what the page's script draws
+    page = Page(text)
     assert "of run time on the virtual clock" in page.all_text and "cost no wall time" in page.all_text
 
 
@@ -520,8 +605,9 @@ def test_report_command_runs_one_schedule_writes_its_report_and_exits_1(tmp_path
     assert code == 1 and data["valid"] is False
     assert data["report"] == os.path.join(out, "index.html") and os.path.exists(data["report"])
     assert "stale_writes_rejected" in {v["invariant"] for v in data["violations"]}
-    text = open(os.path.join(out, run_report_name(1)), encoding="utf-8").read()
-    assert "stale_writes_rejected" in Page(text).all_text
+    (page,) = [name for name in os.listdir(out) if name.startswith("run0")]
+    assert data["results"][0]["run_id"] + ".html" == page
+    assert "stale_writes_rejected" in Page(open(os.path.join(out, page), encoding="utf-8").read()).all_text
 
 
 def test_report_command_refuses_a_bad_schedule_with_one_line_naming_it(capsys):
@@ -544,10 +630,12 @@ def _chromium() -> str:
 
 
 def dump_dom(chromium: str, path: str, profile: str) -> str:
+    """The page's document once it has loaded and its script has drawn (the budget lets the
+    script's asynchronous unpacking of its data finish before the dump)."""
     proc = subprocess.run(
         [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={profile}",
-         "--dump-dom", "file://" + os.path.abspath(path)],
+         "--virtual-time-budget=10000", "--dump-dom", "file://" + os.path.abspath(path)],
         capture_output=True, text=True, timeout=HANG_S)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc.stdout
@@ -556,15 +644,25 @@ def dump_dom(chromium: str, path: str, profile: str) -> str:
 def test_real_report_in_headless_chromium_shows_the_violation_and_runs_no_hostile_script(
         violated_reports, tmp_path):
     chromium = _chromium()
-    dom = dump_dom(chromium, os.path.join(violated_reports["dir"], run_report_name(1)),
+    result = violated_reports["result"]
+    dom = dump_dom(chromium, os.path.join(violated_reports["dir"], f"{result.run_id}.html"),
                    str(tmp_path / "profile"))
     assert "stale_writes_rejected" in dom and 'class="violation"' in dom
+    # the shared script drew the timeline, the invariants and the tables from the page's data
+    assert re.search(r'<html[^>]* data-drawn="1"', dom) and "needs-js" not in dom
+    (stale,) = [v for v in build_run(result).violations if v.invariant == "stale_writes_rejected"]
+    for ref in stale.events:  # each proof has its row in the event table, and its mark
+        assert f'<tr class="proof" id="e{ref.index}">' in dom, ref
+    assert 'class="mk ' in dom and "proof" in dom and "\u22ee +" in dom  # marks, a proof, an axis break
+    assert "<code>stale_writes_rejected</code>" in dom  # the invariants table
+    assert "No requests." not in dom and '<a href="#e' in dom  # the ledger links its events
     title = re.search(r"<head>.*?<title>(.*?)</title>", dom, re.S).group(1)  # the document's own
     assert "PWNED" not in title and title.startswith("killpoint violated")
     (body,) = re.findall(r"<body[^>]*>", dom)
     assert "data-pwned" not in body
-    # the hostile note the worker journaled is on the page, as inert text
+    # the hostile note the worker journaled is on the page, as inert text (the event table's data)
     assert "&lt;/script&gt;&lt;script&gt;document.title='PWNED'" in dom
+    assert "<script>document.title" not in dom and "<img" not in dom
 
 
 def _probed(tmp_path, probe: str, page: str) -> str:
@@ -581,10 +679,24 @@ def _probed(tmp_path, probe: str, page: str) -> str:
     return re.search(r'<pre id="out">(.*?)</pre>', proc.stdout, re.S).group(1)
 
 
+# A run's page draws its timeline and tables once its script has unpacked its data: the probes wait
+# for that (data-drawn on its root) before they measure.
+WHEN_DRAWN = """
+var f = document.getElementById('f');
+function drawn(then) {
+  var d = f.contentDocument;
+  if (d && d.getElementById('killpoint-view') && !d.documentElement.getAttribute('data-drawn')) {
+    setTimeout(function () { drawn(then); }, 20);
+  } else {
+    then.call(f);
+  }
+}
+"""
+
 PROBE = """<!DOCTYPE html><html><body style="margin:0">
 <iframe id="f" src="REPORT" style="width:1280px;height:800px;border:0"></iframe><pre id="out">pending</pre>
-<script>
-document.getElementById('f').addEventListener('load', function () {
+<script>""" + WHEN_DRAWN + """
+f.addEventListener('load', function () { drawn(function () {
   var d = this.contentDocument, de = d.documentElement, box = d.querySelector('.tl-scroll');
   var proof = d.querySelector('svg.tl a.proof[id]'), r = box.getBoundingClientRect();
   var p = proof ? proof.getBoundingClientRect() : null;
@@ -594,15 +706,18 @@ document.getElementById('f').addEventListener('load', function () {
     proof: p && [p.top, p.bottom], box: [r.top, r.bottom],
     expiries: d.querySelectorAll('svg.tl .lease path.expiry').length,
     leases: d.querySelectorAll('svg.tl .lease rect.held').length});
-});
+}); });
 </script></body></html>"""
 
 
 def test_report_at_1280_px_has_no_sideways_scroll_draws_lease_expiry_and_opens_at_the_violation(
         violated_reports, tmp_path):
-    """Measured by a real browser: a probe page (not the report: reports run no script) loads the
-    report in a 1280-pixel frame and reads its layout."""
-    shutil.copy(os.path.join(violated_reports["dir"], run_report_name(1)), tmp_path / "run.html")
+    """Measured by a real browser: a probe page loads the report in a 1280-pixel frame and reads its
+    layout (the page is copied with the folder's shared files, as a report folder is copied whole)."""
+    shutil.copy(os.path.join(violated_reports["dir"], f"{violated_reports['result'].run_id}.html"),
+                tmp_path / "run.html")
+    for name in ASSETS:
+        shutil.copy(os.path.join(violated_reports["dir"], name), tmp_path / name)
     m = json.loads(_probed(tmp_path, PROBE, "run.html").replace("&quot;", '"'))
     assert m["page"][0] <= m["page"][1], m  # no horizontal scroll of the page
     assert m["timeline"][0] <= m["timeline"][1], m  # nor inside the timeline: every lane is in view
@@ -611,13 +726,38 @@ def test_report_at_1280_px_has_no_sideways_scroll_draws_lease_expiry_and_opens_a
     assert m["proof"] and m["box"][0] <= m["proof"][0] < min(m["box"][1], m["height"]), m
 
 
+TARGET_PROBE = """<!DOCTYPE html><html><body style="margin:0">
+<iframe id="f" src="REPORT" style="width:1280px;height:800px;border:0"></iframe><pre id="out">pending</pre>
+<script>""" + WHEN_DRAWN + """
+f.addEventListener('load', function () { drawn(function () { setTimeout(function () {
+  var d = f.contentDocument, row = d.querySelector('tr:target'), r = row && row.getBoundingClientRect();
+  document.getElementById('out').textContent = JSON.stringify({target: row && row.id, top: r && r.top,
+    height: f.contentWindow.innerHeight});
+}, 50); }); });
+</script></body></html>"""
+
+
+def test_a_link_to_an_event_opens_the_page_at_its_row_though_the_script_draws_the_table(
+        violated_reports, tmp_path):
+    """The index links each violation's events as page#eN; the rows are drawn by the page's script
+    after the browser looked for the target, so the script follows the link again: the row is in
+    view and is the :target the style marks."""
+    result = violated_reports["result"]
+    for name in (f"{result.run_id}.html", *ASSETS):
+        shutil.copy(os.path.join(violated_reports["dir"], name), tmp_path / name)
+    (stale,) = [v for v in build_run(result).violations if v.invariant == "stale_writes_rejected"]
+    link = stale.events[-1].link
+    m = json.loads(_probed(tmp_path, TARGET_PROBE, f"{result.run_id}.html#{link}").replace("&quot;", '"'))
+    assert m["target"] == link and 0 <= m["top"] < m["height"], m
+
+
 INDEX_PROBE = """<!DOCTYPE html><html><body style="margin:0">
 <iframe id="f" src="REPORT" style="width:1280px;height:800px;border:0"></iframe><pre id="out">pending</pre>
-<script>
-document.getElementById('f').addEventListener('load', function () {
+<script>""" + WHEN_DRAWN + """
+f.addEventListener('load', function () { drawn(function () {
   var de = this.contentDocument.documentElement;
   document.getElementById('out').textContent = JSON.stringify([de.scrollWidth, de.clientWidth]);
-});
+}); });
 </script></body></html>"""
 
 

@@ -12,7 +12,8 @@ import pytest
 from killpoint import vocab
 from killpoint.harness.history import Event, History, build
 from killpoint.harness.narrate import describe, line, narrate
-from killpoint.reports.model import build_timeline, describe as report_describe
+from killpoint.reports.base import describe as report_describe
+from killpoint.reports.timeline import build_timeline
 
 MS = 1_000_000
 

@@ -40,7 +40,7 @@ from killpoint.errors import BadInput, shown
 from killpoint.harness import inputs
 from killpoint.harness.commands.options import (_names, add_common, declared_target, jobs_of, parse_steps,
                                                 run_config, target_points, whole, workload_of)
-from killpoint.harness.commands.output import finish, progress_for
+from killpoint.harness.commands.output import finish, progress_for, stream_pages
 from killpoint.harness.commands.summary import Summary, until_broken
 from killpoint.harness.paths import (discovery, explore_hits, explore_recovery, kills, once_per_worker, points_only,
                                      recovery_probe, stepless_points)
@@ -183,8 +183,8 @@ def _pair_plans(args: argparse.Namespace, steps: tuple[str, ...],
 
 
 def _later_hits(args: argparse.Namespace, session: Session, summary: Summary, progress: Any,
-                configs: list[Any], steps: tuple[str, ...], points: tuple[str, ...], hits_mode: str,
-                drawn: bool) -> list[Any]:
+                configs: list[Any], steps: tuple[str, ...], points: tuple[str, ...],
+                hits_mode: str) -> list[Any]:
     """The fault-free run with A alone, whose hits tell which later ones to crash, and (with
     ``--recovery-paths``) each kill again with A alone; returns ``configs`` with the later hits'
     runs added, and keeps what it found in ``summary``."""
@@ -196,7 +196,7 @@ def _later_hits(args: argparse.Namespace, session: Session, summary: Summary, pr
     exploration = dataclasses.replace(explore_hits(found, steps, points, hits_mode, args.max_hits),
                                       discovery=found.verdict.valid)
     if found.valid is not True:
-        summary.add(found, keep_events=drawn)
+        summary.add(found, keep_events=False)
         progress.step("no faults, worker A alone", found)
     if args.depth == 1:
         # A point A passed only outside any step is crashed once, not once per step
@@ -209,7 +209,7 @@ def _later_hits(args: argparse.Namespace, session: Session, summary: Summary, pr
         seen = []
         for result in session.run_many(probes, jobs=jobs_of(args)):
             seen.append(points_only(result))  # all explore_recovery reads of it
-            summary.add(result, keep_events=drawn)
+            summary.add(result, keep_events=False)
             progress.step(f"{result.config.schedule} (A alone, restarted as itself)", result)
         exploration = explore_recovery(exploration, seen, steps, points, args.max_hits)
         del seen
@@ -243,18 +243,20 @@ def run(args: argparse.Namespace) -> int:
     if hits_mode != "first" and not explore and (args.hits or args.max_hits is not None or args.recovery_paths):
         raise BadInput(f"--actions {shown(','.join(actions))}: later hits are explored with kills; add "
                        f"kill to --actions, or leave --hits, --max-hits and --recovery-paths out")
-    progress = progress_for(args, len(configs),
-                            f"killpoint matrix{' --depth 2' if args.depth == 2 else ''}")
-    drawn = bool(args.report_dir) and args.report != "never"  # reports draw every run's events
+    title = f"killpoint matrix{' --depth 2' if args.depth == 2 else ''}"
+    progress = progress_for(args, len(configs), title)
+    # Each run's page written as the run ends (or held until some run fails, --report on-failure):
+    # the summary keeps no run's events for the reports.
+    stream_pages(args, summary, title, many=explore or len(configs) > 1)
     with Session(real_time=args.real_time) as session:
         if explore:
-            configs = _later_hits(args, session, summary, progress, configs, steps, points, hits_mode, drawn)
+            configs = _later_hits(args, session, summary, progress, configs, steps, points, hits_mode)
         if configs:
             progress.step(str(configs[0].schedule))  # at once: the first result may take a while
         for i, result in enumerate(until_broken(session.run_many(configs, jobs=jobs_of(args)))):
-            summary.add(result, keep_events=drawn)
+            summary.add(result, keep_events=False)
             progress.step(str(result.config.schedule), result)
             if i + 1 < len(configs):
                 progress.step(str(configs[i + 1].schedule))
     progress.close()
-    return finish(args, summary, f"killpoint matrix{' --depth 2' if args.depth == 2 else ''}")
+    return finish(args, summary, title)

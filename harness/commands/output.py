@@ -59,12 +59,12 @@ def write_junit(args: argparse.Namespace, summary: Summary, title: str) -> None:
     path = getattr(args, "junit_xml", None)
     if not path:
         return
-    from killpoint.reports import run_report_name
+    from killpoint.reports import page_names
 
     reports = None
     if summary.report and summary.report_pages:
         where = os.path.dirname(summary.report)
-        reports = [os.path.join(where, run_report_name(n)) for n in range(1, len(summary.results) + 1)]
+        reports = [os.path.join(where, name) for name in page_names([r.run_id for r in summary.results])]
     summary.junit_error = write_junit_file(path, summary.results, suite=title, reproduce=replay_command,
                                            reports=reports)
 
@@ -165,8 +165,22 @@ def prepare_report_dir(args: argparse.Namespace) -> None:
                        f"({exc.strerror or exc})") from None
 
 
+def stream_pages(args: argparse.Namespace, summary: Summary, title: str, *, many: bool = True) -> None:
+    """Have ``summary`` write each run's report page as the run is added (when ``--report-dir`` and
+    ``--report`` ask for pages), rather than keep every run's history for :func:`write_html` at the
+    end. Called once the report directory is ready (:func:`progress_for`)."""
+    where = _report_dir(args)
+    if where is None:
+        return
+    from killpoint.reports import PagesAsTheyCome
+
+    summary.pages = PagesAsTheyCome(where, title=title, always=args.report == "always", many=many)
+
+
 def write_html(args: argparse.Namespace, summary: Summary, title: str) -> None:
-    """The HTML index and run reports, when ``--report-dir`` and ``--report`` ask for them.
+    """The HTML index and run reports, when ``--report-dir`` and ``--report`` ask for them (the
+    pages not written yet, when the runs' pages were written as they came: see
+    :func:`stream_pages`).
 
     A report that cannot be written never hides the verdict: the command says so on stderr and
     goes on to print its verdict and exit with its code."""
@@ -177,12 +191,17 @@ def write_html(args: argparse.Namespace, summary: Summary, title: str) -> None:
     pages = not (args.report == "on-failure" and summary.valid is True)
     from killpoint.reports import write_reports as write
 
-    progress = _PageProgress(len(summary.results) if pages else 0, args.report_dir,
-                             quiet=bool(getattr(args, "quiet", False)))
+    streamed = summary.pages
+    left = len(streamed.held) if streamed is not None else len(summary.results)
+    progress = _PageProgress(left if pages else 0, args.report_dir, quiet=bool(getattr(args, "quiet", False)),
+                             before=streamed.written if streamed is not None else 0)
     try:
         prepare_report_dir(args)  # done already where the command's runs started
-        summary.report = write(summary.results, args.report_dir, title=title, pages=pages,
-                               on_page=progress.page)
+        if streamed is not None:
+            summary.report = streamed.finish(summary.results, pages=pages, on_page=progress.page)
+        else:
+            summary.report = write(summary.results, args.report_dir, title=title, pages=pages,
+                                   on_page=progress.page)
         summary.report_pages = pages
         progress.done()
     except BadInput as exc:  # the directory went away or bad since the command started
@@ -196,10 +215,11 @@ def write_html(args: argparse.Namespace, summary: Summary, title: str) -> None:
 
 class _PageProgress:
     """Progress of the report pages on stderr, as the runs' progress: a line when writing starts (when
-    there is more than one page), then every 3 s, then one saying what was written; off with --quiet."""
+    there is more than one page), then every 3 s, then one saying what was written (with the
+    ``before`` pages written as the runs came); off with --quiet."""
 
-    def __init__(self, total: int, where: str, *, quiet: bool) -> None:
-        self.total, self.where, self.quiet = total, where, quiet
+    def __init__(self, total: int, where: str, *, quiet: bool, before: int = 0) -> None:
+        self.total, self.where, self.quiet, self.before = total, where, quiet, before
         self.started = time.monotonic()
         self.last = self.started
         if not quiet and total > 1:
@@ -215,6 +235,14 @@ class _PageProgress:
         if self.quiet:
             return
         took = time.monotonic() - self.started
+        if self.before and not self.total:
+            print(f"killpoint: wrote {self.before} report page(s) as the runs came, and the index, to {self.where}",
+                  file=sys.stderr)
+            return
+        if self.before:
+            print(f"killpoint: wrote {self.before + self.total} report page(s) ({self.before} as the runs came, "
+                  f"{self.total} after them) and the index to {self.where} in {took:.1f} s", file=sys.stderr)
+            return
         what = (f"{self.total} report page(s) and the index" if self.total else
                 "the index only (every run valid; --report always writes a page for each run)")
         print(f"killpoint: wrote {what} to {self.where} in {took:.1f} s", file=sys.stderr)

@@ -36,7 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from killpoint import chaos
     from killpoint.harness.run import Session
-    from killpoint.reports import run_report_name
+    from killpoint.reports import page_names
 
     from killpoint.harness.commands.options import declared_target
     from killpoint.chaos.points import DB_POINTS
@@ -61,5 +61,5 @@ def run(args: argparse.Namespace) -> int:
         summary.results.append(session.run(config))
         progress.step(str(schedule), summary.results[-1])
     progress.close()
-    run_page = os.path.join(args.report_dir, run_report_name(1))
+    run_page = os.path.join(args.report_dir, page_names([summary.results[0].run_id])[0])
     return finish(args, summary, title, [f"run report: {run_page}"])

@@ -56,12 +56,20 @@ class Summary:
     exploration: Any = None
     # The point statistics of runs whose events were let go (see add), by the result's id.
     _points: dict[int, PointStats] = field(default_factory=dict, repr=False)
+    # The report pages written as the runs come (killpoint.reports.PagesAsTheyCome), when a
+    # command asked for them with stream_pages: every run must then go through add.
+    pages: Any = None
 
     def add(self, result: RunResult, *, keep_events: bool = True) -> None:
         """Keep a run's result. Without ``keep_events`` (nothing will draw this run: no report is
         asked for), a valid run keeps its verdict, faults, points reached and history's summary but
         lets its events go: a matrix's histories otherwise grow this process's heap by tens of MiB,
-        which every worker forked from it pays for in page tables and copy-on-write faults."""
+        which every worker forked from it pays for in page tables and copy-on-write faults. With
+        pages written as the runs come, the run goes to them (which write its page now, or hold it
+        until pages are known to be wanted) and is kept here as without ``keep_events``."""
+        if self.pages is not None:
+            self.pages.add(result)
+            keep_events = False
         if not keep_events and result.valid is True:
             points = PointStats.of(result.history)
             result = dataclasses.replace(result, history=dataclasses.replace(result.history, events=()))

@@ -51,9 +51,9 @@ class _State:
         lights = sorted((r for r in self.records if r.get("light")), key=lambda r: (r["nodeid"], r["page"]))
         if not lights:
             return
-        from killpoint.reports.model import build_index
-        from killpoint.reports.files import clear_earlier_pages, write_text
-        from killpoint.reports.render import render_index
+        from killpoint.reports import write_index
+        from killpoint.reports.index import build_index
+        from killpoint.reports.files import clear_earlier_pages
 
         written = {os.path.basename(r["page"]) for r in self.records if r.get("page")}
         try:
@@ -67,7 +67,7 @@ class _State:
                             tests=[r["nodeid"] for r in lights])
         path = os.path.join(self.settings.report_dir, INDEX)
         try:
-            self.index = write_text(path, render_index(model))
+            self.index = write_index(model, self.settings.report_dir)
         except OSError as exc:  # a report never hides the verdicts: the summary says so, in one line
             self.index_error = (f"HTML report: index {path} not written: {exc.strerror or exc}; "
                                 f"each test's own run pages stand")
