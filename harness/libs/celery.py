@@ -39,7 +39,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from typing import Any
+from typing import Any, Callable
 
 import killpoint
 from killpoint.harness.libs import brokers
@@ -185,31 +185,48 @@ def _on_success(sender: Any = None, **_: Any) -> None:
     _point_for(sender.request.kwargs, "stored")
 
 
-class Sweep(bootsteps.StartStopStep):  # type: ignore[misc]
-    """A consumer step: every SWEEP_S, kombu's sweep of unacknowledged Redis messages, and the end of
-    the worker once the order is done."""
+def _sweep_step(worker: dict[str, Any], done: Callable[[], bool]) -> type:
+    """A consumer step: every SWEEP_S, kombu's sweep of unacknowledged Redis messages (kombu 5.7's
+    ``unacked_restore_interval``), and the end of the worker once ``done()`` (raising
+    :class:`_Finished` from its event loop). It keeps the worker's hub in ``worker["hub"]``."""
 
-    requires = {"celery.worker.consumer.tasks:Tasks"}
+    class Sweep(bootsteps.StartStopStep):  # type: ignore[misc]
+        requires = {"celery.worker.consumer.tasks:Tasks"}
 
-    def start(self, c: Any) -> None:
-        _worker["hub"] = c.controller.hub
-        c.timer.call_repeatedly(SWEEP_S, self.tick, (c,), priority=10)
+        def start(self, c: Any) -> None:
+            worker["hub"] = c.controller.hub
+            c.timer.call_repeatedly(SWEEP_S, self.tick, (c,), priority=10)
 
-    @staticmethod
-    def tick(c: Any) -> None:
-        qos = getattr(c.task_consumer.channel, "qos", None)
-        if qos is not None and hasattr(qos, "restore_visible"):
-            qos.restore_visible(num=100, interval=1)
-        # Done on two ticks in a row, the hub's poll between them: a message this worker's broker
-        # connection already took (Redis's BRPOP answered, RabbitMQ's delivery in the socket) is in
-        # no list Redis or RabbitMQ shows until the hub reads it; ending on the first tick lost it,
-        # and with it the duplicate a naive task delivered again applies.
-        if not _done(_worker["ctx"].run.state):
-            _worker["done_seen"] = False
-        elif _worker.get("done_seen"):
-            raise _Finished()
-        else:
-            _worker["done_seen"] = True
+        @staticmethod
+        def tick(c: Any) -> None:
+            qos = getattr(c.task_consumer.channel, "qos", None)
+            if qos is not None and hasattr(qos, "restore_visible"):
+                qos.restore_visible(num=100, interval=1)
+            # Done on two ticks in a row, the hub's poll between them: a message this worker's broker
+            # connection already took (Redis's BRPOP answered, RabbitMQ's delivery in the socket) is in
+            # no list Redis or RabbitMQ shows until the hub reads it; ending on the first tick lost it,
+            # and with it the duplicate a naive task delivered again applies.
+            if not done():
+                worker["done_seen"] = False
+            elif worker.get("done_seen"):
+                raise _Finished()
+            else:
+                worker["done_seen"] = True
+
+    return Sweep
+
+
+def run_worker(app: celery.Celery, worker: dict[str, Any], done: Callable[[], bool], *, hostname: str,
+               **options: Any) -> None:
+    """Celery's own worker (the solo pool, no heartbeat, mingle or gossip) in this process, until
+    ``done()`` holds on two sweeps in a row (see :func:`_sweep_step`)."""
+    app.steps["consumer"].add(_sweep_step(worker, done))
+    controller = app.WorkController(pool_cls="solo", concurrency=1, hostname=hostname, without_heartbeat=True,
+                                    without_mingle=True, without_gossip=True, loglevel="CRITICAL", **options)
+    try:
+        controller.start()
+    except _Finished:
+        return
 
 
 # -- in a worker ----------------------------------------------------------------------------------
@@ -224,14 +241,7 @@ def _work(ctx: Any) -> None:
     signals.task_received.connect(_on_received, weak=False, dispatch_uid="killpoint-received")
     signals.task_prerun.connect(_on_prerun, weak=False, dispatch_uid="killpoint-prerun")
     signals.task_success.connect(_on_success, weak=False, dispatch_uid="killpoint-stored")
-    app.steps["consumer"].add(Sweep)
-    worker = app.WorkController(pool_cls="solo", concurrency=1, hostname=f"{ctx.worker_id}@{state['namespace']}",
-                                without_heartbeat=True, without_mingle=True, without_gossip=True,
-                                loglevel="CRITICAL")
-    try:
-        worker.start()
-    except _Finished:
-        return
+    run_worker(app, _worker, lambda: _done(state), hostname=f"{ctx.worker_id}@{state['namespace']}")
 
 
 # -- the run's state, read in the harness and in workers -------------------------------------------

@@ -34,10 +34,10 @@ import killpoint
 from killpoint.chaos import points as chaos
 from killpoint.errors import shown
 from killpoint.harness.libs import apps, brokers
-from killpoint.harness.libs.celery import STATES, SWEEP_S, VISIBILITY_S  # imports Celery, before any fork
+from killpoint.harness.libs.celery import STATES, VISIBILITY_S, run_worker  # imports Celery, before any fork
 
 import celery  # noqa: E402
-from celery import bootsteps, signals  # noqa: E402
+from celery import signals  # noqa: E402
 from celery.canvas import Signature, _chain, _chord, group  # noqa: E402
 from kombu.utils.imports import symbol_by_name  # noqa: E402
 
@@ -50,10 +50,6 @@ PRIORITY_SUFFIXES = ("", "\x06\x163", "\x06\x166", "\x06\x169")
 
 _worker: dict[str, Any] = {}  # this worker process's own
 _saved: dict[str, dict[str, Any]] = {}  # namespace -> the app settings setup replaced
-
-
-class _Finished(BaseException):
-    """Raised from the worker's event loop once the order is done: the worker returns."""
 
 
 # -- the user's order ------------------------------------------------------------------------------
@@ -256,31 +252,6 @@ def _acked_request(base: type) -> type:
     return Acked
 
 
-class Sweep(bootsteps.StartStopStep):  # type: ignore[misc]
-    """A consumer step: every SWEEP_S, kombu's sweep of unacknowledged Redis messages (kombu 5.7's
-    ``unacked_restore_interval``), and the end of the worker once the order is done."""
-
-    requires = {"celery.worker.consumer.tasks:Tasks"}
-
-    def start(self, c: Any) -> None:
-        _worker["hub"] = c.controller.hub
-        c.timer.call_repeatedly(SWEEP_S, self.tick, (c,), priority=10)
-
-    @staticmethod
-    def tick(c: Any) -> None:
-        qos = getattr(c.task_consumer.channel, "qos", None)
-        if qos is not None and hasattr(qos, "restore_visible"):
-            qos.restore_visible(num=100, interval=1)
-        # done on two ticks in a row, the hub's poll between them: a message the connection already
-        # took (BRPOP answered) is in no list Redis shows until the hub reads it
-        if not _done(_worker["ctx"].run.state):
-            _worker["done_seen"] = False
-        elif _worker.get("done_seen"):
-            raise _Finished()
-        else:
-            _worker["done_seen"] = True
-
-
 def _work(ctx: Any) -> None:
     state = ctx.run.state
     apps.enter_worker(ctx)
@@ -295,14 +266,8 @@ def _work(ctx: Any) -> None:
                             (signals.task_postrun, _on_postrun), (signals.task_success, _on_success),
                             (signals.task_failure, _on_failure), (signals.task_retry, _on_retry)):
         signal.connect(handler, weak=False, dispatch_uid=f"killpoint-app-{handler.__name__}")
-    app.steps["consumer"].add(Sweep)
-    worker = app.WorkController(pool_cls="solo", concurrency=1, hostname=f"{ctx.worker_id}@{state['namespace']}",
-                                queues=state["queues"], without_heartbeat=True, without_mingle=True,
-                                without_gossip=True, loglevel="CRITICAL")
-    try:
-        worker.start()
-    except _Finished:
-        return
+    run_worker(app, _worker, lambda: _done(state), hostname=f"{ctx.worker_id}@{state['namespace']}",
+               queues=state["queues"])
 
 
 # -- the run's state, read in the harness and in workers -------------------------------------------
