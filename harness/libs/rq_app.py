@@ -97,12 +97,18 @@ class Order:
 
 
 def _function(name: str) -> Any:
-    """The function a job's name (``pkg.module.function``) names, or None."""
+    """The function a job's name (``pkg.module.function``) names, or None for a name that is not a
+    module's attribute (a job RQ runs some other way). A module that cannot be imported is an
+    :class:`InvalidTarget` naming it: its job could not run in the workers either, and its own
+    ``killpoint.point`` calls would go undeclared, never crashed."""
     module, _, attr = name.rpartition(".")
-    try:
-        return getattr(importlib.import_module(module), attr, None) if module else None
-    except ImportError:
+    if not module:
         return None
+    try:
+        return getattr(importlib.import_module(module), attr, None)
+    except ImportError as exc:
+        raise killpoint.InvalidTarget(f"job {shown(name)}: its module {shown(module)} cannot be imported "
+                                      f"({type(exc).__name__}: {exc})"[:400]) from None
 
 
 _orders: dict[str, Order] = {}
