@@ -159,23 +159,24 @@ def _finished(task: Any, value: Any, exception: BaseException | None) -> None:
 
 
 def reap(state: dict[str, Any], workload: Any) -> None:
-    """Enqueue again each due step that has no success, no live lease, no grace and no queued task."""
-    succeeded = _succeeded(state)
-    due = []
-    for inst in workload.instances:
-        before_done = True
-        for spec in inst.steps:
-            if before_done and not succeeded.get((inst.id, spec.name)):
-                due.append((inst.id, spec.name))
-            before_done = bool(succeeded.get((inst.id, spec.name)))
-    if not due:
-        return
+    """Enqueue again each due step that has no success, no live lease, no grace and no queued task.
+
+    The holds (leases, graces) and the queue are read before the results: a worker stores a step's
+    success before it lets the step's lease go, so a step whose lease was gone when read shows its
+    success in results read after. Read the other way round, a step that finished in between looked
+    lost, and ran again."""
+    steps = [(inst.id, spec.name) for inst in workload.instances for spec in inst.steps]
     client = brokers.redis_client(state["backend"])
-    held = client.mget([k for i, s in due for k in (_lease_key(state, i, s), _grace_key(state, i, s))])
+    held = client.mget([k for i, s in steps for k in (_lease_key(state, i, s), _grace_key(state, i, s))])
     queued = _queued(state)
-    for n, (instance, step_name) in enumerate(due):
-        if held[2 * n] is None and held[2 * n + 1] is None and (instance, step_name) not in queued:
+    succeeded = _succeeded(state)
+    before_done: dict[str, bool] = {}  # instance -> every step before this one succeeded
+    for n, (instance, step_name) in enumerate(steps):
+        done = bool(succeeded.get((instance, step_name)))
+        if before_done.get(instance, True) and not done and held[2 * n] is None and held[2 * n + 1] is None \
+                and (instance, step_name) not in queued:
             _enqueue(state, instance, step_name, only_once=True)
+        before_done[instance] = done
 
 
 def _work(ctx: Any) -> None:
