@@ -226,3 +226,21 @@ def test_a_bad_rq_target_is_one_line_naming_it_exit_2():
         assert done.returncode == 2 and done.stdout == "", (done.stdout, done.stderr)
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and target in lines[0] and named in lines[0], lines
+
+
+def test_an_rq_job_whose_module_cannot_be_imported_is_one_line_naming_job_and_module_exit_2(tmp_path):
+    """Protects: a job enqueued by name whose module cannot be imported was skipped when the points
+    were read, so its own ``killpoint.point`` calls went undeclared and were never crashed (a run
+    that looked complete). The target is refused instead, naming the job and its module."""
+    need("rq")
+    (tmp_path / "broken_orders.py").write_text(
+        "def place_order(queue, order_id):\n"
+        "    queue.enqueue('no_such_package_kp.jobs.charge', order_id)\n")
+    done = subprocess.run([sys.executable, "-m", "killpoint.harness.cli", "replay", "A@after_call:kill",
+                           "--target", "rq:broken_orders:place_order", "-q"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=HANG_S)
+    assert done.returncode == 2 and done.stdout == "", (done.stdout, done.stderr)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("killpoint: error:"), lines
+    assert "'no_such_package_kp.jobs.charge'" in lines[0] and "'no_such_package_kp.jobs'" in lines[0], lines
+    assert "cannot be imported" in lines[0], lines
