@@ -8,10 +8,26 @@ Without a reachable server the PostgreSQL tests skip and say how to point them a
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
 
 DEFAULT_PG_DSN = "postgresql://postgres@127.0.0.1:5432/test"
+
+
+def _signals_at_their_defaults() -> None:
+    """The suite's commands start with SIGINT, SIGHUP and SIGTERM at their defaults, however the suite
+    was launched. A shell without job control starts a background job with SIGINT ignored (``nohup``
+    ignores SIGHUP too), every command the tests start would inherit that, and killpoint keeps an
+    ignored signal ignored (tests/test_infrastructure.py protects that): the tests that send a Ctrl-C
+    would then wait for an exit that never comes. A CI runner starts its jobs with the defaults."""
+    for signum, handler in ((signal.SIGINT, signal.default_int_handler), (signal.SIGHUP, signal.SIG_DFL),
+                            (signal.SIGTERM, signal.SIG_DFL)):
+        if signal.getsignal(signum) == signal.SIG_IGN:
+            signal.signal(signum, handler)
+
+
+_signals_at_their_defaults()
 
 
 def live_children() -> set[int]:
