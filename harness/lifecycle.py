@@ -199,6 +199,11 @@ class Run:
         if meanwhile is not None:
             meanwhile.finish()
 
+    @property
+    def broke(self) -> bool:
+        """Whether the run's infrastructure failed (its result is then in hand: :meth:`broken`)."""
+        return self._result is not None
+
     def prepare_step(self) -> bool:
         """Do the next piece of the run's preparation (see :meth:`preparing`); True once it is
         done, or has failed (the run is then *unknown*, with the cause, when it lives)."""

@@ -17,7 +17,7 @@ import os
 import secrets
 import shutil
 import tempfile
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from killpoint.errors import KillpointWarning
 from killpoint.harness import downstream as ds
@@ -167,11 +167,20 @@ class Session:
                             except Exception:  # noqa: BLE001 - raised again in its turn, after this run
                                 ahead = None
                         run.live(Meanwhile(before.step if before is not None else None,
-                                           ahead.prepare_step if ahead is not None and ahead.deferrable()
-                                           else None))
-                        unsettled.append(run)
+                                           _unless_broken(run, ahead.prepare_step)
+                                           if ahead is not None and ahead.deferrable() else None))
                         going = None
-                        result = None
+                        if run.broke:
+                            # Its infrastructure failed (the store or downstream silent, the disk
+                            # full): its result is in hand, said now, and the run after is not set
+                            # up against the same failure (each piece would wait out its own bound).
+                            result = run.settle()
+                            if ahead is not None:
+                                ahead.cleanup()
+                                ahead = None
+                        else:
+                            unsettled.append(run)
+                            result = None
                     else:
                         if before is not None:
                             before.finish()
@@ -205,6 +214,12 @@ class Session:
 
         _warn_before_runs(configs)  # here, not in the runner processes, whose warnings nobody catches
         return run_many(self, configs, jobs)
+
+
+def _unless_broken(run: "Run", prepare_step: "Callable[[], bool]") -> "Callable[[], bool]":
+    """``prepare_step`` (the next run's preparation, done while ``run`` goes), done with nothing
+    more once ``run`` broke: the next run would meet the same failure."""
+    return lambda: run.broke or prepare_step()
 
 
 def _warn_before_runs(configs: "Sequence[RunConfig]") -> None:

@@ -255,6 +255,10 @@ class PostgresStore(SqlStore):
         self._clones: list[PostgresStore] = []
         self._committing = False  # COMMIT sent and its answer not read yet
         self.silent: str | None = None  # why the server was found silent in this process, if it was
+        # Whether this handle ever sent its schema's CREATE: a run whose setup never reached the
+        # server (it was refused or silent while connecting) has no schema to drop, and dropping it
+        # would wait out another I/O bound for nothing.
+        self._setup_sent = False
 
     @property
     def url(self) -> str:
@@ -309,6 +313,8 @@ class PostgresStore(SqlStore):
         at once when the server already gave no answer in this process (another wait as long
         would only delay saying so)."""
         self.close()
+        if not self._setup_sent:
+            return
         if self.silent is not None and self._pid == os.getpid():
             raise StoreUnavailable(self.silent)
         with connect(self.dsn, self.io_timeout_s, autocommit=True) as c:
@@ -490,6 +496,7 @@ class PostgresStore(SqlStore):
         s = self._s
 
         def do(cur: psycopg.Cursor[Any]) -> None:
+            self._setup_sent = True
             cur.execute(SCHEMA.format(s=s))
             inst_rows, step_rows, event_rows = [], [], []
             for seq, inst in enumerate(instances):
