@@ -37,7 +37,9 @@ def test_the_readme_is_short_and_keeps_the_two_quick_start_commands():
     readme = _read("README.md")
     assert len(readme.splitlines()) <= 300
     assert "python3 -m venv .venv && .venv/bin/pip install -e '.[test]' && .venv/bin/killpoint demo\n" in readme
-    assert ".venv/bin/python -m pytest -q\n" in readme
+    assert ".venv/bin/python -m pytest -q -n 2\n" in readme
+    # CI runs the README's test command, as it is written there
+    assert "\npython -m pytest -q -n 2\n" in _read(".ci", "run")
 
 
 def test_the_readme_worker_is_the_example_file_whole():

@@ -17,7 +17,7 @@ import sys
 from importlib.metadata import entry_points
 
 import pytest
-from hang import HANG_S
+from hang import HANG_S, not_an_xdist_worker
 
 pytest_plugins = ["pytester"]
 
@@ -948,7 +948,7 @@ def pytest_keyboard_interrupt(excinfo):
             fh.write(str(signals.received()))
 ''')
     proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:hypothesispytest",
-                             "-q", *xdist, "test_slow.py"], cwd=pytester.path,
+                             "-q", *xdist, "test_slow.py"], cwd=pytester.path, env=not_an_xdist_worker(),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     workers: list[int] = []
     try:
@@ -1100,8 +1100,8 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 ''')
     pytester.makepyfile(test_x="def test_x():\n    pass\n")
     proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-n", "2", "test_x.py"],
-                            cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+                            cwd=pytester.path, env=not_an_xdist_worker(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         while len(list(pytester.path.glob("starting.*"))) < 2:
             assert proc.poll() is None, proc.communicate()[0]
