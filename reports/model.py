@@ -205,8 +205,10 @@ def build_run(result: RunResult, *, max_events: int = DEFAULT_MAX_EVENTS,
     events = history.events
     proof = {i for v in verdict.violations for i in v.events if 0 <= i < len(events)}
     focus = focus_instances(history, verdict.violations)
+    # What each event is about, once (the table's columns, and what the focus follows).
+    abouts = [about(e) for e in events]
     # Whether each event is about a focus instance, or about no instance at all (the harness's own).
-    followed = [inst is None or inst in focus for inst in map(_instance_of, events)] if focus else []
+    followed = [inst is None or str(inst) in focus for inst, _ in abouts] if focus else []
     kept = range(len(events)) if not (focus_table and focus) else [i for i, yes in enumerate(followed) if yes]
     shown = sorted(set(kept[:max_events]) | proof)
     t0 = events[0].time if events else 0
@@ -216,7 +218,7 @@ def build_run(result: RunResult, *, max_events: int = DEFAULT_MAX_EVENTS,
     timeline = build_timeline(history, shown=drawn, proof=proof, lease_ttl_ms=ttl, focus=focus)
     in_timeline = {i.index for i in timeline.items}
     by_index = {e.index: e for e in events}
-    rows = tuple(_event_row(by_index[i], t0, i in proof, i in in_timeline) for i in shown)
+    rows = tuple(_event_row(events[i], abouts[i], t0, i in proof, i in in_timeline) for i in shown)
     requests = {r.index: r for r in history.typed(Request)}
     ledger = tuple(_ledger_row(requests[i]) for i in shown if i in requests)
 
@@ -263,7 +265,7 @@ def _provoked_line(p: Any) -> str:
             + (f"; {', '.join(late)}" if late else ""))
 
 
-def _event_row(e: Event, t0: int, proof: bool, in_timeline: bool) -> EventRow:
+def _event_row(e: Event, about_it: tuple[Any, Any], t0: int, proof: bool, in_timeline: bool) -> EventRow:
     t = typed(e)
     status: str
     if isinstance(t, WorkerOp):
@@ -272,7 +274,7 @@ def _event_row(e: Event, t0: int, proof: bool, in_timeline: bool) -> EventRow:
         made = marking(t)
         status = made[0] if made else "event"
     # The table's columns: a request names its step in its meta, which its fields show.
-    inst, step = (None, None) if isinstance(t, Request) else about(e)
+    inst, step = (None, None) if isinstance(t, Request) else about_it
     return EventRow(e.index, link(e.index), round((e.time - t0) / 1e6, 3), e.process, e.kind, e.type,
                     status, "" if inst is None else str(inst), "" if step is None else str(step),
                     _fields(e), proof, in_timeline)
