@@ -104,6 +104,29 @@ def test_celery_on_rabbitmq_naive_is_caught_and_keyed_is_valid(redis_client):
         assert brokers.amqp_queue_depth(brokers.amqp_url(), f"kp.{ns}") is None  # the queue is gone
 
 
+def test_celery_on_rabbitmq_a_worker_killed_in_its_next_task_does_not_keep_the_acked_one_in_hand(redis_client):
+    """Protects: on RabbitMQ the workers keep the tasks they received and have not acknowledged in a
+    set (RabbitMQ does not say what its consumers hold), and an acknowledged task left it in the
+    hub's next batch of callbacks. When the next task's delivery was read first (in the same read of
+    the socket) and the worker was killed in it, the acknowledged task stayed in the set for ever:
+    the order was done and no worker could see it, and the run waited out its 30 s bound (1 run in
+    6; the verdict came from "every step had settled"). Whether that read happens is timing, so this
+    runs the schedule several times and asks that each ended because the work was done."""
+    need("celery")
+    _amqp()
+    from killpoint.chaos.schedule import parse
+    from killpoint.harness.run import RunConfig, Session
+    from killpoint.harness.targets import declared
+
+    schedule = parse("A@charge.after_call:kill", points=frozenset(declared("celery:keyed:amqp").points))
+    with Session() as session:
+        results = [session.run(RunConfig(schedule=schedule, target="celery:keyed:amqp", seed=seed))
+                   for seed in range(8)]
+    for r in results:
+        assert (r.valid, r.unfired) == (True, ()), r.verdict
+        assert not r.history.bound_hit, [e.kind for e in r.history.events if e.process == "harness"]
+
+
 def test_celery_pause_is_redelivered_to_another_worker_while_the_first_is_frozen(redis_client):
     """The frozen worker's task runs in another worker between the freeze and the resume: a real
     redelivery, not a run that waited for the frozen worker."""

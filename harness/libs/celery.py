@@ -147,6 +147,7 @@ class AckedRequest(Request):  # type: ignore[misc]
         hub = _worker.get("hub")
         if first and hub is not None:
             kwargs, task_id = self.kwargs, self.id
+            _worker.setdefault("acked", []).append(task_id)  # removed from the in-hand set soon
             # the hub runs a batch of call_soon callbacks in no order: the point goes in the next batch
             def beside_the_ack() -> None:
                 _on_ack(task_id)
@@ -166,7 +167,13 @@ def _point_for(kwargs: Any, name: str) -> None:
 def _on_received(sender: Any = None, request: Any = None, **_: Any) -> None:
     state = _worker["ctx"].run.state
     if state["kind"] == "amqp":  # RabbitMQ does not say what its consumers hold: we keep count
-        brokers.redis_client(state["backend"]).sadd(f"{state['prefix']}in-hand", request.id)
+        client = brokers.redis_client(state["backend"])
+        # A task this worker acknowledged whose removal has not run yet (it waits in the hub's next
+        # batch) goes first: the task received now runs before that batch, and a worker killed in
+        # it left the acknowledged one in hand for ever (the run then waited out its bound).
+        for task_id in _worker.pop("acked", ()):
+            client.srem(f"{state['prefix']}in-hand", task_id)
+        client.sadd(f"{state['prefix']}in-hand", request.id)
     _point_for(request.kwargs, "received")
 
 
@@ -175,6 +182,9 @@ def _on_ack(task_id: str) -> None:
     state = _worker["ctx"].run.state
     if state["kind"] == "amqp":
         brokers.redis_client(state["backend"]).srem(f"{state['prefix']}in-hand", task_id)
+        acked = _worker.get("acked")
+        if acked is not None and task_id in acked:
+            acked.remove(task_id)
 
 
 def _on_prerun(sender: Any = None, kwargs: Any = None, **_: Any) -> None:
