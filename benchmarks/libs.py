@@ -27,8 +27,9 @@ from killpoint.harness.run import RunConfig, Session
 SCHEDULE = "A@charge.after_call:kill"
 TARGETS = (("reference", "single", None), ("dbos:keyed", None, "dbos"), ("langgraph:keyed", None, "langgraph"),
            ("langgraph:keyed:sync", None, "langgraph"), ("procrastinate:keyed", None, "procrastinate"),
-           ("celery:keyed", None, "celery"), ("celery:keyed:amqp", None, "celery"), ("dramatiq:keyed", None, "dramatiq"),
-           ("arq:keyed", None, "arq"), ("rq:keyed", None, "rq"), ("huey:keyed", None, "huey"))
+           ("celery:keyed", None, "celery"), ("celery:keyed:amqp", None, "celery"),
+           ("dramatiq:keyed", None, "dramatiq"), ("arq:keyed", None, "arq"), ("rq:keyed", None, "rq"),
+           ("huey:keyed", None, "huey"))
 
 
 def cpu() -> float:
