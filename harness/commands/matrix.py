@@ -198,6 +198,9 @@ def _later_hits(args: argparse.Namespace, session: Session, summary: Summary, pr
     if found.valid is not True:
         summary.add(found, keep_events=False)
         progress.step("no faults, worker A alone", found)
+    if found.infrastructure is not None:  # every run after it would meet the same failure
+        summary.planned = len(summary.results) + len(configs)
+        return []
     if args.depth == 1:
         # A point A passed only outside any step is crashed once, not once per step
         configs = once_per_worker(configs, stepless_points(found, points))
@@ -207,10 +210,13 @@ def _later_hits(args: argparse.Namespace, session: Session, summary: Summary, pr
         probes = [recovery_probe(run_config(args, s)) for s in killed]
         progress.display.total = progress.display.done + len(configs) + len(exploration.plans) + len(probes)
         seen = []
-        for result in session.run_many(probes, jobs=jobs_of(args)):
+        for result in until_broken(session.run_many(probes, jobs=jobs_of(args))):
             seen.append(points_only(result))  # all explore_recovery reads of it
             summary.add(result, keep_events=False)
             progress.step(f"{result.config.schedule} (A alone, restarted as itself)", result)
+            if result.infrastructure is not None:
+                summary.planned = len(summary.results) + len(probes) - len(seen) + len(configs)
+                return []
         exploration = explore_recovery(exploration, seen, steps, points, args.max_hits)
         del seen
     configs += [run_config(args, p.schedule, **p.overrides()) for p in exploration.plans]
