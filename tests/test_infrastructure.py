@@ -89,6 +89,34 @@ def test_a_store_lost_mid_run_is_exit_3_with_the_json_and_the_cause_and_no_trace
     assert _schemas_of(pg_dsn, cli.pid) == [] and wait_until_gone(marker) == []
 
 
+@pytest.mark.parametrize("command", [("selftest", "--quick"), ("replay", "A@charge.after_call:kill", "--repeat", "5")])
+def test_selftest_and_replay_repeat_end_at_a_store_lost_as_exit_3_never_as_a_failed_score(pg_dsn, tmp_path,
+                                                                                           command):
+    """Protects: selftest went on after a run whose store was lost, and then scored the mutant of
+    that run as not caught (or the reference as not valid): exit 1, "SELFTEST FAILED", for an
+    infrastructure failure. ``replay --repeat`` went on too, each repeat meeting the failure again.
+    Both now stop there, as the matrix does: exit 3, the cause, the runs not made."""
+    from killpoint.harness.store.postgres import connect
+
+    marker = f"kp-{uuid.uuid4().hex}"
+    cli = _cli(*command, "--store", pg_dsn, "--json", "--jobs" if command[0] == "selftest" else "--seed", "1",
+               marker=marker, tmpdir=str(tmp_path))
+    schema = _wait(lambda: _schemas_of(pg_dsn, cli.pid), 60, "a run's schema", cli)[0]
+    with connect(pg_dsn, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                      "WHERE application_name = %s", (f"killpoint {schema}"[:63],))
+        admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    out, err = cli.communicate(timeout=HANG_S)
+    text = err.decode(errors="replace")
+    assert cli.returncode == 3, (out.decode(errors="replace")[-2000:], text[-3000:])
+    report = json.loads(out)
+    assert report["valid"] is None and report["violations"] == [], report
+    assert "infrastructure failure" in report["infrastructure_failure"], report
+    assert report["not_run"] >= 0 and f"the other {report['not_run']} runs were not made" in text, text[-2000:]
+    assert "SELFTEST FAILED" not in text
+    assert _schemas_of(pg_dsn, cli.pid) == [] and wait_until_gone(marker) == []
+
+
 def test_a_dead_downstream_makes_the_run_unknown_with_its_cause_never_an_exception():
     with Session() as session:
         os.kill(session.downstream.pid, signal.SIGKILL)

@@ -275,13 +275,18 @@ def print_judgement(summary: Summary, results: Sequence[RunResult], *, reproduce
         print(f"\n{paint.verdict('UNKNOWN')} all runs: {reason}")
 
 
+def say_stopped(made: int, planned: int, cause: str) -> None:
+    """The line a command prints when it stopped at an infrastructure failure, on stderr."""
+    print(f"killpoint: stopped after run {made} of {planned}: {cause}; the other {planned - made} runs were "
+          f"not made", file=sys.stderr)
+
+
 def finish(args: argparse.Namespace, summary: Summary, title: str, lines: Sequence[str] = (),
            extra_json: Mapping[str, Any] | None = None) -> int:
     """Print the outcome (text or JSON, with ``extra_json``'s fields added) and return the exit code."""
     write_reports(args, summary, title)
     if summary.not_run:
-        print(f"killpoint: stopped after run {len(summary.results)} of {summary.planned}: "
-              f"{summary.infrastructure}; the other {summary.not_run} runs were not made", file=sys.stderr)
+        say_stopped(len(summary.results), summary.planned or 0, summary.infrastructure or "")
     if args.json:
         print(json.dumps({**summary.to_json(), **(extra_json or {})}, indent=2))
         print_json_hint(args, summary)

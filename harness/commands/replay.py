@@ -16,7 +16,8 @@ from killpoint.harness.colour import Colour
 from killpoint.errors import BadInput, shown
 from killpoint.harness.commands.options import (add_common, add_same_identity, one_line, run_config, same_identity,
                                                 whole)
-from killpoint.harness.commands.output import print_json_hint, print_stats, progress_for, report_hint, write_reports
+from killpoint.harness.commands.output import (print_json_hint, print_stats, progress_for, report_hint, say_stopped,
+                                               write_reports)
 from killpoint.harness.commands.summary import EXIT_UNKNOWN, EXIT_VIOLATED, Summary, replay_command
 from killpoint.harness.narrate import clock_legend, story
 
@@ -66,7 +67,12 @@ def run(args: argparse.Namespace) -> int:
             progress.step(str(schedule))
             summary.results.append(session.run(config))
             progress.step(str(schedule), summary.results[-1])
+            if summary.results[-1].infrastructure is not None:  # the repeats after it would meet it too
+                summary.planned = args.repeat
+                break
     progress.close()
+    if summary.not_run:
+        say_stopped(len(summary.results), args.repeat, summary.infrastructure or "")
     write_reports(args, summary, title)
     verdicts = [(r.valid, tuple(sorted({v.invariant for v in r.verdict.violations})))
                 for r in summary.results]

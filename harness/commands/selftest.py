@@ -18,8 +18,9 @@ from killpoint import chaos
 from killpoint.errors import BadInput, shown
 from killpoint.harness.commands.options import (add_jobs, add_output, add_real_time, add_seed, jobs_of, run_config,
                                                 validate_store)
-from killpoint.harness.commands.output import print_stats, progress_for
-from killpoint.harness.commands.summary import EXIT_VALID, EXIT_VIOLATED, Summary, replay_command
+from killpoint.harness.commands.output import print_stats, progress_for, say_stopped
+from killpoint.harness.commands.summary import (EXIT_UNKNOWN, EXIT_VALID, EXIT_VIOLATED, Summary, replay_command,
+                                                until_broken)
 
 if TYPE_CHECKING:
     from killpoint.harness.run import RunResult
@@ -116,7 +117,10 @@ def run(args: argparse.Namespace) -> int:
             [f"reference {c.schedule}" for c in reference_configs]
         if configs:
             progress.step(labels[0])  # at once: the first result may take a while
-        for i, result in enumerate(session.run_many(configs, jobs=jobs_of(args))):
+        broken: RunResult | None = None  # the run whose infrastructure failed: the command ends there
+        for i, result in enumerate(until_broken(session.run_many(configs, jobs=jobs_of(args)))):
+            if result.infrastructure is not None:
+                broken = result
             if i < len(mutant_configs):
                 m = mutant_configs[i][0]
                 outcomes.append(MutantOutcome(m.name, m.caught_by, result))
@@ -126,6 +130,8 @@ def run(args: argparse.Namespace) -> int:
             if i + 1 < len(configs):
                 progress.step(labels[i + 1])
     progress.close()
+    if broken is not None:
+        return _broken(args, broken, made=len(outcomes) + len(reference.results), planned=len(configs))
 
     caught = sum(o.caught for o in outcomes)
     ok = caught == len(outcomes) and reference.valid is True
@@ -149,6 +155,21 @@ def run(args: argparse.Namespace) -> int:
     print(f"\nmutation score: {caught}/{len(outcomes)} mutants caught by their named invariant"
           f"{'' if ok else '  -- SELFTEST FAILED'}")
     return EXIT_VALID if ok else EXIT_VIOLATED
+
+
+def _broken(args: argparse.Namespace, result: RunResult, *, made: int, planned: int) -> int:
+    """A run's infrastructure failed (the store, the downstream, the disk): no score, since a mutant
+    not caught or a reference not valid would say nothing of the checkers. Exit 3 with the cause,
+    as the matrix ends at one."""
+    cause = result.infrastructure
+    say_stopped(made, planned, cause or "")
+    if args.json:
+        print(json.dumps({"valid": None, "runs": made, "infrastructure_failure": cause, "not_run": planned - made,
+                          "violations": [], "report": None}, indent=2))
+    else:
+        print(f"\nUNKNOWN {result.schedule or 'no faults'} ({result.config.target_name}): {cause}")
+        print("mutation score: none (the infrastructure failed)")
+    return EXIT_UNKNOWN
 
 
 def _print_json(outcomes: list[MutantOutcome], reference: Summary, caught: int, ok: bool) -> None:
