@@ -173,6 +173,12 @@ class _Found(Exception):
     """Raised inside the Hypothesis test to mark a counterexample (Hypothesis then shrinks it)."""
 
 
+class _Broken(BaseException):
+    """Raised inside the Hypothesis test when a run's infrastructure failed (the store, the
+    downstream, the disk): every run after it would meet the same failure, each after its own
+    bound, so the search ends there. Not an Exception: Hypothesis neither shrinks nor keeps it."""
+
+
 def database_key(config: RunConfig, max_faults: int, steps: Sequence[str], points: Sequence[str]) -> bytes:
     """Examples are kept per search space: the same target, workload and shape of schedule."""
     text = json.dumps([config.target_name, config.workload_name, config.workers, max_faults, list(steps),
@@ -239,13 +245,17 @@ def explore(config: RunConfig, *, steps: Sequence[str], points: Sequence[str], b
                 result = run(run_config)
             search.record(result)
             note(str(experiment.schedule), result)
+            if result.infrastructure is not None:
+                if ahead is not None:
+                    ahead.leave()
+                raise _Broken
             if result.valid is False:
                 if ahead is not None:
                     ahead.leave()  # Hypothesis shrinks from here, each step decided by the last
                 search.failed(experiment, result)
                 raise _Found
 
-        flaky = False
+        flaky = broken = False
         with _hypothesis_home(home):
             try:
                 hypothesis_test(trial, examples)()
@@ -253,8 +263,10 @@ def explore(config: RunConfig, *, steps: Sequence[str], points: Sequence[str], b
                 pass
             except Flaky:
                 flaky = True  # the shrunk example did not fail again: confirmation decides
+            except _Broken:
+                broken = True  # the run's infrastructure failed: no further run, no replay
         many = None if jobs == 1 else (lambda configs: session.run_many(configs, jobs=jobs))
-        confirmed, tried = _confirm(run, config, search, many)
+        confirmed, tried = (None, []) if broken else _confirm(run, config, search, many)
     minimal = _minimal(search.smallest if flaky else search.last, confirmed, tried)
     return Exploration(config, budget, seed, search.runs, search.valid, search.unfired,
                        tuple(search.unknown), search.failures, minimal, search.invariants,

@@ -526,3 +526,23 @@ def test_explore_resumes_a_pause_in_the_takeover_window_and_finds_the_state_guar
     minimal = json.loads(capsys.readouterr().out)["minimal"]
     assert code == 1 and minimal["confirmed"] and minimal["faults"] == 1, minimal
     assert "pause(until=after_claim)" in minimal["schedule"] and "stale_writes_rejected" in minimal["violated"]
+
+
+def test_explore_ends_at_an_infrastructure_failure_instead_of_drawing_every_run_into_it():
+    """Protects: a run whose infrastructure failed (here the downstream is gone) counted as one more
+    unknown run and the search drew the next, each meeting the failure after its own bound (a
+    silent store: 10 s a run, the whole budget). The search ends at that run: nothing more is drawn,
+    shrunk or replayed, and the run is among the unknown with its cause."""
+    import signal
+
+    from killpoint.chaos.schedule import Schedule
+    from killpoint.harness.explore import explore
+    from killpoint.harness.run import RunConfig, Session
+
+    with Session() as session:
+        os.kill(session.downstream.pid, signal.SIGKILL)
+        found = explore(RunConfig(schedule=Schedule()), steps=["charge"], points=["before_call", "after_call"],
+                        budget=20, session=session, database="none")
+    assert (found.runs, len(found.unknown), found.minimal) == (1, 1, None), found
+    (reason,) = found.unknown[0].verdict.unknown_reasons
+    assert reason.startswith("infrastructure failure"), reason
