@@ -114,6 +114,8 @@ def test_selftest_and_replay_repeat_end_at_a_store_lost_as_exit_3_never_as_a_fai
     assert "infrastructure failure" in report["infrastructure_failure"], report
     assert report["not_run"] >= 0 and f"the other {report['not_run']} runs were not made" in text, text[-2000:]
     assert "SELFTEST FAILED" not in text
+    if command[0] == "selftest":
+        assert (report["score"], report["mutants"], report["reference"]) == (None, [], None), report
     assert _schemas_of(pg_dsn, cli.pid) == [] and wait_until_gone(marker) == []
 
 

@@ -164,8 +164,10 @@ def _broken(args: argparse.Namespace, result: RunResult, *, made: int, planned: 
     cause = result.infrastructure
     say_stopped(made, planned, cause or "")
     if args.json:
-        print(json.dumps({"valid": None, "runs": made, "infrastructure_failure": cause, "not_run": planned - made,
-                          "violations": [], "report": None}, indent=2))
+        # The keys of the scored JSON, with no score: what ran is not evidence for or against
+        print(json.dumps({"valid": None, "runs": made, "score": None, "mutants": [], "reference": None,
+                          "violations": [], "report": None, "infrastructure_failure": cause,
+                          "not_run": planned - made}, indent=2))
     else:
         print(f"\nUNKNOWN {result.schedule or 'no faults'} ({result.config.target_name}): {cause}")
         print("mutation score: none (the infrastructure failed)")
