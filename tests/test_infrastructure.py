@@ -438,35 +438,37 @@ def test_a_frozen_postgresql_partition_ends_a_matrix_as_exit_3_naming_peer_opera
     cli = _cli("matrix", "--steps", "charge", "--store", proxy.url(pg_dsn), "--json", "--jobs", "1",
                marker=marker, tmpdir=str(tmp_path))
     try:
-        _wait(lambda: _schemas_of(pg_dsn, cli.pid), 60, "a run's schema", cli)
-        proxy.freeze()
-        out, err = cli.communicate(timeout=300)
-    finally:
-        if cli.poll() is None:
-            cli.kill()
-            cli.communicate()
-        proxy.cut()
-    text = err.decode(errors="replace")
-    assert cli.returncode == 3, text[-3000:]
-    report = json.loads(out)
-    assert report["valid"] is None and report["violations"] == []
-    cause = report["infrastructure_failure"]
-    assert f"no answer from the PostgreSQL server at 127.0.0.1:{proxy.port} for 10 s" in cause, cause
-    assert "()" in cause.split(" for 10 s", 1)[1], cause  # the store operation that waited
-    # the single workload's 24 schedules and the matrix's fault-free path run before them
-    assert report["not_run"] >= 1 and report["runs"] + report["not_run"] == 25, report
-    assert cause in report["unknown_reasons"][0] and f"the other {report['not_run']} runs were not made" in text
-    assert _no_command_traceback(text), text[-3000:]
-    # Each connection made while frozen waited out the 10 s bound: the run that met the partition
-    # (its worker's reads) and the next run's setup that found it. The runs after an infrastructure
-    # failure are not set up against it (before: two more set up and dropped, 76 s in all), and a
-    # run whose setup never reached the server has no schema to drop.
-    assert proxy.connections_while_frozen <= 3, proxy.connections_while_frozen
-    assert wait_until_gone(marker) == []
-    with psycopg.connect(pg_dsn, autocommit=True) as admin:  # the schemas the partition kept
-        for (name,) in admin.execute("SELECT nspname FROM pg_namespace WHERE nspname LIKE %s",
-                                     (f"killpoint\\_%\\_p{cli.pid}\\_%",)).fetchall():
-            admin.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+        try:
+            _wait(lambda: _schemas_of(pg_dsn, cli.pid), 60, "a run's schema", cli)
+            proxy.freeze()
+            out, err = cli.communicate(timeout=300)
+        finally:
+            if cli.poll() is None:
+                cli.kill()
+                cli.communicate()
+            proxy.cut()
+        text = err.decode(errors="replace")
+        assert cli.returncode == 3, text[-3000:]
+        report = json.loads(out)
+        assert report["valid"] is None and report["violations"] == []
+        cause = report["infrastructure_failure"]
+        assert f"no answer from the PostgreSQL server at 127.0.0.1:{proxy.port} for 10 s" in cause, cause
+        assert "()" in cause.split(" for 10 s", 1)[1], cause  # the store operation that waited
+        # the single workload's 24 schedules and the matrix's fault-free path run before them
+        assert report["not_run"] >= 1 and report["runs"] + report["not_run"] == 25, report
+        assert cause in report["unknown_reasons"][0] and f"the other {report['not_run']} runs were not made" in text
+        assert _no_command_traceback(text), text[-3000:]
+        # Each connection made while frozen waited out the 10 s bound: the run that met the partition
+        # (its worker's reads) and the next run's setup that found it. The runs after an infrastructure
+        # failure are not set up against it (before: two more set up and dropped, 76 s in all), and a
+        # run whose setup never reached the server has no schema to drop.
+        assert proxy.connections_while_frozen <= 3, proxy.connections_while_frozen
+        assert wait_until_gone(marker) == []
+    finally:  # the schemas the partition kept, also when an assertion above failed
+        with psycopg.connect(pg_dsn, autocommit=True) as admin:
+            for (name,) in admin.execute("SELECT nspname FROM pg_namespace WHERE nspname LIKE %s",
+                                         (f"killpoint\\_%\\_p{cli.pid}\\_%",)).fetchall():
+                admin.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
 
 
 def _downstream_of(marker: str) -> list[int]:
