@@ -51,6 +51,18 @@ def _schemas_of(pg_dsn: str, pid: int) -> list[str]:
             "SELECT nspname FROM pg_namespace WHERE nspname LIKE %s", (f"killpoint\\_%\\_p{pid}\\_%",))]
 
 
+def _lose_the_store_under(pg_dsn: str, cli: subprocess.Popen) -> None:
+    """Once ``cli``'s first run has its schema, the store goes away under it: every session of the
+    schema ended, the schema dropped."""
+    from killpoint.harness.store.postgres import connect
+
+    schema = _wait(lambda: _schemas_of(pg_dsn, cli.pid), 60, "a run's schema", cli)[0]
+    with connect(pg_dsn, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                      "WHERE application_name = %s", (f"killpoint {schema}"[:63],))
+        admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
 def _wait(predicate, seconds: float, what: str, proc: subprocess.Popen):
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -66,17 +78,10 @@ def _wait(predicate, seconds: float, what: str, proc: subprocess.Popen):
 
 
 def test_a_store_lost_mid_run_is_exit_3_with_the_json_and_the_cause_and_no_traceback(pg_dsn, tmp_path):
-    from killpoint.harness.store.postgres import connect
-
     marker = f"kp-{uuid.uuid4().hex}"
     cli = _cli("matrix", "--steps", "charge", "--store", pg_dsn, "--json", "--jobs", "1", marker=marker,
                tmpdir=str(tmp_path))
-    schema = _wait(lambda: _schemas_of(pg_dsn, cli.pid), 60, "a run's schema", cli)[0]
-    # The store goes away under the run: every session of its schema ended, the schema dropped.
-    with connect(pg_dsn, autocommit=True) as admin:
-        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                      "WHERE application_name = %s", (f"killpoint {schema}"[:63],))
-        admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    _lose_the_store_under(pg_dsn, cli)
     out, err = cli.communicate(timeout=HANG_S)
     text = err.decode(errors="replace")
     assert cli.returncode == 3, text[-3000:]
@@ -89,23 +94,17 @@ def test_a_store_lost_mid_run_is_exit_3_with_the_json_and_the_cause_and_no_trace
     assert _schemas_of(pg_dsn, cli.pid) == [] and wait_until_gone(marker) == []
 
 
-@pytest.mark.parametrize("command", [("selftest", "--quick"), ("replay", "A@charge.after_call:kill", "--repeat", "5")])
+@pytest.mark.parametrize("command", [("selftest", "--quick", "--jobs", "1"),
+                                     ("replay", "A@charge.after_call:kill", "--repeat", "5", "--seed", "1")])
 def test_selftest_and_replay_repeat_end_at_a_store_lost_as_exit_3_never_as_a_failed_score(pg_dsn, tmp_path,
                                                                                            command):
     """Protects: selftest went on after a run whose store was lost, and then scored the mutant of
     that run as not caught (or the reference as not valid): exit 1, "SELFTEST FAILED", for an
     infrastructure failure. ``replay --repeat`` went on too, each repeat meeting the failure again.
     Both now stop there, as the matrix does: exit 3, the cause, the runs not made."""
-    from killpoint.harness.store.postgres import connect
-
     marker = f"kp-{uuid.uuid4().hex}"
-    cli = _cli(*command, "--store", pg_dsn, "--json", "--jobs" if command[0] == "selftest" else "--seed", "1",
-               marker=marker, tmpdir=str(tmp_path))
-    schema = _wait(lambda: _schemas_of(pg_dsn, cli.pid), 60, "a run's schema", cli)[0]
-    with connect(pg_dsn, autocommit=True) as admin:
-        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                      "WHERE application_name = %s", (f"killpoint {schema}"[:63],))
-        admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    cli = _cli(*command, "--store", pg_dsn, "--json", marker=marker, tmpdir=str(tmp_path))
+    _lose_the_store_under(pg_dsn, cli)
     out, err = cli.communicate(timeout=HANG_S)
     text = err.decode(errors="replace")
     assert cli.returncode == 3, (out.decode(errors="replace")[-2000:], text[-3000:])

@@ -980,6 +980,29 @@ def pytest_keyboard_interrupt(excinfo):
                 os.kill(w, signal.SIGKILL)
 
 
+def _signalled_pytest(pytester, args: list[str], ready, signum) -> tuple:
+    """``pytest -q ARGS`` in pytester's folder, in a session of its own (a controller, even when this
+    suite runs under xdist); once ``ready()`` holds it gets ``signum``, and its output is read to its
+    end. The process is killed if a check fails first. Returns the process and its output."""
+    import subprocess
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *args],
+                            cwd=pytester.path, env=not_an_xdist_worker(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        while not ready():
+            assert proc.poll() is None, proc.communicate()[0]
+            time.sleep(0.02)
+        proc.send_signal(signum)
+        out, _ = proc.communicate(timeout=HANG_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc, out
+
+
 def test_ctrl_c_while_pytest_is_starting_ends_it_with_one_line_and_no_traceback(pytester):
     """Protects: a SIGINT that landed while pytest loaded its plugins and first conftest files (a CI
     cancel in the first second) printed pytest's KeyboardInterrupt traceback and exit 1 (2 of 40
@@ -987,8 +1010,6 @@ def test_ctrl_c_while_pytest_is_starting_ends_it_with_one_line_and_no_traceback(
     Ctrl-C now ends pytest with one line and the interrupted code; after it, pytest's own handling
     (the session's summary) is unchanged."""
     import signal
-    import subprocess
-    import time
 
     ready = pytester.path / "conftest-loading"
     pytester.makeconftest(f'''
@@ -998,19 +1019,7 @@ open({str(ready)!r}, "w").close()
 time.sleep(600)  # a slow conftest import: the signal lands in it
 ''')
     pytester.makepyfile(test_x="def test_x():\n    pass\n")
-    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "test_x.py"],
-                            cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        while not ready.exists():
-            assert proc.poll() is None, proc.communicate()[0]
-            time.sleep(0.02)
-        proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=HANG_S)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    proc, out = _signalled_pytest(pytester, ["test_x.py"], ready.exists, signal.SIGINT)
     assert proc.returncode == pytest.ExitCode.INTERRUPTED, out
     assert "Traceback" not in out and "KeyboardInterrupt" not in out, out
     assert out.strip().splitlines() == ["killpoint: interrupted while pytest was starting; no test ran"], out
@@ -1020,8 +1029,6 @@ def test_ctrl_c_once_pytest_has_started_is_pytest_s_own(pytester):
     """The startup guard ends at pytest_configure: a Ctrl-C in a test is pytest's KeyboardInterrupt
     (its summary, exit 2), not the startup line."""
     import signal
-    import subprocess
-    import time
 
     ready = pytester.path / "in-test"
     pytester.makepyfile(test_x=f'''
@@ -1032,19 +1039,7 @@ def test_x():
     open({str(ready)!r}, "w").close()
     time.sleep(600)
 ''')
-    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "test_x.py"],
-                            cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        while not ready.exists():
-            assert proc.poll() is None, proc.communicate()[0]
-            time.sleep(0.02)
-        proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=HANG_S)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    proc, out = _signalled_pytest(pytester, ["test_x.py"], ready.exists, signal.SIGINT)
     assert proc.returncode == pytest.ExitCode.INTERRUPTED, out
     assert "KeyboardInterrupt" in out and "while pytest was starting" not in out, out
 
@@ -1079,8 +1074,6 @@ def test_a_signal_reaches_xdist_workers_that_are_still_starting(pytester):
     conftest's import and says which signal reached it: SIGHUP only ever comes from the controller
     passing it on (xdist's own teardown would end it otherwise)."""
     import signal
-    import subprocess
-    import time
 
     pytest.importorskip("xdist")
     pytester.makeconftest(f'''
@@ -1099,19 +1092,8 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     time.sleep(600)  # still starting when the signal comes
 ''')
     pytester.makepyfile(test_x="def test_x():\n    pass\n")
-    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-n", "2", "test_x.py"],
-                            cwd=pytester.path, env=not_an_xdist_worker(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        while len(list(pytester.path.glob("starting.*"))) < 2:
-            assert proc.poll() is None, proc.communicate()[0]
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGHUP)
-        out, _ = proc.communicate(timeout=HANG_S)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    proc, out = _signalled_pytest(pytester, ["-n", "2", "test_x.py"],
+                                  lambda: len(list(pytester.path.glob("starting.*"))) >= 2, signal.SIGHUP)
     said = {p.name: p.read_text() for p in pytester.path.glob("got.*")}
     assert said == {"got.gw0": "SIGHUP", "got.gw1": "SIGHUP"}, out
     assert proc.returncode == pytest.ExitCode.INTERRUPTED, out

@@ -147,7 +147,7 @@ class AckedRequest(Request):  # type: ignore[misc]
         hub = _worker.get("hub")
         if first and hub is not None:
             kwargs, task_id = self.kwargs, self.id
-            _worker.setdefault("acked", []).append(task_id)  # removed from the in-hand set soon
+            _worker.setdefault("acked", []).append(task_id)  # out of the in-hand set by the next task
             # the hub runs a batch of call_soon callbacks in no order: the point goes in the next batch
             def beside_the_ack() -> None:
                 _on_ack(task_id)
@@ -167,13 +167,17 @@ def _point_for(kwargs: Any, name: str) -> None:
 def _on_received(sender: Any = None, request: Any = None, **_: Any) -> None:
     state = _worker["ctx"].run.state
     if state["kind"] == "amqp":  # RabbitMQ does not say what its consumers hold: we keep count
-        client = brokers.redis_client(state["backend"])
-        # A task this worker acknowledged whose removal has not run yet (it waits in the hub's next
-        # batch) goes first: the task received now runs before that batch, and a worker killed in
-        # it left the acknowledged one in hand for ever (the run then waited out its bound).
-        for task_id in _worker.pop("acked", ()):
-            client.srem(f"{state['prefix']}in-hand", task_id)
-        client.sadd(f"{state['prefix']}in-hand", request.id)
+        key = f"{state['prefix']}in-hand"
+        pipe = brokers.redis_client(state["backend"]).pipeline(transaction=False)
+        # The tasks this worker acknowledged go first (their own removal waits in the hub's next
+        # batch): the task received now runs before that batch, and a worker killed in it left an
+        # acknowledged one in hand for ever (the run then waited out its bound). A second removal
+        # of the same task, by that batch, changes nothing.
+        acked = _worker.pop("acked", ())
+        if acked:
+            pipe.srem(key, *acked)
+        pipe.sadd(key, request.id)
+        pipe.execute()
     _point_for(request.kwargs, "received")
 
 
@@ -182,9 +186,6 @@ def _on_ack(task_id: str) -> None:
     state = _worker["ctx"].run.state
     if state["kind"] == "amqp":
         brokers.redis_client(state["backend"]).srem(f"{state['prefix']}in-hand", task_id)
-        acked = _worker.get("acked")
-        if acked is not None and task_id in acked:
-            acked.remove(task_id)
 
 
 def _on_prerun(sender: Any = None, kwargs: Any = None, **_: Any) -> None:
